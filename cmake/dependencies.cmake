@@ -1,0 +1,23 @@
+# Finds the Debian-packaged libraries zaya links (installed by scripts/setup.sh) and
+# bundles them into one interface target, zaya_deps.
+find_package(OpenMP REQUIRED)
+find_package(Threads REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(PkgConfig REQUIRED)
+
+# Any CBLAS works; OpenBLAS is the default. -DBLA_VENDOR=... picks another.
+if(NOT DEFINED BLA_VENDOR)
+  set(BLA_VENDOR OpenBLAS)
+endif()
+find_package(BLAS REQUIRED)
+find_path(CBLAS_INCLUDE_DIR cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/openblas /usr/include)
+
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+find_package(spdlog REQUIRED)
+
+add_library(zaya_deps INTERFACE)
+target_include_directories(zaya_deps INTERFACE ${CBLAS_INCLUDE_DIR})
+target_link_libraries(zaya_deps INTERFACE
+  OpenMP::OpenMP_CXX Threads::Threads nlohmann_json::nlohmann_json
+  ${BLAS_LIBRARIES} PkgConfig::SENTENCEPIECE spdlog::spdlog)

@@ -1,0 +1,117 @@
+// The backend seam: every op the model runs goes through this interface, so the model code
+// never touches a vendor API. The CPU backend (backend/cpu) is the reference every other
+// backend is tested against. Pointers are backend memory obtained from alloc().
+// Layout conventions: row-major; activations [N, D] with N = B*T tokens; linear weights
+// [out, in] as in PyTorch.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace zaya {
+
+struct CcaConvArgs {
+  const float* u = nullptr;      // [B, T, C] raw concat(q, k) of the chunk
+  float* state = nullptr;        // [B, P, C] raw rows before the chunk (zeros at sequence start); updated
+  const float* w_dw = nullptr;   // [C, 1, t0] depthwise conv weight
+  const float* b_dw = nullptr;   // [C]
+  const float* w_grp = nullptr;  // [C, group, t1] grouped conv weight (group = head_dim channels)
+  const float* b_grp = nullptr;  // [C]
+  float* z = nullptr;            // [B, T, C] output
+  int64_t B = 0, T = 0, C = 0, t0 = 2, t1 = 2, group = 0;
+};
+
+struct CcaQkArgs {
+  const float* z = nullptr;          // [N, C] conv output
+  const float* u = nullptr;          // [N, C] raw concat(q, k) (mean paths)
+  const float* temp = nullptr;       // [Hkv] key temperature
+  const int64_t* positions = nullptr;  // [N] absolute positions (host memory)
+  float* q = nullptr;                // [N, Hq, dh] normalised, rotated queries
+  float* k = nullptr;                // [N, Hkv, dh] normalised, tempered, rotated keys
+  int64_t N = 0, Hq = 0, Hkv = 0, dh = 0, rotary_dim = 0;
+  double theta = 1e4;
+};
+
+struct CcaValueArgs {
+  const float* v_cur = nullptr;  // [B, T, half] Wv_cur x_t
+  const float* v_del = nullptr;  // [B, T, half] Wv_del x_t
+  float* v_state = nullptr;      // [B, half] Wv_del x of the token before the chunk (zeros at start); updated
+  float* v = nullptr;            // [B, T, 2*half] concat(v_cur[t], v_del[t-1])
+  int64_t B = 0, T = 0, half = 0;
+};
+
+struct AttentionArgs {
+  const float* q = nullptr;        // [B, T, Hq, dh]
+  const float* k_cache = nullptr;  // [B, S, Hkv, dh] keys of positions 0..pos0[b]+T-1
+  const float* v_cache = nullptr;  // [B, S, Hkv, dh]
+  float* out = nullptr;            // [B, T, Hq, dh]
+  const int64_t* pos0 = nullptr;   // [B] absolute position of the chunk's first token (host)
+  int64_t B = 0, T = 0, S = 0, Hq = 0, Hkv = 0, dh = 0;
+  int64_t window = 0;  // > 0: key s visible from query t only if t - s < window
+  float scale = 1.0f;
+};
+
+struct MoeArgs {
+  const float* x = nullptr;        // [N, D] MoE input (post-norm)
+  const int32_t* expert = nullptr; // [N] selected class, E = skip
+  const float* weight = nullptr;   // [N] unbiased probability of the selected class
+  const float* gate_up = nullptr;  // [E, 2I, D]
+  const float* down = nullptr;     // [E, D, I]
+  float* out = nullptr;            // [N, D]
+  int64_t N = 0, D = 0, I = 0, E = 0;
+  bool skip_identity = false;      // skip class outputs weight*x (else 0)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Memory (elements of float / int32). Contents are uninitialised.
+  virtual float* alloc(int64_t n) = 0;
+  virtual void free(void* p) = 0;
+
+  // y[M,N] = x[M,K] W[N,K]^T (+ bias[N]); accumulate adds into y. ldy: row stride of y (0 = N).
+  virtual void linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K,
+                      int64_t N, bool accumulate = false, int64_t ldy = 0) = 0;
+  // out[n,:] = table[ids[n],:]
+  virtual void embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) = 0;
+  // y = w * x * rsqrt(mean(x^2) + eps) per row
+  virtual void rmsnorm(const float* x, const float* w, float eps, float* y, int64_t rows, int64_t dim) = 0;
+  // x = (x + bias) * scale per row
+  virtual void affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) = 0;
+  // r = (h + hb) * hs + (r + rb) * rs per row (ZAYA residual scaling, merged)
+  virtual void residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
+                              const float* rb, int64_t rows, int64_t dim) = 0;
+  // y += scale (broadcast per column) * x
+  virtual void scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) = 0;
+  virtual void gelu(float* x, int64_t n) = 0;                        // exact erf GELU, in place
+  virtual void softmax(float* x, int64_t rows, int64_t cols) = 0;    // in place
+  // expert[n] = argmax(p[n,:] + bias); weight[n] = p[n, expert[n]]
+  virtual void route_select(const float* probs, const float* bias, int32_t* expert, float* weight, int64_t N,
+                            int64_t classes) = 0;
+
+  virtual void cca_conv(const CcaConvArgs& a) = 0;
+  virtual void cca_qk(const CcaQkArgs& a) = 0;
+  virtual void cca_values(const CcaValueArgs& a) = 0;
+  // Writes rows src[B, T, W] into cache[B, S, W] at positions pos0[b] + t.
+  virtual void cache_write(const float* src, float* cache, const int64_t* pos0, int64_t B, int64_t T, int64_t S,
+                           int64_t W) = 0;
+  virtual void attention(const AttentionArgs& a) = 0;
+  virtual void moe(const MoeArgs& a) = 0;
+  // loss[n] = logsumexp(logits[n,:]) - logits[n, target[n]]
+  virtual void cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) = 0;
+
+  virtual void copy(float* dst, const float* src, int64_t n) = 0;
+  virtual void fill(float* dst, float value, int64_t n) = 0;
+  // Host <-> backend transfers (no-ops beyond memcpy on the CPU).
+  virtual void to_host(void* host, const void* src, int64_t bytes) = 0;
+  virtual void from_host(void* dst, const void* host, int64_t bytes) = 0;
+};
+
+// The CPU backend (OpenMP + CBLAS + AVX2 kernels).
+std::unique_ptr<Backend> make_cpu_backend();
+// Backend by name ("cpu"; "cuda" once built with it). Throws a clear error for an unknown one.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+
+}  // namespace zaya

@@ -1,0 +1,45 @@
+// CPU backend: memory, copies, the GEMM wrapper and the backend factory.
+#include "backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace zaya {
+
+float* CpuBackend::alloc(int64_t n) {
+  size_t bytes = (size_t(n < 1 ? 1 : n) * sizeof(float) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p) fail("cpu", "out of memory allocating " + std::to_string(bytes) + " bytes");
+  return static_cast<float*>(p);
+}
+
+void CpuBackend::free(void* p) { std::free(p); }
+
+void CpuBackend::copy(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
+
+void CpuBackend::fill(float* dst, float value, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = value;
+}
+
+void CpuBackend::to_host(void* host, const void* src, int64_t bytes) { std::memcpy(host, src, size_t(bytes)); }
+void CpuBackend::from_host(void* dst, const void* host, int64_t bytes) { std::memcpy(dst, host, size_t(bytes)); }
+
+void cpu_gemm(bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+              const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha, A,
+              int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "cpu") return make_cpu_backend();
+  fail("backend", "unknown backend '" + name + "'", "this build has: cpu");
+}
+
+}  // namespace zaya

@@ -1,0 +1,82 @@
+// CPU causal GQA attention over a KV cache, blocked with an online softmax so memory stays
+// O(block) rather than O(T^2). Supports per-sequence start positions (chunked prefill and
+// decode) and sliding windows. Scores and P·V run as small GEMMs over cache rows.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace zaya {
+
+namespace {
+constexpr int64_t kQueryBlock = 64;
+constexpr int64_t kKeyBlock = 128;
+}  // namespace
+
+void CpuBackend::attention(const AttentionArgs& a) {
+  const int64_t dh = a.dh, rep = a.Hq / a.Hkv;
+  const int64_t qblocks = (a.T + kQueryBlock - 1) / kQueryBlock;
+  const int64_t q_stride = a.Hq * dh, kv_stride = a.Hkv * dh;
+  const int64_t jobs = a.B * a.Hq * qblocks;
+
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<size_t>(kQueryBlock * kKeyBlock)), acc(static_cast<size_t>(kQueryBlock * dh));
+    std::vector<float> row_max(static_cast<size_t>(kQueryBlock)), row_sum(static_cast<size_t>(kQueryBlock));
+#pragma omp for schedule(dynamic)
+    for (int64_t job = 0; job < jobs; ++job) {
+      const int64_t qb = job % qblocks, h = (job / qblocks) % a.Hq, b = job / (qblocks * a.Hq);
+      const int64_t g = h / rep;
+      const int64_t t_begin = qb * kQueryBlock, t_end = std::min(a.T, t_begin + kQueryBlock), nq = t_end - t_begin;
+      const int64_t p_first = a.pos0[b] + t_begin, p_last = a.pos0[b] + t_end - 1;
+      const int64_t s_begin = a.window > 0 ? std::max<int64_t>(0, p_first - a.window + 1) : 0;
+      const int64_t s_end = p_last + 1;
+      const float* q = a.q + (b * a.T + t_begin) * q_stride + h * dh;
+      const float* kc = a.k_cache + b * a.S * kv_stride + g * dh;
+      const float* vc = a.v_cache + b * a.S * kv_stride + g * dh;
+
+      std::fill(acc.begin(), acc.begin() + nq * dh, 0.0f);
+      std::fill(row_max.begin(), row_max.begin() + nq, -INFINITY);
+      std::fill(row_sum.begin(), row_sum.begin() + nq, 0.0f);
+
+      for (int64_t s0 = s_begin; s0 < s_end; s0 += kKeyBlock) {
+        const int64_t nk = std::min(kKeyBlock, s_end - s0);
+        cpu_gemm(true, nq, nk, dh, a.scale, q, q_stride, kc + s0 * kv_stride, kv_stride, 0.0f, scores.data(), nk);
+        for (int64_t i = 0; i < nq; ++i) {
+          const int64_t p = p_first + i;
+          float* srow = scores.data() + i * nk;
+          float mx = row_max[size_t(i)];
+          for (int64_t j = 0; j < nk; ++j) {
+            const int64_t s = s0 + j;
+            bool visible = s <= p && (a.window <= 0 || p - s < a.window);
+            if (!visible) srow[j] = -INFINITY;
+            mx = std::max(mx, srow[j]);
+          }
+          if (mx == -INFINITY) {  // nothing visible yet in this block for this row
+            for (int64_t j = 0; j < nk; ++j) srow[j] = 0.0f;
+            continue;
+          }
+          const float corr = std::exp(row_max[size_t(i)] - mx);
+          float sum = 0;
+          for (int64_t j = 0; j < nk; ++j) {
+            srow[j] = std::exp(srow[j] - mx);
+            sum += srow[j];
+          }
+          row_sum[size_t(i)] = row_sum[size_t(i)] * corr + sum;
+          row_max[size_t(i)] = mx;
+          float* arow = acc.data() + i * dh;
+          for (int64_t d = 0; d < dh; ++d) arow[d] *= corr;
+        }
+        cpu_gemm(false, nq, dh, nk, 1.0f, scores.data(), nk, vc + s0 * kv_stride, kv_stride, 1.0f, acc.data(), dh);
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        float* o = a.out + (b * a.T + t_begin + i) * q_stride + h * dh;
+        const float inv = row_sum[size_t(i)] > 0 ? 1.0f / row_sum[size_t(i)] : 0.0f;
+        for (int64_t d = 0; d < dh; ++d) o[d] = acc[size_t(i * dh + d)] * inv;
+      }
+    }
+  }
+}
+
+}  // namespace zaya

@@ -1,0 +1,74 @@
+// Model construction, initialisation (spec C.5) and decode-state management.
+#include "model/model.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace zaya {
+
+DecodeState::DecodeState(const ModelConfig& c, Backend& be, int64_t b, int64_t cap)
+    : batch(b), capacity(cap), pos(static_cast<size_t>(b), 0), be_(be) {
+  const int64_t kv = c.kv_dim();
+  conv_n_ = batch * c.conv_state_rows() * c.conv_channels();
+  vdel_n_ = batch * kv / 2;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    Layer L;
+    L.k = be.alloc(batch * capacity * kv);
+    L.v = be.alloc(batch * capacity * kv);
+    L.conv = be.alloc(conv_n_);
+    L.vdel = be.alloc(vdel_n_);
+    layers.push_back(L);
+  }
+  reset();
+}
+
+DecodeState::~DecodeState() {
+  for (auto& L : layers) {
+    be_.free(L.k);
+    be_.free(L.v);
+    be_.free(L.conv);
+    be_.free(L.vdel);
+  }
+}
+
+void DecodeState::reset() {
+  std::fill(pos.begin(), pos.end(), 0);
+  for (auto& L : layers) {
+    be_.fill(L.conv, 0.0f, conv_n_);
+    be_.fill(L.vdel, 0.0f, vdel_n_);
+  }
+}
+
+Model::Model(const ModelConfig& c, Backend& be) : cfg_(c), layout_(build_param_layout(c)), be_(be) {
+  arena_ = be_.alloc(layout_.total);
+  be_.fill(arena_, 0.0f, layout_.total);
+  w_ = bind_weights(cfg_, layout_, arena_);
+}
+
+Model::~Model() { be_.free(arena_); }
+
+void Model::init_random(uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> host;
+  for (const ParamSpec& p : layout_.params) {
+    host.assign(static_cast<size_t>(p.numel), 0.0f);
+    const std::string& n = p.name;
+    auto ends_with = [&](const char* s) {
+      size_t l = std::strlen(s);
+      return n.size() >= l && n.compare(n.size() - l, l, s) == 0;
+    };
+    if (p.kind == ParamKind::Matrix || p.kind == ParamKind::Embedding || p.kind == ParamKind::Conv) {
+      for (auto& v : host) v = float(rng.normal() * cfg_.initializer_range);
+    } else if (ends_with("balancing_biases")) {
+      host.back() = -1.0f;  // skip class
+    } else if (ends_with("_scale") || ends_with("layernorm.weight") || ends_with("norm.weight") ||
+               ends_with("qk_norm.temp") || ends_with("router_states_scale")) {
+      std::fill(host.begin(), host.end(), 1.0f);
+    }  // biases stay 0
+    be_.from_host(arena_ + p.offset, host.data(), p.numel * 4);
+  }
+}
+
+}  // namespace zaya

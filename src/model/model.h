@@ -1,0 +1,76 @@
+// The ZAYA model: config, parameter arena with typed views, initialisation, and the forward
+// pass (spec A.4–A.8) over a batch of independent sequences, optionally continuing from a
+// DecodeState (chunked prefill, then token-by-token decode). Every op goes through Backend.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "model/weights.h"
+
+namespace zaya {
+
+// Per-sequence inference state for every layer (spec F.1): KV cache, the conv state (last
+// P raw q‖k rows) and the delayed-value state (Wv_del x of the previous token).
+class DecodeState {
+ public:
+  DecodeState(const ModelConfig& c, Backend& be, int64_t batch, int64_t capacity);
+  ~DecodeState();
+  DecodeState(const DecodeState&) = delete;
+  DecodeState& operator=(const DecodeState&) = delete;
+  void reset();  // all sequences back to position 0 with zero state
+
+  struct Layer {
+    float* k = nullptr;     // [B, S, Hkv, dh]
+    float* v = nullptr;     // [B, S, Hkv, dh]
+    float* conv = nullptr;  // [B, P, C]
+    float* vdel = nullptr;  // [B, Hkv*dh/2]
+  };
+  int64_t batch, capacity;
+  std::vector<int64_t> pos;  // tokens already consumed, per sequence
+  std::vector<Layer> layers;
+
+ private:
+  Backend& be_;
+  int64_t conv_n_, vdel_n_;
+};
+
+struct ForwardOutputs {
+  float* logits = nullptr;     // host [B, T, V] (or [B, V] with last_only); nullptr = skip the head
+  bool last_only = false;      // only the last position's logits
+  int32_t* experts = nullptr;  // host [L, B, T] selected router class (E = skip)
+  float* residuals = nullptr;  // host [L, B, T, D] residual stream after each block (debugging)
+  float* router_probs = nullptr;  // host [L, B, T, E+1]
+};
+
+class Model {
+ public:
+  Model(const ModelConfig& c, Backend& be);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const ParamLayout& layout() const { return layout_; }
+  Backend& backend() { return be_; }
+  float* params() { return arena_; }
+  const ModelWeights& weights() const { return w_; }
+
+  // Spec C.5 initialisation (temp = 1, balancing biases 0 / -1 for skip). Deterministic.
+  void init_random(uint64_t seed);
+
+  // ids: host [B, T]. state == nullptr runs fresh sequences starting at position 0.
+  void forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state, const ForwardOutputs& out);
+
+ private:
+  ModelConfig cfg_;
+  ParamLayout layout_;
+  Backend& be_;
+  float* arena_ = nullptr;
+  ModelWeights w_;
+};
+
+}  // namespace zaya

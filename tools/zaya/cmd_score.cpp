@@ -1,0 +1,115 @@
+// `zaya score`: runs the model on a batch of equal-length id sequences and writes
+// {"loss": L, "logits": [B][T][V], "experts": [L][B][T]} — a fixed contract other tools use.
+// loss is the mean next-token cross-entropy over all B*(T-1) predictions.
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "core/error.h"
+#include "model/model_io.h"
+
+namespace zaya::cli {
+
+namespace {
+
+std::vector<std::vector<int32_t>> read_id_batch(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) fail("score", "cannot open " + path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    fail("score", path + ": invalid JSON: " + e.what());
+  }
+  const char* shape_hint = "expected a JSON array of equal-length arrays of token ids, e.g. [[2,17,5],[2,9,4]]";
+  if (!j.is_array() || j.empty()) fail("score", path + ": top level must be a non-empty array", shape_hint);
+  std::vector<std::vector<int32_t>> batch;
+  for (size_t b = 0; b < j.size(); ++b) {
+    if (!j[b].is_array() || j[b].empty()) fail("score", path + ": element [" + std::to_string(b) + "] is not a non-empty array", shape_hint);
+    std::vector<int32_t> seq;
+    for (size_t t = 0; t < j[b].size(); ++t) {
+      const auto& v = j[b][t];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+        fail("score", path + ": element [" + std::to_string(b) + "][" + std::to_string(t) + "] = " + v.dump() +
+                          " is not a token id", shape_hint);
+      seq.push_back(int32_t(v.get<int64_t>()));
+    }
+    if (!batch.empty() && seq.size() != batch[0].size())
+      fail("score", path + ": sequence " + std::to_string(b) + " has " + std::to_string(seq.size()) +
+                        " tokens but sequence 0 has " + std::to_string(batch[0].size()), shape_hint);
+    batch.push_back(std::move(seq));
+  }
+  return batch;
+}
+
+void run_score(const std::string& model_dir, const std::string& ids_path, const std::string& out_path) {
+  auto batch = read_id_batch(ids_path);
+  auto be = make_cpu_backend();
+  auto model = load_model(model_dir, *be);
+  const ModelConfig& c = model->config();
+  const int64_t B = int64_t(batch.size()), T = int64_t(batch[0].size()), V = c.vocab_size, L = c.num_hidden_layers;
+  std::vector<int32_t> ids;
+  for (const auto& s : batch) ids.insert(ids.end(), s.begin(), s.end());
+  std::vector<float> logits(size_t(B * T * V));
+  std::vector<int32_t> experts(size_t(L * B * T));
+  ForwardOutputs out;
+  out.logits = logits.data();
+  out.experts = experts.data();
+  model->forward(ids.data(), B, T, nullptr, out);
+
+  double loss = 0;
+  if (T > 1) {
+    std::vector<float> rows;
+    std::vector<int32_t> targets;
+    std::vector<float> losses(size_t(B * (T - 1)));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t + 1 < T; ++t) targets.push_back(ids[size_t(b * T + t + 1)]);
+    for (int64_t b = 0; b < B; ++b)
+      rows.insert(rows.end(), logits.begin() + b * T * V, logits.begin() + (b * T + T - 1) * V);
+    be->cross_entropy(rows.data(), targets.data(), losses.data(), B * (T - 1), V);
+    for (float l : losses) loss += l;
+    loss /= double(losses.size());
+  }
+
+  FILE* f = std::fopen(out_path.c_str(), "w");
+  if (!f) fail("score", "cannot write " + out_path);
+  std::fprintf(f, "{\"loss\": %.9g, \"logits\": [", loss);
+  for (int64_t b = 0; b < B; ++b) {
+    std::fprintf(f, "%s[", b ? "," : "");
+    for (int64_t t = 0; t < T; ++t) {
+      std::fprintf(f, "%s[", t ? "," : "");
+      const float* row = logits.data() + (b * T + t) * V;
+      for (int64_t v = 0; v < V; ++v) std::fprintf(f, v ? ",%.9g" : "%.9g", row[v]);
+      std::fprintf(f, "]");
+    }
+    std::fprintf(f, "]");
+  }
+  std::fprintf(f, "], \"experts\": [");
+  for (int64_t l = 0; l < L; ++l) {
+    std::fprintf(f, "%s[", l ? "," : "");
+    for (int64_t b = 0; b < B; ++b) {
+      std::fprintf(f, "%s[", b ? "," : "");
+      for (int64_t t = 0; t < T; ++t) std::fprintf(f, t ? ",%d" : "%d", experts[size_t((l * B + b) * T + t)]);
+      std::fprintf(f, "]");
+    }
+    std::fprintf(f, "]");
+  }
+  std::fprintf(f, "]}\n");
+  if (std::fclose(f) != 0) fail("score", "error writing " + out_path);
+  std::fprintf(stderr, "[zaya] scored %lld x %lld tokens: loss %.6f\n", (long long)B, (long long)T, loss);
+}
+
+}  // namespace
+
+void add_score(CLI::App& app) {
+  auto* cmd = app.add_subcommand("score", "Loss, logits and expert choices for a batch of id sequences");
+  static std::string model_dir, ids_file, out;
+  cmd->add_option("--model", model_dir, "Model directory")->required();
+  cmd->add_option("--ids-file", ids_file, "JSON array of equal-length arrays of token ids")->required();
+  cmd->add_option("--out", out, "Output JSON")->required();
+  cmd->callback([] { run_score(model_dir, ids_file, out); });
+}
+
+}  // namespace zaya::cli

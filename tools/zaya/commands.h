@@ -1,0 +1,14 @@
+// The zaya CLI subcommands. Each file registers one subcommand on the app; the work itself
+// lives in the library so the CLI stays a thin parse-and-call layer.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace zaya::cli {
+
+void add_info(CLI::App& app);
+void add_init(CLI::App& app);
+void add_generate(CLI::App& app);
+void add_score(CLI::App& app);
+void add_tokenize(CLI::App& app);
+
+}  // namespace zaya::cli
