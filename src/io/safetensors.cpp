@@ -29,6 +29,7 @@ namespace {
 
 constexpr const char* kComponent = "safetensors";
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;  // 100 MB, as in the reference reader
+constexpr size_t kMaxJsonDepth = 64;
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
 
@@ -74,26 +75,37 @@ uint64_t read_u64_le(const uint8_t* p) {
 // reported with `top_key_kind` ("tensor name", "key").
 json parse_json_no_duplicates(const char* begin, const char* end, const std::string& source, const char* what,
                               const char* top_key_kind) {
-  std::vector<std::set<std::string>> seen;  // one key set per open object
-  std::string top_key;                      // current key of the top-level object
+  // One entry per open container; arrays carry no key set. The document's top level is seen[0].
+  struct Open {
+    bool object;
+    std::set<std::string> keys;
+  };
+  std::vector<Open> seen;
+  std::string top_key;  // current key of the top-level object
   json::parser_callback_t cb = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
     switch (event) {
       case json::parse_event_t::object_start:
-        seen.emplace_back();
+      case json::parse_event_t::array_start:
+        // Valid documents nest 3 levels deep; a hostile one must not cost memory per level.
+        if (seen.size() >= kMaxJsonDepth)
+          fail_in(source, std::string(what) + " nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+        seen.push_back({event == json::parse_event_t::object_start, {}});
         break;
       case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
         if (!seen.empty()) seen.pop_back();
         break;
       case json::parse_event_t::key: {
+        if (seen.empty() || !seen.back().object || !parsed.is_string()) break;
         const std::string& k = parsed.get_ref<const std::string&>();
-        if (seen.empty()) break;
-        if (!seen.back().insert(k).second) {
-          if (seen.size() == 1)
+        if (!seen.back().keys.insert(k).second) {
+          const bool top = seen.size() == 1 && seen[0].object;
+          if (top)
             fail_in(source, std::string(what) + " has duplicate " + top_key_kind + " '" + k + "'",
                     "each name may appear only once");
-          if (seen.size() == 2)
+          if (seen.size() == 2 && seen[0].object)
             fail_in(source, std::string(what) + " entry '" + top_key + "' has duplicate field '" + k + "'");
-          fail_in(source, std::string(what) + " has duplicate key '" + k + "' inside entry '" + top_key + "'");
+          fail_in(source, std::string(what) + " has duplicate key '" + k + "'");
         }
         if (seen.size() == 1) top_key = k;
         break;

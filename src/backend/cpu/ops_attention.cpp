@@ -19,8 +19,12 @@ void CpuBackend::attention(const AttentionArgs& a) {
   const int64_t qblocks = (a.T + kQueryBlock - 1) / kQueryBlock;
   const int64_t q_stride = a.Hq * dh, kv_stride = a.Hkv * dh;
   const int64_t jobs = a.B * a.Hq * qblocks;
+  // Threads only pay off once there is real work (decode steps on short contexts are tiny).
+  int64_t max_keys = 0;
+  for (int64_t b = 0; b < a.B; ++b) max_keys = std::max(max_keys, a.pos0[b] + a.T);
+  const bool threaded = a.B * a.T * a.Hq * max_keys * dh > (int64_t(1) << 20);
 
-#pragma omp parallel
+#pragma omp parallel if (threaded)
   {
     std::vector<float> scores(static_cast<size_t>(kQueryBlock * kKeyBlock)), acc(static_cast<size_t>(kQueryBlock * dh));
     std::vector<float> row_max(static_cast<size_t>(kQueryBlock)), row_sum(static_cast<size_t>(kQueryBlock));

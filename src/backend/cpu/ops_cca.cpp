@@ -65,7 +65,7 @@ void CpuBackend::cca_qk(const CcaQkArgs& a) {
     }
   };
 
-#pragma omp parallel
+#pragma omp parallel if (a.N * (Hq + Hkv) * dh > 32768)
   {
     std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
 #pragma omp for

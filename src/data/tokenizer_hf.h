@@ -1,0 +1,14 @@
+// Hugging Face tokenizer.json loader (BPE model, normalizers, pre-tokenizers, added tokens,
+// post-processor, decoders). See tokenizer.h for the interface.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "data/tokenizer.h"
+
+namespace zaya {
+
+// Loads a tokenizer.json file; throws zaya::Error naming the file and the field.
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);
+
+}  // namespace zaya
