@@ -102,6 +102,54 @@ class Backend {
   // loss[n] = logsumexp(logits[n,:]) - logits[n, target[n]]
   virtual void cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) = 0;
 
+  // ---- Backward (training). Activations are those the forward saw; fresh sequences only
+  // (pos0 = 0, zero conv/value state). "accumulate" outputs are added to, others overwritten.
+  // dx[M,K] (+)= dy W; dw[N,K] += dy^T x; db[N] += colsum(dy). dx/dw/db may be null.
+  // lddy: row stride of dy (0 = N).
+  virtual void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                               int64_t M, int64_t K, int64_t N, bool accumulate_dx, int64_t lddy = 0) = 0;
+  // dtable[ids[n]] += dout[n]
+  virtual void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t D) = 0;
+  // y = w * x * rsqrt(mean(x^2)+eps): dx (+)= ..., dw += ...
+  virtual void rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* dw,
+                                int64_t rows, int64_t dim, bool accumulate_dx) = 0;
+  // out = (x + bias) * scale. d: in d(out), out d(x) (in place); dscale/dbias accumulate.
+  virtual void affine_backward(const float* x, const float* scale, const float* bias, float* d, float* dscale,
+                               float* dbias, int64_t rows, int64_t dim) = 0;
+  // r_new = (h+hb)*hs + (r+rb)*rs. dr: in d(r_new), out d(r) (in place); dh overwritten; param grads accumulate.
+  virtual void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb,
+                                       const float* rs, const float* rb, float* dr, float* dh, float* dhs,
+                                       float* dhb, float* drs, float* drb, int64_t rows, int64_t dim) = 0;
+  // y += scale * x: dx += dy * scale; dscale += colsum(dy * x)
+  virtual void scaled_add_backward(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
+                                   int64_t rows, int64_t dim) = 0;
+  // d: in d(gelu(x)), out d(x) (in place), x = pre-activation
+  virtual void gelu_backward(const float* x, float* d, int64_t n) = 0;
+  // p = softmax(s): d in d(p), out d(s) (in place)
+  virtual void softmax_backward(const float* p, float* d, int64_t rows, int64_t cols) = 0;
+  // dprobs = 0 except dprobs[n, expert[n]] = dweight[n]
+  virtual void route_backward(const int32_t* expert, const float* dweight, float* dprobs, int64_t N,
+                              int64_t classes) = 0;
+  // From dz: du, conv weight/bias grads (all accumulate). a.state must be zeros.
+  virtual void cca_conv_backward(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,
+                                 float* dw_grp, float* db_grp) = 0;
+  // From dq, dk: dz (overwritten), du (accumulated: mean paths), dtemp (accumulate).
+  virtual void cca_qk_backward(const CcaQkArgs& a, const float* dq, const float* dk, float* dz, float* du,
+                               float* dtemp) = 0;
+  // From dv: dv_cur, dv_del (overwritten).
+  virtual void cca_values_backward(const float* dv, float* dv_cur, float* dv_del, int64_t B, int64_t T,
+                                   int64_t half) = 0;
+  // From dout: dq, dk, dv (overwritten; k/v laid out like the caches with S = T, pos0 = 0).
+  virtual void attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) = 0;
+  // From dout: dx (accumulate), dweight (overwritten), dgate_up/ddown (accumulate).
+  virtual void moe_backward(const MoeArgs& a, const float* dout, float* dx, float* dweight, float* dgate_up,
+                            float* ddown) = 0;
+  // LM head fused with cross-entropy, in row chunks so [N, V] logits never exist at once.
+  // Returns the sum of losses over rows with target >= 0; dy (overwritten), dw/dbias (accumulate)
+  // receive the gradient of (scale * sum of losses).
+  virtual double lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N,
+                              int64_t D, int64_t V, float scale, float* dy, float* dw, float* dbias) = 0;
+
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
   virtual void fill(float* dst, float value, int64_t n) = 0;
   // Host <-> backend transfers (no-ops beyond memcpy on the CPU).

@@ -35,6 +35,13 @@ void cpu_gemm(bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const 
               int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
+void cpu_gemm_tn(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                 int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta,
+              C, int(ldc));
+}
+
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
 std::unique_ptr<Backend> make_backend(const std::string& name) {

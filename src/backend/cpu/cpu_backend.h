@@ -31,6 +31,31 @@ class CpuBackend final : public Backend {
   void attention(const AttentionArgs& a) override;
   void moe(const MoeArgs& a) override;
   void cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) override;
+  void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t M,
+                       int64_t K, int64_t N, bool accumulate_dx, int64_t lddy) override;
+  void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t D) override;
+  void rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* dw,
+                        int64_t rows, int64_t dim, bool accumulate_dx) override;
+  void affine_backward(const float* x, const float* scale, const float* bias, float* d, float* dscale, float* dbias,
+                       int64_t rows, int64_t dim) override;
+  void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb, const float* rs,
+                               const float* rb, float* dr, float* dh, float* dhs, float* dhb, float* drs, float* drb,
+                               int64_t rows, int64_t dim) override;
+  void scaled_add_backward(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
+                           int64_t rows, int64_t dim) override;
+  void gelu_backward(const float* x, float* d, int64_t n) override;
+  void softmax_backward(const float* p, float* d, int64_t rows, int64_t cols) override;
+  void route_backward(const int32_t* expert, const float* dweight, float* dprobs, int64_t N, int64_t classes) override;
+  void cca_conv_backward(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw, float* dw_grp,
+                         float* db_grp) override;
+  void cca_qk_backward(const CcaQkArgs& a, const float* dq, const float* dk, float* dz, float* du,
+                       float* dtemp) override;
+  void cca_values_backward(const float* dv, float* dv_cur, float* dv_del, int64_t B, int64_t T, int64_t half) override;
+  void attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) override;
+  void moe_backward(const MoeArgs& a, const float* dout, float* dx, float* dweight, float* dgate_up,
+                    float* ddown) override;
+  double lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N, int64_t D,
+                      int64_t V, float scale, float* dy, float* dw, float* dbias) override;
   void copy(float* dst, const float* src, int64_t n) override;
   void fill(float* dst, float value, int64_t n) override;
   void to_host(void* host, const void* src, int64_t bytes) override;
@@ -41,5 +66,10 @@ class CpuBackend final : public Backend {
 // where op(B) = B^T for B stored [N,K] (trans_b) or B for B stored [K,N].
 void cpu_gemm(bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// C[M,N] = alpha * A^T * B + beta * C for A stored [K,M] and B stored [K,N] (weight gradients).
+void cpu_gemm_tn(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                 int64_t ldb, float beta, float* C, int64_t ldc);
+// Column sums: out[j] += sum_r f(r, j) for a row-major [rows, dim] expression, thread-safe.
+void cpu_column_sums(int64_t rows, int64_t dim, float* out, const float* a, const float* b);
 
 }  // namespace zaya

@@ -1,0 +1,88 @@
+// CPU backward of causal GQA attention (training: pos0 = 0, S = T), flash-style: per query
+// block, recompute scores and the row log-sum-exp, then dP = dO V^T, dS = P (dP - rowsum(dO O)),
+// dQ = dS K scale, dK += dS^T Q scale, dV += P^T dO. One job per (sequence, KV head) so the
+// shared dK/dV rows of a query-head group are owned by one thread.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace zaya {
+
+namespace {
+constexpr int64_t kQB = 64;
+constexpr int64_t kKB = 128;
+}  // namespace
+
+void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) {
+  const int64_t dh = a.dh, rep = a.Hq / a.Hkv, T = a.T, qs = a.Hq * dh, kvs = a.Hkv * dh;
+  std::memset(dk, 0, size_t(a.B * a.S * kvs) * 4);
+  std::memset(dv, 0, size_t(a.B * a.S * kvs) * 4);
+#pragma omp parallel if (a.B * T * T * a.Hq * dh > (int64_t(1) << 20))
+  {
+    std::vector<float> S(static_cast<size_t>(kQB * kKB)), dP(static_cast<size_t>(kQB * kKB));
+    std::vector<float> lse(static_cast<size_t>(kQB)), Drow(static_cast<size_t>(kQB));
+#pragma omp for schedule(dynamic)
+    for (int64_t job = 0; job < a.B * a.Hkv; ++job) {
+      const int64_t b = job / a.Hkv, g = job % a.Hkv;
+      const float* K = a.k_cache + b * a.S * kvs + g * dh;
+      const float* V = a.v_cache + b * a.S * kvs + g * dh;
+      float* dK = dk + b * a.S * kvs + g * dh;
+      float* dV = dv + b * a.S * kvs + g * dh;
+      for (int64_t h = g * rep; h < (g + 1) * rep; ++h)
+        for (int64_t t0 = 0; t0 < T; t0 += kQB) {
+          const int64_t nq = std::min(kQB, T - t0);
+          const float* Q = a.q + (b * T + t0) * qs + h * dh;
+          const float* O = a.out + (b * T + t0) * qs + h * dh;
+          const float* dO = dout + (b * T + t0) * qs + h * dh;
+          float* dQ = dq + (b * T + t0) * qs + h * dh;
+          const int64_t s_begin = a.window > 0 ? std::max<int64_t>(0, t0 - a.window + 1) : 0;
+          const int64_t s_end = t0 + nq;
+          auto visible = [&](int64_t t, int64_t s) { return s <= t && (a.window <= 0 || t - s < a.window); };
+          // Pass 1: row log-sum-exp over all visible keys; D = rowsum(dO * O).
+          std::vector<double> m(static_cast<size_t>(nq), -INFINITY), l(static_cast<size_t>(nq), 0.0);
+          for (int64_t s0 = s_begin; s0 < s_end; s0 += kKB) {
+            const int64_t nk = std::min(kKB, s_end - s0);
+            cpu_gemm(true, nq, nk, dh, a.scale, Q, qs, K + s0 * kvs, kvs, 0.0f, S.data(), nk);
+            for (int64_t i = 0; i < nq; ++i)
+              for (int64_t j = 0; j < nk; ++j) {
+                if (!visible(t0 + i, s0 + j)) continue;
+                const double sv = S[size_t(i * nk + j)];
+                if (sv > m[size_t(i)]) {
+                  l[size_t(i)] = l[size_t(i)] * std::exp(m[size_t(i)] - sv) + 1.0;
+                  m[size_t(i)] = sv;
+                } else {
+                  l[size_t(i)] += std::exp(sv - m[size_t(i)]);
+                }
+              }
+          }
+          for (int64_t i = 0; i < nq; ++i) {
+            lse[size_t(i)] = float(m[size_t(i)] + std::log(l[size_t(i)]));
+            double d = 0;
+            for (int64_t e = 0; e < dh; ++e) d += double(dO[i * qs + e]) * O[i * qs + e];
+            Drow[size_t(i)] = float(d);
+            std::memset(dQ + i * qs, 0, size_t(dh) * 4);
+          }
+          // Pass 2: gradients block by block.
+          for (int64_t s0 = s_begin; s0 < s_end; s0 += kKB) {
+            const int64_t nk = std::min(kKB, s_end - s0);
+            cpu_gemm(true, nq, nk, dh, a.scale, Q, qs, K + s0 * kvs, kvs, 0.0f, S.data(), nk);
+            for (int64_t i = 0; i < nq; ++i)
+              for (int64_t j = 0; j < nk; ++j)
+                S[size_t(i * nk + j)] = visible(t0 + i, s0 + j) ? std::exp(S[size_t(i * nk + j)] - lse[size_t(i)]) : 0.0f;
+            cpu_gemm(true, nq, nk, dh, 1.0f, dO, qs, V + s0 * kvs, kvs, 0.0f, dP.data(), nk);
+            for (int64_t i = 0; i < nq; ++i)
+              for (int64_t j = 0; j < nk; ++j)
+                dP[size_t(i * nk + j)] = S[size_t(i * nk + j)] * (dP[size_t(i * nk + j)] - Drow[size_t(i)]) * a.scale;
+            cpu_gemm_tn(nk, dh, nq, 1.0f, S.data(), nk, dO, qs, 1.0f, dV + s0 * kvs, kvs);
+            cpu_gemm(false, nq, dh, nk, 1.0f, dP.data(), nk, K + s0 * kvs, kvs, 1.0f, dQ, qs);
+            cpu_gemm_tn(nk, dh, nq, 1.0f, dP.data(), nk, Q, qs, 1.0f, dK + s0 * kvs, kvs);
+          }
+        }
+    }
+  }
+}
+
+}  // namespace zaya

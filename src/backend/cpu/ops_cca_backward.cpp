@@ -1,0 +1,163 @@
+// CPU backward of the CCA ops: the two causal convolutions (as transposed GEMMs per head and
+// tap), the mean paths + QK-norm + temperature + RoPE (recomputed per token), and the value
+// shift. Training runs fresh sequences, so the carried conv/value state is zero.
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace zaya {
+
+void CpuBackend::cca_conv_backward(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,
+                                   float* dw_grp, float* db_grp) {
+  const int64_t C = a.C, T = a.T, P = (a.t0 - 1) + (a.t1 - 1), G = a.group, heads = C / G, t0 = a.t0, t1 = a.t1;
+  const int64_t Ly = T + t1 - 1;
+  std::vector<float> wtap(static_cast<size_t>(t1 * C * G)), dwtap(static_cast<size_t>(t1 * C * G), 0.0f);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t ci = 0; ci < G; ++ci)
+      for (int64_t j = 0; j < t1; ++j) wtap[size_t((j * C + c) * G + ci)] = a.w_grp[(c * G + ci) * t1 + j];
+  std::vector<float> ext(static_cast<size_t>((P + T) * C)), y(static_cast<size_t>(Ly * C)),
+      dy(static_cast<size_t>(Ly * C));
+  std::vector<double> ddw(static_cast<size_t>(C * t0), 0.0), ddb(static_cast<size_t>(C), 0.0);
+  for (int64_t b = 0; b < a.B; ++b) {
+    const float* ub = a.u + b * T * C;
+    const float* dzb = dz + b * T * C;
+    std::memset(ext.data(), 0, size_t(P * C) * 4);
+    std::memcpy(ext.data() + P * C, ub, size_t(T * C) * 4);
+    for (int64_t s = 0; s < Ly; ++s)  // recompute the depthwise output
+      for (int64_t c = 0; c < C; ++c) {
+        float acc = a.b_dw[c];
+        for (int64_t i = 0; i < t0; ++i) acc += a.w_dw[c * t0 + i] * ext[size_t((s + i) * C + c)];
+        y[size_t(s * C + c)] = acc;
+      }
+    // Grouped conv: dY[j..j+T) += dZ_g Wj_g ; dWj_g += dZ_g^T Y_g[j..j+T) ; db += colsum dZ.
+    std::fill(dy.begin(), dy.end(), 0.0f);
+    for (int64_t j = 0; j < t1; ++j)
+      for (int64_t g = 0; g < heads; ++g) {
+        cpu_gemm(false, T, G, G, 1.0f, dzb + g * G, C, wtap.data() + (j * C + g * G) * G, G, 1.0f,
+                 dy.data() + j * C + g * G, C);
+        if (dw_grp)
+          cpu_gemm_tn(G, G, T, 1.0f, dzb + g * G, C, y.data() + j * C + g * G, C, 1.0f,
+                      dwtap.data() + (j * C + g * G) * G, G);
+      }
+    if (db_grp) cpu_column_sums(T, C, db_grp, dzb, nullptr);
+    // Depthwise: dext(s+i) += w[c,i] dy(s); dw[c,i] += dy(s) ext(s+i); db += dy(s).
+    float* dub = du + b * T * C;
+    for (int64_t s = 0; s < Ly; ++s)
+      for (int64_t c = 0; c < C; ++c) {
+        const float g = dy[size_t(s * C + c)];
+        ddb[size_t(c)] += g;
+        for (int64_t i = 0; i < t0; ++i) {
+          const int64_t row = s + i;
+          ddw[size_t(c * t0 + i)] += double(g) * ext[size_t(row * C + c)];
+          if (row >= P) dub[(row - P) * C + c] += a.w_dw[c * t0 + i] * g;
+        }
+      }
+  }
+  if (dw_dw)
+    for (int64_t k = 0; k < C * t0; ++k) dw_dw[k] += float(ddw[size_t(k)]);
+  if (db_dw)
+    for (int64_t c = 0; c < C; ++c) db_dw[c] += float(ddb[size_t(c)]);
+  if (dw_grp)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t ci = 0; ci < G; ++ci)
+        for (int64_t j = 0; j < t1; ++j) dw_grp[(c * G + ci) * t1 + j] += dwtap[size_t((j * C + c) * G + ci)];
+}
+
+void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const float* dk, float* dz, float* du,
+                                 float* dtemp) {
+  const int64_t Hq = a.Hq, Hkv = a.Hkv, dh = a.dh, rep = Hq / Hkv, C = (Hq + Hkv) * dh, Dq = Hq * dh;
+  const int64_t half = a.rotary_dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = std::pow(a.theta, -2.0 * double(i) / double(a.rotary_dim));
+  const double sdh = std::sqrt(double(dh));
+  std::vector<double> dtemp_total(static_cast<size_t>(Hkv), 0.0);
+
+  // Back through rotation and normalisation: dv from d(out) for pre-norm vector v.
+  // Returns d(mult) contribution.
+  auto back = [&](const float* v, const float* dout, double mult, const float* cs, const float* sn, double* dv) {
+    std::vector<double> da(static_cast<size_t>(dh));
+    for (int64_t i = 0; i < dh; ++i) da[size_t(i)] = dout[i];
+    for (int64_t i = 0; i < half; ++i) {
+      const double d1 = dout[i], d2 = dout[i + half];
+      da[size_t(i)] = d1 * cs[i] + d2 * sn[i];
+      da[size_t(i + half)] = -d1 * sn[i] + d2 * cs[i];
+    }
+    double ss = 0, vda = 0;
+    for (int64_t i = 0; i < dh; ++i) {
+      ss += double(v[i]) * v[i];
+      vda += double(v[i]) * da[size_t(i)];
+    }
+    const double nrm = std::sqrt(ss);
+    double dmult = vda * sdh / std::max(nrm, double(FLT_EPSILON));
+    if (nrm > FLT_EPSILON) {
+      const double f = sdh * mult / nrm;
+      for (int64_t i = 0; i < dh; ++i) dv[i] = f * (da[size_t(i)] - v[i] * vda / ss);
+    } else {
+      const double f = sdh * mult / double(FLT_EPSILON);
+      for (int64_t i = 0; i < dh; ++i) dv[i] = f * da[size_t(i)];
+    }
+    return dmult;
+  };
+
+#pragma omp parallel if (a.N * C > 32768)
+  {
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half)), v(static_cast<size_t>(dh));
+    std::vector<double> dv(static_cast<size_t>(dh)), dt(static_cast<size_t>(Hkv), 0.0);
+#pragma omp for
+    for (int64_t n = 0; n < a.N; ++n) {
+      const float* z = a.z + n * C;
+      const float* u = a.u + n * C;
+      float* dzn = dz + n * C;
+      float* dun = du + n * C;
+      const double pos = double(a.positions[n]);
+      for (int64_t i = 0; i < half; ++i) {
+        const double ang = pos * inv_freq[size_t(i)];
+        cs[size_t(i)] = float(std::cos(ang));
+        sn[size_t(i)] = float(std::sin(ang));
+      }
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t g = h / rep;
+        for (int64_t i = 0; i < dh; ++i) v[size_t(i)] = z[h * dh + i] + 0.5f * (u[h * dh + i] + u[Dq + g * dh + i]);
+        back(v.data(), dq + (n * Hq + h) * dh, 1.0, cs.data(), sn.data(), dv.data());
+        for (int64_t i = 0; i < dh; ++i) {
+          dzn[h * dh + i] = float(dv[size_t(i)]);
+          dun[h * dh + i] += float(0.5 * dv[size_t(i)]);
+          dun[Dq + g * dh + i] += float(0.5 * dv[size_t(i)]);
+        }
+      }
+      for (int64_t g = 0; g < Hkv; ++g) {
+        for (int64_t i = 0; i < dh; ++i) {
+          float mq = 0;
+          for (int64_t r = 0; r < rep; ++r) mq += u[(g * rep + r) * dh + i];
+          v[size_t(i)] = z[Dq + g * dh + i] + 0.5f * mq / float(rep) + 0.5f * u[Dq + g * dh + i];
+        }
+        dt[size_t(g)] += back(v.data(), dk + (n * Hkv + g) * dh, a.temp[g], cs.data(), sn.data(), dv.data());
+        for (int64_t i = 0; i < dh; ++i) {
+          dzn[Dq + g * dh + i] = float(dv[size_t(i)]);
+          dun[Dq + g * dh + i] += float(0.5 * dv[size_t(i)]);
+          for (int64_t r = 0; r < rep; ++r) dun[(g * rep + r) * dh + i] += float(0.5 * dv[size_t(i)] / double(rep));
+        }
+      }
+    }
+#pragma omp critical
+    for (int64_t g = 0; g < Hkv; ++g) dtemp_total[size_t(g)] += dt[size_t(g)];
+  }
+  if (dtemp)
+    for (int64_t g = 0; g < Hkv; ++g) dtemp[g] += float(dtemp_total[size_t(g)]);
+}
+
+void CpuBackend::cca_values_backward(const float* dv, float* dv_cur, float* dv_del, int64_t B, int64_t T,
+                                     int64_t half) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* d = dv + (b * T + t) * 2 * half;
+      std::memcpy(dv_cur + (b * T + t) * half, d, size_t(half) * 4);
+      if (t > 0) std::memcpy(dv_del + (b * T + t - 1) * half, d + half, size_t(half) * 4);
+      if (t == T - 1) std::memset(dv_del + (b * T + t) * half, 0, size_t(half) * 4);
+    }
+}
+
+}  // namespace zaya

@@ -1,0 +1,167 @@
+// CPU backward of the dense ops: linear, embedding, RMSNorm, affine and residual scaling,
+// EDA scaled-add, GELU, softmax, routing, and the LM head fused with cross-entropy in chunks.
+// Parameter gradients are reduced over rows with per-thread partial sums (no races).
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace zaya {
+
+namespace {
+
+// out[j] += sum_r term(r, j), rows split across threads, each with its own partial row.
+template <class Term>
+void reduce_columns(int64_t rows, int64_t dim, float* out, Term term) {
+  if (!out) return;
+#pragma omp parallel if (rows * dim > 65536)
+  {
+    std::vector<double> part(static_cast<size_t>(dim), 0.0);
+#pragma omp for nowait
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < dim; ++j) part[size_t(j)] += term(r, j);
+#pragma omp critical
+    for (int64_t j = 0; j < dim; ++j) out[j] += float(part[size_t(j)]);
+  }
+}
+
+}  // namespace
+
+void cpu_column_sums(int64_t rows, int64_t dim, float* out, const float* a, const float* b) {
+  if (b) reduce_columns(rows, dim, out, [&](int64_t r, int64_t j) { return double(a[r * dim + j]) * b[r * dim + j]; });
+  else reduce_columns(rows, dim, out, [&](int64_t r, int64_t j) { return double(a[r * dim + j]); });
+}
+
+void CpuBackend::linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                                 int64_t M, int64_t K, int64_t N, bool accumulate_dx, int64_t lddy) {
+  if (M == 0) return;
+  if (lddy == 0) lddy = N;
+  if (dx) cpu_gemm(false, M, K, N, 1.0f, dy, lddy, w, K, accumulate_dx ? 1.0f : 0.0f, dx, K);
+  if (dw) cpu_gemm_tn(N, K, M, 1.0f, dy, lddy, x, K, 1.0f, dw, K);
+  if (db) reduce_columns(M, N, db, [&](int64_t r, int64_t j) { return double(dy[r * lddy + j]); });
+}
+
+void CpuBackend::embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t D) {
+  for (int64_t n = 0; n < N; ++n) {
+    float* row = dtable + int64_t(ids[n]) * D;
+    const float* d = dout + n * D;
+    for (int64_t i = 0; i < D; ++i) row[i] += d[i];
+  }
+}
+
+void CpuBackend::rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* dw,
+                                  int64_t rows, int64_t dim, bool accumulate_dx) {
+  std::vector<float> inv(static_cast<size_t>(rows));
+#pragma omp parallel for if (rows * dim > 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    const float* dyr = dy + r * dim;
+    double ss = 0, dot = 0;
+    for (int64_t i = 0; i < dim; ++i) {
+      ss += double(xr[i]) * xr[i];
+      dot += double(w[i]) * dyr[i] * xr[i];
+    }
+    const double iv = 1.0 / std::sqrt(ss / double(dim) + double(eps));
+    inv[size_t(r)] = float(iv);
+    const double c = dot * iv * iv * iv / double(dim);
+    float* dxr = dx + r * dim;
+    for (int64_t i = 0; i < dim; ++i) {
+      float g = float(iv * w[i] * dyr[i] - c * xr[i]);
+      dxr[i] = accumulate_dx ? dxr[i] + g : g;
+    }
+  }
+  reduce_columns(rows, dim, dw, [&](int64_t r, int64_t j) { return double(dy[r * dim + j]) * x[r * dim + j] * inv[size_t(r)]; });
+}
+
+void CpuBackend::affine_backward(const float* x, const float* scale, const float* bias, float* d, float* dscale,
+                                 float* dbias, int64_t rows, int64_t dim) {
+  reduce_columns(rows, dim, dscale, [&](int64_t r, int64_t j) { return double(d[r * dim + j]) * (x[r * dim + j] + bias[j]); });
+  reduce_columns(rows, dim, dbias, [&](int64_t r, int64_t j) { return double(d[r * dim + j]) * scale[j]; });
+#pragma omp parallel for if (rows * dim > 65536)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < dim; ++j) d[r * dim + j] *= scale[j];
+}
+
+void CpuBackend::residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb,
+                                         const float* rs, const float* rb, float* dr, float* dh, float* dhs,
+                                         float* dhb, float* drs, float* drb, int64_t rows, int64_t dim) {
+  reduce_columns(rows, dim, dhs, [&](int64_t n, int64_t j) { return double(dr[n * dim + j]) * (h[n * dim + j] + hb[j]); });
+  reduce_columns(rows, dim, dhb, [&](int64_t n, int64_t j) { return double(dr[n * dim + j]) * hs[j]; });
+  reduce_columns(rows, dim, drs, [&](int64_t n, int64_t j) { return double(dr[n * dim + j]) * (r[n * dim + j] + rb[j]); });
+  reduce_columns(rows, dim, drb, [&](int64_t n, int64_t j) { return double(dr[n * dim + j]) * rs[j]; });
+#pragma omp parallel for if (rows * dim > 65536)
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t j = 0; j < dim; ++j) {
+      const float g = dr[n * dim + j];
+      dh[n * dim + j] = g * hs[j];
+      dr[n * dim + j] = g * rs[j];
+    }
+}
+
+void CpuBackend::scaled_add_backward(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
+                                     int64_t rows, int64_t dim) {
+  reduce_columns(rows, dim, dscale, [&](int64_t n, int64_t j) { return double(dy[n * dim + j]) * x[n * dim + j]; });
+#pragma omp parallel for if (rows * dim > 65536)
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t j = 0; j < dim; ++j) dx[n * dim + j] += dy[n * dim + j] * scale[j];
+}
+
+void CpuBackend::gelu_backward(const float* x, float* d, int64_t n) {
+  const float inv_sqrt_2pi = 0.3989422804014327f;
+#pragma omp parallel for if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float cdf = 0.5f * (1.0f + std::erf(v * float(M_SQRT1_2)));
+    d[i] *= cdf + v * inv_sqrt_2pi * std::exp(-0.5f * v * v);
+  }
+}
+
+void CpuBackend::softmax_backward(const float* p, float* d, int64_t rows, int64_t cols) {
+#pragma omp parallel for if (rows * cols > 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    double dot = 0;
+    for (int64_t c = 0; c < cols; ++c) dot += double(p[r * cols + c]) * d[r * cols + c];
+    for (int64_t c = 0; c < cols; ++c) d[r * cols + c] = float(p[r * cols + c] * (d[r * cols + c] - dot));
+  }
+}
+
+void CpuBackend::route_backward(const int32_t* expert, const float* dweight, float* dprobs, int64_t N,
+                                int64_t classes) {
+  std::memset(dprobs, 0, size_t(N * classes) * 4);
+  for (int64_t n = 0; n < N; ++n) dprobs[n * classes + expert[n]] = dweight[n];
+}
+
+double CpuBackend::lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N,
+                                int64_t D, int64_t V, float scale, float* dy, float* dw, float* dbias) {
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(1) << 22) / V));  // ~16 MiB of logits
+  std::vector<float> logits(static_cast<size_t>(chunk * V));
+  double total = 0;
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N - r0);
+    linear(y + r0 * D, w, bias, logits.data(), rows, D, V, false, 0);
+    double part = 0;
+#pragma omp parallel for reduction(+ : part) if (rows * V > 65536)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* l = logits.data() + r * V;
+      const int32_t t = target[r0 + r];
+      if (t < 0) {
+        std::memset(l, 0, size_t(V) * 4);
+        continue;
+      }
+      float mx = l[0];
+      for (int64_t v = 1; v < V; ++v) mx = std::max(mx, l[v]);
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(l[v] - mx));
+      const double lse = std::log(sum) + mx;
+      part += lse - l[t];
+      for (int64_t v = 0; v < V; ++v) l[v] = float(std::exp(double(l[v]) - lse)) * scale;
+      l[t] -= scale;
+    }
+    total += part;
+    linear_backward(y + r0 * D, w, logits.data(), dy + r0 * D, dw, dbias, rows, D, V, false, 0);
+  }
+  return total;
+}
+
+}  // namespace zaya

@@ -1,0 +1,72 @@
+// Forward of one ZAYA block (spec A.4 step 2): RMSNorm → CCA (A.5–A.6) → residual scaling →
+// RMSNorm → router with EDA (A.8) → top-1 MoE with skip class → residual scaling.
+#include "model/block.h"
+
+#include <cmath>
+
+namespace zaya {
+
+void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeights& w, const BlockShape& s,
+                   float* r, const float* rho_prev, BlockActivations& a) {
+  const int64_t N = s.B * s.T, D = c.hidden_size, C = c.conv_channels(), Dq = c.q_dim(), Dk = c.kv_dim(),
+                R = c.router_hidden_size, E = c.num_experts;
+  const float eps = float(c.rms_norm_eps);
+  if (a.r_in) be.copy(a.r_in, r, N * D);
+
+  // --- CCA attention ---
+  be.rmsnorm(r, w.input_norm, eps, a.x1, N, D);
+  be.linear(a.x1, w.attn.q_proj, nullptr, a.u, N, D, Dq, false, C);
+  be.linear(a.x1, w.attn.k_proj, nullptr, a.u + Dq, N, D, Dk, false, C);
+  CcaConvArgs ca;
+  ca.u = a.u; ca.state = s.conv_state; ca.w_dw = w.attn.conv_dw_w; ca.b_dw = w.attn.conv_dw_b;
+  ca.w_grp = w.attn.conv_grp_w; ca.b_grp = w.attn.conv_grp_b; ca.z = a.z;
+  ca.B = s.B; ca.T = s.T; ca.C = C; ca.t0 = c.cca_time0; ca.t1 = c.cca_time1; ca.group = c.head_dim;
+  be.cca_conv(ca);
+  CcaQkArgs qa;
+  qa.z = a.z; qa.u = a.u; qa.temp = w.attn.temp; qa.positions = s.positions; qa.q = a.q; qa.k = a.k;
+  qa.N = N; qa.Hq = c.num_attention_heads; qa.Hkv = c.num_key_value_heads; qa.dh = c.head_dim;
+  qa.rotary_dim = c.rotary_dim(l); qa.theta = c.rope(l).theta;
+  be.cca_qk(qa);
+  be.linear(a.x1, w.attn.v_current, nullptr, a.vcur, N, D, Dk / 2);
+  be.linear(a.x1, w.attn.v_delayed, nullptr, a.vdel, N, D, Dk / 2);
+  CcaValueArgs va;
+  va.v_cur = a.vcur; va.v_del = a.vdel; va.v_state = s.vdel_state; va.v = a.v; va.B = s.B; va.T = s.T; va.half = Dk / 2;
+  be.cca_values(va);
+  be.cache_write(a.k, s.k_cache, s.pos0, s.B, s.T, s.S, Dk);
+  be.cache_write(a.v, s.v_cache, s.pos0, s.B, s.T, s.S, Dk);
+  AttentionArgs aa;
+  aa.q = a.q; aa.k_cache = s.k_cache; aa.v_cache = s.v_cache; aa.out = a.att; aa.pos0 = s.pos0;
+  aa.B = s.B; aa.T = s.T; aa.S = s.S; aa.Hq = c.num_attention_heads; aa.Hkv = c.num_key_value_heads; aa.dh = c.head_dim;
+  aa.window = c.is_sliding(l) ? c.sliding_window : 0;
+  aa.scale = 1.0f / std::sqrt(float(c.head_dim));
+  be.attention(aa);
+  be.linear(a.att, w.attn.o_proj, nullptr, a.h_attn, N, Dq, D);
+  const ResidualScaleWeights& pa = w.post_attn_scale;
+  be.residual_scale(r, a.h_attn, pa.hidden_scale, pa.hidden_bias, pa.residual_scale, pa.residual_bias, N, D);
+  if (a.r_mid) be.copy(a.r_mid, r, N * D);
+
+  // --- Router + MoE ---
+  be.rmsnorm(r, w.post_attn_norm, eps, a.x2, N, D);
+  const RouterWeights& rw = w.router;
+  be.linear(a.x2, rw.down_w, rw.down_b, a.rh, N, D, R);
+  if (l > 0) be.scaled_add(a.rh, rho_prev, rw.eda_scale, N, R);
+  be.rmsnorm(a.rh, rw.norm, eps, a.rn, N, R);
+  be.linear(a.rn, rw.fc1_w, rw.fc1_b, a.f1, N, R, R);
+  if (a.g1 != a.f1) be.copy(a.g1, a.f1, N * R);
+  be.gelu(a.g1, N * R);
+  be.linear(a.g1, rw.fc2_w, rw.fc2_b, a.f2, N, R, R);
+  if (a.g2 != a.f2) be.copy(a.g2, a.f2, N * R);
+  be.gelu(a.g2, N * R);
+  be.linear(a.g2, rw.out_w, nullptr, a.probs, N, R, E + 1);
+  be.softmax(a.probs, N, E + 1);
+  be.route_select(a.probs, rw.balancing_biases, a.expert, a.weight, N, E + 1);
+  MoeArgs ma;
+  ma.x = a.x2; ma.expert = a.expert; ma.weight = a.weight; ma.gate_up = w.experts.gate_up; ma.down = w.experts.down;
+  ma.out = a.h_moe; ma.N = N; ma.D = D; ma.I = c.moe_intermediate_size; ma.E = E;
+  ma.skip_identity = c.skip_expert_output == SkipMode::Identity;
+  be.moe(ma);
+  const ResidualScaleWeights& pm = w.post_mlp_scale;
+  be.residual_scale(r, a.h_moe, pm.hidden_scale, pm.hidden_bias, pm.residual_scale, pm.residual_bias, N, D);
+}
+
+}  // namespace zaya

@@ -1,0 +1,57 @@
+// One ZAYA block (CCA attention + router/MoE with residual scaling) over backend buffers.
+// The same code serves inference (activation buffers reused across layers) and training
+// (one BlockActivations per layer, kept for the backward pass).
+#pragma once
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace zaya {
+
+// Backend buffers a block reads and writes. For inference, r_in/r_mid alias nothing
+// (nullptr: not saved) and g1 == f1, g2 == f2 (GELU in place).
+struct BlockActivations {
+  float* r_in = nullptr;   // [N,D] residual entering the block (saved for training)
+  float* x1 = nullptr;     // [N,D] input_layernorm output
+  float* u = nullptr;      // [N,C] raw q‖k
+  float* z = nullptr;      // [N,C] conv output
+  float* q = nullptr;      // [N,Hq*dh]
+  float* k = nullptr;      // [N,Hkv*dh]
+  float* vcur = nullptr;   // [N,kv/2]
+  float* vdel = nullptr;   // [N,kv/2]
+  float* v = nullptr;      // [N,kv]
+  float* att = nullptr;    // [N,Hq*dh] attention output (pre o_proj)
+  float* h_attn = nullptr; // [N,D] o_proj output
+  float* r_mid = nullptr;  // [N,D] residual after the attention merge (saved for training)
+  float* x2 = nullptr;     // [N,D] post_attention_layernorm output
+  float* rh = nullptr;     // [N,R] router latent after EDA (passed to the next block)
+  float* rn = nullptr;     // [N,R] router RMSNorm output
+  float* f1 = nullptr;     // [N,R] fc1 pre-activation
+  float* g1 = nullptr;     // [N,R] GELU(f1)
+  float* f2 = nullptr;     // [N,R] fc2 pre-activation
+  float* g2 = nullptr;     // [N,R] GELU(f2)
+  float* probs = nullptr;  // [N,E+1]
+  int32_t* expert = nullptr;  // [N]
+  float* weight = nullptr;    // [N]
+  float* h_moe = nullptr;     // [N,D]
+};
+
+struct BlockShape {
+  int64_t B, T;
+  const int64_t* pos0;       // [B] host
+  const int64_t* positions;  // [N] host
+  float* k_cache;            // [B,S,kv]
+  float* v_cache;
+  int64_t S;
+  float* conv_state;         // [B,P,C]
+  float* vdel_state;         // [B,kv/2]
+};
+
+// Runs block l: r (the residual stream, [N,D]) is updated in place. rho_prev is the previous
+// block's router latent (ignored for l == 0).
+void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeights& w, const BlockShape& s,
+                   float* r, const float* rho_prev, BlockActivations& a);
+
+}  // namespace zaya
