@@ -46,8 +46,10 @@ constexpr const char* kSingleName = "model.safetensors";
 // into deep structures (a hostile header may nest arbitrarily deep).
 std::string describe(const json& v) {
   auto clip = [](std::string s) {
-    if (s.size() > 80) s = s.substr(0, 77) + "...";
-    return s;
+    if (s.size() <= 80) return s;
+    size_t cut = 77;
+    while (cut > 0 && (uint8_t(s[cut]) & 0xc0) == 0x80) --cut;  // do not split a UTF-8 sequence
+    return s.substr(0, cut) + "...";
   };
   auto dump = [](const json& x) { return x.dump(-1, ' ', false, json::error_handler_t::replace); };
   if (v.is_primitive()) return clip(dump(v));
@@ -363,8 +365,8 @@ SafeTensorsSet SafeTensorsSet::open_dir(const std::string& dir) {
   const std::string single_path = join_path(dir, kSingleName);
   if (!path_exists(index_path)) {
     if (path_exists(single_path)) return open_file(single_path);
-    fail(kComponent,
-         dir + ": no model weights: neither " + kIndexName + " nor " + kSingleName + " exists in this directory",
+    std::string where = path_exists(dir) ? "exists in this directory" : "exists (the directory itself is missing)";
+    fail(kComponent, dir + ": no model weights: neither " + kIndexName + " nor " + kSingleName + " " + where,
          "pass a Hugging Face model directory");
   }
 

@@ -46,6 +46,14 @@ struct ForwardOutputs {
   float* router_probs = nullptr;  // host [L, B, T, E+1]
 };
 
+// What one training forward/backward saw: loss sum over counted targets and, per layer, how
+// many tokens chose each router class (int64; class E = skip).
+struct StepStats {
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  std::vector<int64_t> expert_counts;  // [L][E+1]
+};
+
 class Model {
  public:
   Model(const ModelConfig& c, Backend& be);
@@ -64,6 +72,13 @@ class Model {
 
   // ids: host [B, T]. state == nullptr runs fresh sequences starting at position 0.
   void forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state, const ForwardOutputs& out);
+
+  // Training step on fresh sequences: forward with saved activations, then the hand-written
+  // backward. targets: host [B, T], -1 = not counted. Adds d(loss_scale * sum of token
+  // losses)/d(param) into grads (backend memory with layout().total floats; the balancing
+  // biases get none). Returns the loss sum and the routing statistics.
+  StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, float* grads,
+                             float loss_scale);
 
  private:
   ModelConfig cfg_;

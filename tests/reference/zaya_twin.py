@@ -225,6 +225,98 @@ def moe(cfg, W, layer, x, rho_prev):
     return out, rho, probs, choice
 
 
+# ------------------------------------------------- fast batched variants (benchmarks)
+# Same function as `cca_attention` / `moe`, written with standard batched torch ops so the
+# twin is a fair performance peer: GQA without repeat_interleave copies (queries grouped per
+# KV head and broadcast against the shared keys), an additive causal mask, and a MoE that
+# sorts tokens by expert once and runs one contiguous GEMM pair per expert. Selected with
+# forward(..., fast=True); bench/bench_twin.py --check verifies it against the plain path
+# and the fixtures.
+_MASKS = {}
+
+
+def _causal_mask(T, window, dtype):
+    key = (T, window, dtype)
+    if key not in _MASKS:
+        t = torch.arange(T)
+        allowed = t[None, :] <= t[:, None]
+        if window:
+            allowed = allowed & (t[:, None] - t[None, :] < window)
+        m = torch.zeros(T, T, dtype=dtype)
+        _MASKS[key] = m.masked_fill_(~allowed, float("-inf"))
+    return _MASKS[key]
+
+
+def cca_attention_fast(cfg, W, layer, x):
+    """As `cca_attention`, batched. x: [B, T, D] -> [B, T, D]."""
+    p = f"model.layers.{layer}.self_attn."
+    B, T, D = x.shape
+    Hq, Hkv, dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    n_rep, Dq = Hq // Hkv, Hq * dh
+    xf = x.reshape(B * T, D)
+    wqk = torch.cat([W[p + "qkv_proj.q_proj.weight"], W[p + "qkv_proj.k_proj.weight"]])
+    u = (xf @ wqk.T).reshape(B, T, -1)                 # [B, T, C] = q || k
+    z = cca_conv(u, W[p + "qkv_proj.conv_qk_depthwise.weight"],
+                 W[p + "qkv_proj.conv_qk_depthwise.bias"],
+                 W[p + "qkv_proj.conv_qk_grouped.weight"],
+                 W[p + "qkv_proj.conv_qk_grouped.bias"],
+                 cfg.cca_time0, cfg.cca_time1, Hq + Hkv)
+    qh = u[..., :Dq].reshape(B, T, Hkv, n_rep, dh)
+    kh = u[..., Dq:].reshape(B, T, Hkv, 1, dh)
+    qres = 0.5 * (qh + kh)                              # [B, T, Hkv, rep, dh]
+    Q = z[..., :Dq].reshape(B, T, Hkv, n_rep, dh) + qres
+    K = z[..., Dq:].reshape(B, T, Hkv, dh) + qres.mean(dim=3)
+
+    wv = torch.cat([W[p + "qkv_proj.v_proj_current.weight"], W[p + "qkv_proj.v_proj_delayed.weight"]])
+    vv = (xf @ wv.T).reshape(B, T, 2, -1)               # [B, T, 2, Hkv*dh/2]
+    v_del = F.pad(vv[:, :, 1], (0, 0, 1, 0))[:, :T]     # Wv_del x_{t-1} (no bias)
+    V = torch.cat([vv[:, :, 0], v_del], dim=-1).reshape(B, T, Hkv, dh)
+
+    Q = Q * (math.sqrt(dh) / Q.norm(dim=-1, keepdim=True).clamp_min(QK_NORM_EPS))
+    K = K * (W[p + "qk_norm.temp"][None, None, :, None] * math.sqrt(dh)
+             / K.norm(dim=-1, keepdim=True).clamp_min(QK_NORM_EPS))
+    rd = cfg.rotary_dim(layer)
+    cos, sin = rope_cos_sin(T, rd, cfg.rope_theta(layer), x.dtype)
+    Q = apply_rope(Q.reshape(B, T, Hq, dh), cos, sin, rd)
+    K = apply_rope(K, cos, sin, rd)
+
+    window = cfg.sliding_window if cfg.layer_types[layer] == "hybrid_sliding" else None
+    Qg = Q.reshape(B, T, Hkv, n_rep, dh).permute(0, 2, 3, 1, 4)   # [B, Hkv, rep, T, dh]
+    Kg = K.permute(0, 2, 1, 3).unsqueeze(2)                       # [B, Hkv, 1, T, dh]
+    Vg = V.permute(0, 2, 1, 3).unsqueeze(2)
+    scores = torch.matmul(Qg * (1.0 / math.sqrt(dh)), Kg.transpose(-1, -2))  # [B, Hkv, rep, T, T]
+    scores += _causal_mask(T, window, x.dtype)
+    attn = torch.softmax(scores, dim=-1)
+    o = torch.matmul(attn, Vg)                                    # [B, Hkv, rep, T, dh]
+    o = o.permute(0, 3, 1, 2, 4).reshape(B * T, Dq)
+    return (o @ W[p + "o_proj.weight"].T).reshape(B, T, D)
+
+
+def moe_fast(cfg, W, layer, x, rho_prev):
+    """As `moe`: tokens sorted by expert once, one contiguous GEMM pair per expert."""
+    p = f"model.layers.{layer}.mlp."
+    E, I = cfg.num_experts, cfg.moe_intermediate_size
+    probs, rho = router(cfg, W, layer, x, rho_prev)
+    choice = torch.argmax(probs + W[p + "gate.balancing_biases"], dim=-1)  # [B, T]
+    w = probs.gather(-1, choice[..., None])                               # [B, T, 1]
+    xf, cf = x.reshape(-1, x.shape[-1]), choice.reshape(-1)
+    order = torch.argsort(cf, stable=True)
+    counts = torch.bincount(cf, minlength=E + 1).tolist()
+    xs = xf.index_select(0, order)
+    ys = torch.zeros_like(xs) if cfg.skip_expert_output == "zero" else xs.clone()
+    gu_all, dn_all = W[p + "experts.gate_up_proj"], W[p + "experts.down_proj"]
+    start = 0
+    for e in range(E):
+        n = counts[e]
+        if n:
+            gu = xs[start:start + n] @ gu_all[e].T                        # [n, 2I]
+            act = F.silu(gu[:, :I]).mul_(gu[:, I:])
+            torch.mm(act, dn_all[e].T, out=ys[start:start + n])
+        start += n
+    y = torch.empty_like(xf).index_copy_(0, order, ys)
+    return w * y.reshape(x.shape), rho, probs, choice
+
+
 # --------------------------------------------------------------------------- model
 def _cast(weights, dtype):
     return {k: v.to(dtype) for k, v in weights.items()}
@@ -244,8 +336,11 @@ def next_token_loss(logits, ids):
     return F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
 
 
-def forward(cfg, weights, ids, dtype=torch.float64):
+def forward(cfg, weights, ids, dtype=torch.float64, fast=False, with_loss=True):
     """Vectorised forward. ids: LongTensor [B, T] (or nested lists).
+
+    fast=True uses the batched `cca_attention_fast` / `moe_fast` (same function; for
+    benchmarks). with_loss=False skips the loss (returned as None).
 
     Returns dict(logits [B,T,V], experts [L,B,T] int64, loss scalar,
                  residuals: list of L [B,T,D], router_probs: list of L [B,T,E+1]).
@@ -261,17 +356,18 @@ def forward(cfg, weights, ids, dtype=torch.float64):
     for k in range(cfg.num_hidden_layers):
         p = f"model.layers.{k}."
         x = rms_norm(r, W[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-        a = cca_attention(cfg, W, k, x)
+        a = (cca_attention_fast if fast else cca_attention)(cfg, W, k, x)
         r = residual_scale(a, r, W, p + "post_attention_residual_scale.")
         x = rms_norm(r, W[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-        m, rho, probs, choice = moe(cfg, W, k, x, rho)
+        m, rho, probs, choice = (moe_fast if fast else moe)(cfg, W, k, x, rho)
         r = residual_scale(m, r, W, p + "post_mlp_residual_scale.")
         residuals.append(r)
         probs_all.append(probs)
         experts.append(choice)
     y = rms_norm(r, W["model.norm.weight"], cfg.rms_norm_eps)
     logits = lm_head(cfg, W, y)
-    return dict(logits=logits, experts=torch.stack(experts), loss=next_token_loss(logits, ids),
+    loss = next_token_loss(logits, ids) if with_loss else None
+    return dict(logits=logits, experts=torch.stack(experts), loss=loss,
                 residuals=residuals, router_probs=probs_all)
 
 

@@ -382,6 +382,14 @@ TEST_F(SafeTensorsTest, DuplicateField) {
   expect_open_error(p, {p, "'w'", "duplicate field 'dtype'"});
 }
 
+TEST_F(SafeTensorsTest, DeepNesting) {
+  std::string deep = "{\"w\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  std::string p = write_image("deep.safetensors", deep, 0);
+  expect_open_error(p, {p, "header", "nests deeper"});
+  std::string q = write_image("nested.safetensors", R"([{"a": 1, "a": 2}])", 0);
+  expect_open_error(q, {q, "duplicate key 'a'"});
+}
+
 TEST_F(SafeTensorsTest, UnknownField) {
   std::string p = write_image(
       "field.safetensors", R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "layout": "C"}})", 4);

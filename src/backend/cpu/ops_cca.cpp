@@ -118,6 +118,7 @@ void CpuBackend::cca_values(const CcaValueArgs& a) {
 
 void CpuBackend::cache_write(const float* src, float* cache, const int64_t* pos0, int64_t B, int64_t T, int64_t S,
                              int64_t W) {
+  if (src == cache) return;  // training: the chunk is the whole cache (S == T, pos0 == 0)
   for (int64_t b = 0; b < B; ++b)
     std::memcpy(cache + (b * S + pos0[b]) * W, src + b * T * W, size_t(T * W) * 4);
 }

@@ -1,0 +1,169 @@
+// The training step: forward over fresh sequences keeping every block's activations, the
+// LM head fused with cross-entropy, then the backward pass through every block in reverse
+// (residual scaling, MoE, router MLP, EDA chain, CCA) down to the embedding. Hand-written
+// against the Backend's backward ops; no autograd.
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "model/block.h"
+#include "model/model.h"
+#include "model/scratch.h"
+
+namespace zaya {
+
+StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, float* grads,
+                                  float loss_scale) {
+  const ModelConfig& c = cfg_;
+  const int64_t N = B * T, D = c.hidden_size, C = c.conv_channels(), Dq = c.q_dim(), Dk = c.kv_dim(),
+                R = c.router_hidden_size, E = c.num_experts, V = c.vocab_size, L = c.num_hidden_layers,
+                P = c.conv_state_rows();
+  const float eps = float(c.rms_norm_eps);
+  if (T > c.max_position_embeddings)
+    fail("train", "sequence length " + std::to_string(T) + " exceeds max_position_embeddings " +
+                      std::to_string(c.max_position_embeddings));
+  for (int64_t n = 0; n < N; ++n) {
+    if (ids[n] < 0 || ids[n] >= V) fail("train", "token id " + std::to_string(ids[n]) + " is outside the vocabulary");
+    if (targets[n] >= V) fail("train", "target id " + std::to_string(targets[n]) + " is outside the vocabulary");
+  }
+  ModelWeights g = bind_weights(c, layout_, grads);
+  Scratch s(be_);
+  int32_t* d_ids = s.i(N);
+  int32_t* d_targets = s.i(N);
+  be_.from_host(d_ids, ids, N * 4);
+  be_.from_host(d_targets, targets, N * 4);
+  std::vector<int64_t> pos0(static_cast<size_t>(B), 0), positions(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = n % T;
+
+  // ---- forward, keeping activations ----
+  float* emb = s.f(N * D);
+  float* r = s.f(N * D);
+  be_.embedding(w_.embed, d_ids, emb, N, D);
+  be_.copy(r, emb, N * D);
+  be_.affine(r, w_.input_scale, w_.input_bias, N, D);
+  std::vector<BlockActivations> acts(static_cast<size_t>(L));
+  float* conv_state = s.f(B * P * C);
+  float* vdel_state = s.f(B * Dk / 2);
+  for (int64_t l = 0; l < L; ++l) {
+    BlockActivations& a = acts[size_t(l)];
+    a.r_in = s.f(N * D); a.x1 = s.f(N * D); a.u = s.f(N * C); a.z = s.f(N * C); a.q = s.f(N * Dq);
+    a.k = s.f(N * Dk); a.vcur = s.f(N * Dk / 2); a.vdel = s.f(N * Dk / 2); a.v = s.f(N * Dk);
+    a.att = s.f(N * Dq); a.h_attn = s.f(N * D); a.r_mid = s.f(N * D); a.x2 = s.f(N * D); a.rh = s.f(N * R);
+    a.rn = s.f(N * R); a.f1 = s.f(N * R); a.g1 = s.f(N * R); a.f2 = s.f(N * R); a.g2 = s.f(N * R);
+    a.probs = s.f(N * (E + 1)); a.expert = s.i(N); a.weight = s.f(N); a.h_moe = s.f(N * D);
+    be_.fill(conv_state, 0.0f, B * P * C);
+    be_.fill(vdel_state, 0.0f, B * Dk / 2);
+    BlockShape shape{B, T, pos0.data(), positions.data(), a.k, a.v, T, conv_state, vdel_state};
+    forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, l > 0 ? acts[size_t(l - 1)].rh : nullptr, a);
+  }
+
+  StepStats stats;
+  stats.expert_counts.assign(static_cast<size_t>(L * (E + 1)), 0);
+  std::vector<int32_t> host_experts(static_cast<size_t>(N));
+  for (int64_t l = 0; l < L; ++l) {
+    be_.to_host(host_experts.data(), acts[size_t(l)].expert, N * 4);
+    for (int32_t e : host_experts) stats.expert_counts[size_t(l * (E + 1) + e)]++;
+  }
+  for (int64_t n = 0; n < N; ++n) stats.tokens += targets[n] >= 0;
+
+  // ---- head + loss ----
+  float* y = s.f(N * D);
+  float* dy = s.f(N * D);
+  be_.rmsnorm(r, w_.final_norm, eps, y, N, D);
+  stats.loss_sum = be_.lm_head_loss(y, w_.lm_head, w_.lm_head_bias, d_targets, N, D, V, loss_scale, dy, g.lm_head,
+                                    g.lm_head_bias);
+  float* dr = s.f(N * D);
+  be_.rmsnorm_backward(r, w_.final_norm, dy, eps, dr, g.final_norm, N, D, false);
+
+  // ---- backward through the blocks ----
+  float* dh = s.f(N * D);
+  float* dx = s.f(N * D);
+  float* dweight = s.f(N);
+  float* dprobs = s.f(N * (E + 1));
+  float* dga = s.f(N * R);
+  float* dgb = s.f(N * R);
+  float* drh = s.f(N * R);       // d(router latent) of the current block, incl. the next block's EDA
+  float* drho_prev = s.f(N * R);
+  float* datt = s.f(N * Dq);
+  float* dq = s.f(N * Dq);
+  float* dk = s.f(N * Dk);
+  float* dv = s.f(N * Dk);
+  float* dvcur = s.f(N * Dk / 2);
+  float* dvdel = s.f(N * Dk / 2);
+  float* dz = s.f(N * C);
+  float* du = s.f(N * C);
+  be_.fill(drh, 0.0f, N * R);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const BlockActivations& a = acts[size_t(l)];
+    const BlockWeights& w = w_.blocks[size_t(l)];
+    const BlockWeights& gw = g.blocks[size_t(l)];
+    // post-MoE residual merge
+    const ResidualScaleWeights& pm = w.post_mlp_scale;
+    const ResidualScaleWeights& gpm = gw.post_mlp_scale;
+    be_.residual_scale_backward(a.r_mid, a.h_moe, pm.hidden_scale, pm.hidden_bias, pm.residual_scale,
+                                pm.residual_bias, dr, dh, gpm.hidden_scale, gpm.hidden_bias, gpm.residual_scale,
+                                gpm.residual_bias, N, D);
+    // experts (and the skip class)
+    MoeArgs ma;
+    ma.x = a.x2; ma.expert = a.expert; ma.weight = a.weight; ma.gate_up = w.experts.gate_up; ma.down = w.experts.down;
+    ma.out = a.h_moe; ma.N = N; ma.D = D; ma.I = c.moe_intermediate_size; ma.E = E;
+    ma.skip_identity = c.skip_expert_output == SkipMode::Identity;
+    be_.fill(dx, 0.0f, N * D);
+    be_.moe_backward(ma, dh, dx, dweight, gw.experts.gate_up, gw.experts.down);
+    // router: the weight is the unbiased probability of the selected class
+    const RouterWeights& rw = w.router;
+    const RouterWeights& grw = gw.router;
+    be_.route_backward(a.expert, dweight, dprobs, N, E + 1);
+    be_.softmax_backward(a.probs, dprobs, N, E + 1);
+    be_.linear_backward(a.g2, rw.out_w, dprobs, dga, grw.out_w, nullptr, N, R, E + 1, false);
+    be_.gelu_backward(a.f2, dga, N * R);
+    be_.linear_backward(a.g1, rw.fc2_w, dga, dgb, grw.fc2_w, grw.fc2_b, N, R, R, false);
+    be_.gelu_backward(a.f1, dgb, N * R);
+    be_.linear_backward(a.rn, rw.fc1_w, dgb, dga, grw.fc1_w, grw.fc1_b, N, R, R, false);
+    be_.rmsnorm_backward(a.rh, rw.norm, dga, eps, drh, grw.norm, N, R, /*accumulate_dx=*/true);
+    if (l > 0) {
+      be_.fill(drho_prev, 0.0f, N * R);
+      be_.scaled_add_backward(acts[size_t(l - 1)].rh, rw.eda_scale, drh, drho_prev, grw.eda_scale, N, R);
+    }
+    be_.linear_backward(a.x2, rw.down_w, drh, dx, grw.down_w, grw.down_b, N, D, R, /*accumulate_dx=*/true);
+    be_.rmsnorm_backward(a.r_mid, w.post_attn_norm, dx, eps, dr, gw.post_attn_norm, N, D, true);
+    // post-attention residual merge
+    const ResidualScaleWeights& pa = w.post_attn_scale;
+    const ResidualScaleWeights& gpa = gw.post_attn_scale;
+    be_.residual_scale_backward(a.r_in, a.h_attn, pa.hidden_scale, pa.hidden_bias, pa.residual_scale,
+                                pa.residual_bias, dr, dh, gpa.hidden_scale, gpa.hidden_bias, gpa.residual_scale,
+                                gpa.residual_bias, N, D);
+    // CCA
+    be_.linear_backward(a.att, w.attn.o_proj, dh, datt, gw.attn.o_proj, nullptr, N, Dq, D, false);
+    AttentionArgs aa;
+    aa.q = a.q; aa.k_cache = a.k; aa.v_cache = a.v; aa.out = a.att; aa.pos0 = pos0.data();
+    aa.B = B; aa.T = T; aa.S = T; aa.Hq = c.num_attention_heads; aa.Hkv = c.num_key_value_heads; aa.dh = c.head_dim;
+    aa.window = c.is_sliding(l) ? c.sliding_window : 0;
+    aa.scale = 1.0f / std::sqrt(float(c.head_dim));
+    be_.attention_backward(aa, datt, dq, dk, dv);
+    be_.cca_values_backward(dv, dvcur, dvdel, B, T, Dk / 2);
+    be_.linear_backward(a.x1, w.attn.v_current, dvcur, dx, gw.attn.v_current, nullptr, N, D, Dk / 2, false);
+    be_.linear_backward(a.x1, w.attn.v_delayed, dvdel, dx, gw.attn.v_delayed, nullptr, N, D, Dk / 2, true);
+    CcaQkArgs qa;
+    qa.z = a.z; qa.u = a.u; qa.temp = w.attn.temp; qa.positions = positions.data(); qa.q = a.q; qa.k = a.k;
+    qa.N = N; qa.Hq = c.num_attention_heads; qa.Hkv = c.num_key_value_heads; qa.dh = c.head_dim;
+    qa.rotary_dim = c.rotary_dim(l); qa.theta = c.rope(l).theta;
+    be_.fill(du, 0.0f, N * C);
+    be_.cca_qk_backward(qa, dq, dk, dz, du, gw.attn.temp);
+    CcaConvArgs ca;
+    ca.u = a.u; ca.state = nullptr; ca.w_dw = w.attn.conv_dw_w; ca.b_dw = w.attn.conv_dw_b;
+    ca.w_grp = w.attn.conv_grp_w; ca.b_grp = w.attn.conv_grp_b; ca.z = a.z;
+    ca.B = B; ca.T = T; ca.C = C; ca.t0 = c.cca_time0; ca.t1 = c.cca_time1; ca.group = c.head_dim;
+    be_.cca_conv_backward(ca, dz, du, gw.attn.conv_dw_w, gw.attn.conv_dw_b, gw.attn.conv_grp_w, gw.attn.conv_grp_b);
+    be_.linear_backward(a.x1, w.attn.q_proj, du, dx, gw.attn.q_proj, nullptr, N, D, Dq, true, C);
+    be_.linear_backward(a.x1, w.attn.k_proj, du + Dq, dx, gw.attn.k_proj, nullptr, N, D, Dk, true, C);
+    be_.rmsnorm_backward(a.r_in, w.input_norm, dx, eps, dr, gw.input_norm, N, D, true);
+    std::swap(drh, drho_prev);
+  }
+  // input affine and embedding
+  be_.affine_backward(emb, w_.input_scale, w_.input_bias, dr, g.input_scale, g.input_bias, N, D);
+  be_.embedding_backward(d_ids, dr, g.embed, N, D);
+  return stats;
+}
+
+}  // namespace zaya
