@@ -70,6 +70,22 @@ TEST(Cli, ScoreWritesTheFixedContract) {
         ASSERT_EQ(j["experts"][l][b][t].get<int32_t>(), ref_experts[(l * B + b) * T + t]);
 }
 
+TEST(Cli, ScoreGradsMatchTheTwin) {
+  const std::string fx = test::source_path("tests/fixtures/bf16_mha_halflayer");
+  const std::string grads = temp_path("grads.safetensors");
+  auto r = run("score --model " + fx + " --ids-file " + fx + "/ids.json --out " + temp_path("s.json") + " --grads " + grads);
+  ASSERT_EQ(r.status, 0) << r.output;
+  SafeTensorsSet got = SafeTensorsSet::open_file(grads), ref = SafeTensorsSet::open_file(fx + "/grads.safetensors");
+  EXPECT_EQ(got.names(), ref.names());
+  for (const std::string& name : ref.names()) {
+    const size_t n = ref.find(name)->info->numel();
+    std::vector<float> a(n), b(n);
+    got.read_f32(name, a.data());
+    ref.read_f32(name, b.data());
+    EXPECT_LT(test::max_rel_err(a.data(), b.data(), n), 1e-4) << name;
+  }
+}
+
 TEST(Cli, GenerateGreedyMatchesAManualDecodeLoop) {
   const std::string fx = test::source_path("tests/fixtures/tiny_gqa4_zero");
   auto r = run("generate --model " + fx + " --ids 3,9,27 --max-tokens 6 --temperature 0");

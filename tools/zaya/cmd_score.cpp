@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "model/model_io.h"
 
 namespace zaya::cli {
@@ -44,7 +45,27 @@ std::vector<std::vector<int32_t>> read_id_batch(const std::string& path) {
   return batch;
 }
 
-void run_score(const std::string& model_dir, const std::string& ids_path, const std::string& out_path) {
+// d(mean loss)/d(parameter) for every trainable parameter, F32 under HF names.
+void write_grads(Model& model, const std::vector<int32_t>& ids, int64_t B, int64_t T, const std::string& path) {
+  if (T < 2) fail("score", "--grads needs sequences of at least 2 tokens");
+  std::vector<int32_t> targets(ids.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) targets[size_t(b * T + t)] = t + 1 < T ? ids[size_t(b * T + t + 1)] : -1;
+  const ParamLayout& layout = model.layout();
+  float* grads = model.backend().alloc(layout.total);
+  model.backend().fill(grads, 0.0f, layout.total);
+  model.forward_backward(ids.data(), targets.data(), B, T, grads, 1.0f / float(B * (T - 1)));
+  std::vector<float> host(static_cast<size_t>(layout.total));
+  model.backend().to_host(host.data(), grads, layout.total * 4);
+  model.backend().free(grads);
+  std::vector<TensorToWrite> tensors;
+  for (const ParamSpec& p : layout.params)
+    if (p.kind != ParamKind::Buffer) tensors.push_back({p.name, DType::F32, p.shape, host.data() + p.offset});
+  write_safetensors(path, tensors, {{"format", "pt"}, {"content", "d(mean next-token loss)/d(parameter)"}});
+}
+
+void run_score(const std::string& model_dir, const std::string& ids_path, const std::string& out_path,
+               const std::string& grads_path) {
   auto batch = read_id_batch(ids_path);
   auto be = make_cpu_backend();
   auto model = load_model(model_dir, *be);
@@ -99,17 +120,22 @@ void run_score(const std::string& model_dir, const std::string& ids_path, const 
   std::fprintf(f, "]}\n");
   if (std::fclose(f) != 0) fail("score", "error writing " + out_path);
   std::fprintf(stderr, "[zaya] scored %lld x %lld tokens: loss %.6f\n", (long long)B, (long long)T, loss);
+  if (!grads_path.empty()) {
+    write_grads(*model, ids, B, T, grads_path);
+    std::fprintf(stderr, "[zaya] wrote gradients to %s\n", grads_path.c_str());
+  }
 }
 
 }  // namespace
 
 void add_score(CLI::App& app) {
   auto* cmd = app.add_subcommand("score", "Loss, logits and expert choices for a batch of id sequences");
-  static std::string model_dir, ids_file, out;
+  static std::string model_dir, ids_file, out, grads;
   cmd->add_option("--model", model_dir, "Model directory")->required();
   cmd->add_option("--ids-file", ids_file, "JSON array of equal-length arrays of token ids")->required();
   cmd->add_option("--out", out, "Output JSON")->required();
-  cmd->callback([] { run_score(model_dir, ids_file, out); });
+  cmd->add_option("--grads", grads, "Also write d(mean loss)/d(parameter) as F32 safetensors (HF names)");
+  cmd->callback([] { run_score(model_dir, ids_file, out, grads); });
 }
 
 }  // namespace zaya::cli
