@@ -1,6 +1,8 @@
 // Leftmost-longest search for added tokens over a byte trie.
 #include "data/tokenizer_hf_added.h"
 
+#include <algorithm>
+
 #include "data/tokenizer_utf8.h"
 
 namespace zaya::tok {
@@ -34,10 +36,13 @@ static uint32_t cp_before(std::string_view s, size_t i) {
   return utf8_next(s, j);
 }
 
+// Like Hugging Face: first all leftmost-longest, non-overlapping matches; then single_word
+// drops a match (no retry inside it), lstrip/rstrip widen it over whitespace. A match that
+// rstrip already swallowed is still emitted (the widened ranges may overlap).
 void AddedMatcher::find(std::string_view text, std::vector<AddedMatch>& out) const {
   if (tokens_.empty()) return;
   const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  size_t n = text.size(), prev_end = 0;
+  size_t n = text.size(), start_offset = 0;
   for (size_t i = 0; i < n;) {
     if (!first_[p[i]]) {
       ++i;
@@ -55,20 +60,18 @@ void AddedMatcher::find(std::string_view text, std::vector<AddedMatch>& out) con
       continue;
     }
     const AddedToken& tok = *tokens_[static_cast<size_t>(best)];
-    if (tok.single_word) {
-      bool ok = (i == 0 || !is_word_char(cp_before(text, i)));
-      if (ok && best_end < n) {
-        size_t j = best_end;
-        ok = !is_word_char(utf8_next(text, j));
-      }
-      if (!ok) {
-        i += utf8_lead_len(p[i]);
-        continue;
-      }
-    }
     size_t start = i, end = best_end;
-    if (tok.lstrip)
-      while (start > prev_end && is_unicode_space(cp_before(text, start))) start = utf8_prev_start(text, start);
+    i = best_end;
+    if (tok.single_word) {
+      bool word_before = start > 0 && is_word_char(cp_before(text, start));
+      size_t j = end;
+      bool word_after = end < n && is_word_char(utf8_next(text, j));
+      if (word_before || word_after) continue;
+    }
+    if (tok.lstrip) {
+      while (start > 0 && is_unicode_space(cp_before(text, start))) start = utf8_prev_start(text, start);
+      start = std::max(start, start_offset);
+    }
     if (tok.rstrip) {
       while (end < n) {
         size_t j = end;
@@ -77,8 +80,7 @@ void AddedMatcher::find(std::string_view text, std::vector<AddedMatch>& out) con
       }
     }
     out.push_back({start, end, tok.id});
-    prev_end = end;
-    i = end;
+    start_offset = end;
   }
 }
 

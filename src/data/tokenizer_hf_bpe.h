@@ -69,7 +69,7 @@ class BpeModel {
   std::vector<uint8_t> split_before_;
   bool split_enabled_ = false;
 
-  static constexpr size_t kShards = 16, kMaxCachedWord = 64, kMaxShardEntries = 1 << 16;
+  static constexpr size_t kShards = 16, kMaxCachedWord = 64, kMaxShardEntries = 1 << 14;
   struct Shard {
     std::mutex mu;
     std::unordered_map<std::string, std::vector<int32_t>, SvHash, std::equal_to<>> map;

@@ -243,7 +243,7 @@ void apply_pre_tokenizers(const std::vector<PreTokStep>& steps, std::vector<Piec
           break;
         }
         case PreTokStep::kByteLevel: {
-          if (st.add_prefix_space && p.text.compare(0, 1, " ") != 0) p.text.insert(0, " ");
+          if (st.add_prefix_space && p.text.compare(0, 1, " ") != 0) p.text = " " + p.text;
           size_t first = next.size();
           if (st.use_regex)
             split_by_segments(std::move(p), gpt2_segments(p.text), SplitBehavior::kIsolated, false, next);

@@ -1,10 +1,7 @@
 // UTF-8 validation and lenient decoding (maximal-subpart U+FFFD substitution) plus the
-// character classes the pre-tokenizers need.
+// character classes the pre-tokenizers need (table generated from Unicode data).
 #include "data/tokenizer_utf8.h"
 
-#include <clocale>
-#include <cwctype>
-#include <locale.h>
 
 namespace zaya::tok {
 
@@ -105,36 +102,31 @@ bool is_unicode_space(uint32_t cp) {
   }
 }
 
-static locale_t utf8_locale() {
-  static locale_t loc = [] {
-    locale_t l = newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(0));
-    return l;
-  }();
-  return loc;
+#include "data/tokenizer_unicode_classes.inc"
+
+static uint8_t unicode_class(uint32_t cp) {
+  size_t lo = 0, hi = sizeof(kUnicodeClassRuns) / sizeof(kUnicodeClassRuns[0]);
+  while (hi - lo > 1) {  // last run with first <= cp
+    size_t mid = (lo + hi) / 2;
+    if (kUnicodeClassRuns[mid].first <= cp) lo = mid;
+    else hi = mid;
+  }
+  return kUnicodeClassRuns[lo].cls;
 }
 
 bool is_unicode_letter(uint32_t cp) {
   if (cp < 0x80) return (cp | 0x20) >= 'a' && (cp | 0x20) <= 'z';
-  locale_t l = utf8_locale();
-  return l && iswalpha_l(static_cast<wint_t>(cp), l) && !is_unicode_number(cp);
+  return unicode_class(cp) & 1;
 }
 
 bool is_unicode_number(uint32_t cp) {
   if (cp < 0x80) return cp >= '0' && cp <= '9';
-  // Common non-ASCII numerics: superscripts, fractions, fullwidth and other decimal digits.
-  if (cp == 0xB2 || cp == 0xB3 || cp == 0xB9 || (cp >= 0xBC && cp <= 0xBE)) return true;
-  if ((cp >= 0x660 && cp <= 0x669) || (cp >= 0x6F0 && cp <= 0x6F9) || (cp >= 0x966 && cp <= 0x96F))
-    return true;
-  if ((cp >= 0x2070 && cp <= 0x2079) || (cp >= 0x2080 && cp <= 0x2089)) return true;
-  if ((cp >= 0x2150 && cp <= 0x2189) || (cp >= 0x2460 && cp <= 0x249B)) return true;
-  return cp >= 0xFF10 && cp <= 0xFF19;
+  return unicode_class(cp) & 2;
 }
 
 bool is_word_char(uint32_t cp) {
-  if (cp < 0x80) return cp == '_' || is_unicode_letter(cp) || is_unicode_number(cp);
-  if (is_unicode_number(cp)) return true;
-  locale_t l = utf8_locale();
-  return l && iswalnum_l(static_cast<wint_t>(cp), l);
+  if (cp < 0x80) return cp == '_' || ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') || (cp >= '0' && cp <= '9');
+  return unicode_class(cp) & 4;
 }
 
 }  // namespace zaya::tok

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "model/model_io.h"
 #include "model_source.h"
-#include "serve/sampling.h"
+#include "serve/generate.h"
 
 namespace zaya::cli {
 
@@ -23,15 +23,10 @@ struct GenerateOptions {
   uint64_t seed = 0;
 };
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 void run_generate(const GenerateOptions& o) {
   if (o.prompt.empty() == o.ids.empty()) fail("generate", "pass exactly one of --prompt TEXT or --ids 1,2,3");
   auto be = make_cpu_backend();
   auto model = load_model(o.model_dir, *be);
-  const ModelConfig& c = model->config();
   auto tok = find_tokenizer(o.tokenizer, o.model_dir);
   std::vector<int32_t> prompt;
   if (!o.ids.empty()) {
@@ -42,33 +37,12 @@ void run_generate(const GenerateOptions& o) {
     prompt = tok->encode(o.prompt, /*add_special=*/true);
   }
   if (prompt.empty()) fail("generate", "the prompt encodes to no tokens");
-  const int64_t ctx = int64_t(prompt.size()) + o.max_tokens;
-  if (ctx > c.max_position_embeddings)
-    fail("generate", "prompt + --max-tokens = " + std::to_string(ctx) + " exceeds max_position_embeddings " +
-                         std::to_string(c.max_position_embeddings));
-
-  DecodeState state(c, *be, 1, ctx);
-  std::vector<float> logits(size_t(c.vocab_size));
-  ForwardOutputs out;
-  out.logits = logits.data();
-  out.last_only = true;
-  auto t0 = std::chrono::steady_clock::now();
-  model->forward(prompt.data(), 1, int64_t(prompt.size()), &state, out);
-  const double prefill_s = seconds_since(t0);
-
-  SamplingParams sp{o.temperature, o.top_k, o.top_p};
-  Rng rng(o.seed);
   std::vector<int32_t> generated;
   std::string printed;
   if (tok && !o.prompt.empty()) std::printf("%s", o.prompt.c_str());
   std::fflush(stdout);
-  auto t1 = std::chrono::steady_clock::now();
-  int64_t decoded = 0;
-  for (int64_t i = 0; i < o.max_tokens; ++i) {
-    int32_t next = sample_token(logits.data(), c.vocab_size, sp, rng);
-    bool eos = false;
-    for (int64_t e : c.eos_token_ids) eos |= next == e;
-    if (eos) break;
+  SamplingParams sp{o.temperature, o.top_k, o.top_p};
+  GenerateStats st = generate(*model, prompt, o.max_tokens, sp, o.seed, [&](int32_t next) {
     generated.push_back(next);
     if (tok) {
       std::string text = tok->decode(generated, /*skip_special=*/true);
@@ -79,18 +53,16 @@ void run_generate(const GenerateOptions& o) {
         printed = text;
       }
     } else {
-      std::printf("%s%d", i ? " " : "", next);
+      std::printf("%s%d", generated.size() > 1 ? " " : "", next);
     }
     std::fflush(stdout);
-    if (i + 1 == o.max_tokens) break;
-    model->forward(&next, 1, 1, &state, out);
-    ++decoded;
-  }
-  const double decode_s = seconds_since(t1);
+    return true;
+  });
   std::printf("\n");
-  std::fprintf(stderr, "[zaya] prompt %zu tokens in %.3fs (%.1f tok/s); generated %zu tokens, %.1f tok/s decode\n",
-               prompt.size(), prefill_s, double(prompt.size()) / prefill_s, generated.size(),
-               decoded > 0 ? double(decoded) / decode_s : 0.0);
+  std::fprintf(stderr, "[zaya] prompt %lld tokens in %.3fs (%.1f tok/s); generated %lld tokens, %.1f tok/s decode%s\n",
+               (long long)st.prompt_tokens, st.prefill_seconds, double(st.prompt_tokens) / st.prefill_seconds,
+               (long long)st.generated, st.decode_steps > 0 ? double(st.decode_steps) / st.decode_seconds : 0.0,
+               st.stopped_at_eos ? " (stopped at EOS)" : "");
 }
 
 }  // namespace

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   zaya::cli::add_generate(app);
   zaya::cli::add_score(app);
   zaya::cli::add_tokenize(app);
+  zaya::cli::add_data(app);
+  zaya::cli::add_tokenizer(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

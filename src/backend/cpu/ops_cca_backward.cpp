@@ -73,7 +73,8 @@ void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const floa
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = std::pow(a.theta, -2.0 * double(i) / double(a.rotary_dim));
   const double sdh = std::sqrt(double(dh));
-  std::vector<double> dtemp_total(static_cast<size_t>(Hkv), 0.0);
+  // Per-token dtemp contributions, summed in token order afterwards (reproducible).
+  std::vector<double> dtemp_tok(static_cast<size_t>(a.N * Hkv), 0.0);
 
   // Back through rotation and normalisation: dv from d(out) for pre-norm vector v.
   // Returns d(mult) contribution.
@@ -105,7 +106,7 @@ void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const floa
 #pragma omp parallel if (a.N * C > 32768)
   {
     std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half)), v(static_cast<size_t>(dh));
-    std::vector<double> dv(static_cast<size_t>(dh)), dt(static_cast<size_t>(Hkv), 0.0);
+    std::vector<double> dv(static_cast<size_t>(dh));
 #pragma omp for
     for (int64_t n = 0; n < a.N; ++n) {
       const float* z = a.z + n * C;
@@ -134,7 +135,7 @@ void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const floa
           for (int64_t r = 0; r < rep; ++r) mq += u[(g * rep + r) * dh + i];
           v[size_t(i)] = z[Dq + g * dh + i] + 0.5f * mq / float(rep) + 0.5f * u[Dq + g * dh + i];
         }
-        dt[size_t(g)] += back(v.data(), dk + (n * Hkv + g) * dh, a.temp[g], cs.data(), sn.data(), dv.data());
+        dtemp_tok[size_t(n * Hkv + g)] = back(v.data(), dk + (n * Hkv + g) * dh, a.temp[g], cs.data(), sn.data(), dv.data());
         for (int64_t i = 0; i < dh; ++i) {
           dzn[Dq + g * dh + i] = float(dv[size_t(i)]);
           dun[Dq + g * dh + i] += float(0.5 * dv[size_t(i)]);
@@ -142,11 +143,13 @@ void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const floa
         }
       }
     }
-#pragma omp critical
-    for (int64_t g = 0; g < Hkv; ++g) dtemp_total[size_t(g)] += dt[size_t(g)];
   }
   if (dtemp)
-    for (int64_t g = 0; g < Hkv; ++g) dtemp[g] += float(dtemp_total[size_t(g)]);
+    for (int64_t g = 0; g < Hkv; ++g) {
+      double sum = 0;
+      for (int64_t n = 0; n < a.N; ++n) sum += dtemp_tok[size_t(n * Hkv + g)];
+      dtemp[g] += float(sum);
+    }
 }
 
 void CpuBackend::cca_values_backward(const float* dv, float* dv_cur, float* dv_del, int64_t B, int64_t T,

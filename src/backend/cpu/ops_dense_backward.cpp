@@ -1,6 +1,8 @@
 // CPU backward of the dense ops: linear, embedding, RMSNorm, affine and residual scaling,
 // EDA scaled-add, GELU, softmax, routing, and the LM head fused with cross-entropy in chunks.
 // Parameter gradients are reduced over rows with per-thread partial sums (no races).
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -11,19 +13,24 @@ namespace zaya {
 
 namespace {
 
-// out[j] += sum_r term(r, j), rows split across threads, each with its own partial row.
+// out[j] += sum_r term(r, j). Rows are split statically across threads, each with its own
+// partial row, and the partials are added in thread order, so results are bitwise
+// reproducible for a given thread count (exact resume depends on it).
 template <class Term>
 void reduce_columns(int64_t rows, int64_t dim, float* out, Term term) {
   if (!out) return;
-#pragma omp parallel if (rows * dim > 65536)
+  const bool threaded = rows * dim > 65536;
+  const int max_threads = threaded ? omp_get_max_threads() : 1;
+  std::vector<double> parts(static_cast<size_t>(max_threads * dim), 0.0);
+#pragma omp parallel if (threaded)
   {
-    std::vector<double> part(static_cast<size_t>(dim), 0.0);
-#pragma omp for nowait
+    double* part = parts.data() + size_t(omp_get_thread_num()) * size_t(dim);
+#pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < dim; ++j) part[size_t(j)] += term(r, j);
-#pragma omp critical
-    for (int64_t j = 0; j < dim; ++j) out[j] += float(part[size_t(j)]);
+      for (int64_t j = 0; j < dim; ++j) part[j] += term(r, j);
   }
+  for (int t = 0; t < max_threads; ++t)
+    for (int64_t j = 0; j < dim; ++j) out[j] += float(parts[size_t(t) * size_t(dim) + size_t(j)]);
 }
 
 }  // namespace
@@ -140,8 +147,8 @@ double CpuBackend::lm_head_loss(const float* y, const float* w, const float* bia
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
     linear(y + r0 * D, w, bias, logits.data(), rows, D, V, false, 0);
-    double part = 0;
-#pragma omp parallel for reduction(+ : part) if (rows * V > 65536)
+    std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
+#pragma omp parallel for if (rows * V > 65536)
     for (int64_t r = 0; r < rows; ++r) {
       float* l = logits.data() + r * V;
       const int32_t t = target[r0 + r];
@@ -154,11 +161,11 @@ double CpuBackend::lm_head_loss(const float* y, const float* w, const float* bia
       double sum = 0;
       for (int64_t v = 0; v < V; ++v) sum += std::exp(double(l[v] - mx));
       const double lse = std::log(sum) + mx;
-      part += lse - l[t];
+      row_loss[size_t(r)] = lse - l[t];
       for (int64_t v = 0; v < V; ++v) l[v] = float(std::exp(double(l[v]) - lse)) * scale;
       l[t] -= scale;
     }
-    total += part;
+    for (double x : row_loss) total += x;  // fixed order: reproducible
     linear_backward(y + r0 * D, w, logits.data(), dy + r0 * D, dw, dbias, rows, D, V, false, 0);
   }
   return total;
