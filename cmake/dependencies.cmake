@@ -4,6 +4,7 @@ find_package(OpenMP REQUIRED)
 find_package(Threads REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(CLI11 REQUIRED)
+find_package(tomlplusplus 3 REQUIRED)  # training recipes (src/train/recipe.cpp)
 find_package(PkgConfig REQUIRED)
 
 # Any CBLAS works; OpenBLAS is the default. -DBLA_VENDOR=... picks another.
@@ -20,4 +21,4 @@ add_library(zaya_deps INTERFACE)
 target_include_directories(zaya_deps INTERFACE ${CBLAS_INCLUDE_DIR})
 target_link_libraries(zaya_deps INTERFACE
   OpenMP::OpenMP_CXX Threads::Threads nlohmann_json::nlohmann_json
-  ${BLAS_LIBRARIES} PkgConfig::SENTENCEPIECE spdlog::spdlog)
+  ${BLAS_LIBRARIES} PkgConfig::SENTENCEPIECE spdlog::spdlog tomlplusplus::tomlplusplus)

@@ -62,6 +62,9 @@ struct MoeArgs {
   bool skip_identity = false;      // skip class outputs weight*x (else 0)
 };
 
+// Throws zaya::Error("backend", ...) for an optional op a backend does not implement.
+[[noreturn]] void backend_op_missing(const std::string& backend, const char* op);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -149,6 +152,39 @@ class Backend {
   // receive the gradient of (scale * sum of losses).
   virtual double lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N,
                               int64_t D, int64_t V, float scale, float* dy, float* dw, float* dbias) = 0;
+
+  // ---- Optimizer math (training). In place on backend memory; n elements, row-major.
+  // Not pure: a backend without them fails with a clear error when the optimizer runs.
+  // Muon orthogonalisation of one [rows, cols] matrix, in place (spec C.4):
+  //   X = x / (||x||_F + 1e-7); X = X^T if rows > cols; `steps` times
+  //   A = X X^T; B = b A + c A A; X = a X + B X   with (a, b, c) = (3.4445, -4.7750, 2.0315);
+  //   transposed back. A zero matrix stays zero. Workspace is the backend's own.
+  virtual void newton_schulz(float* /*x*/, int64_t /*rows*/, int64_t /*cols*/, int /*steps*/) {
+    backend_op_missing(name(), "newton_schulz");
+  }
+  // Muon momentum: m = mu * m + g; u = nesterov ? g + mu * m : m (u is NS's input).
+  virtual void muon_momentum(float* /*m*/, const float* /*g*/, float* /*u*/, int64_t /*n*/, float /*mu*/,
+                             bool /*nesterov*/) {
+    backend_op_missing(name(), "muon_momentum");
+  }
+  // Muon parameter update with decoupled weight decay on the weight before the step:
+  //   w = w - lr * (scale * x + wd * w)     (x = NS output, scale = 0.2 * sqrt(max(rows, cols)))
+  virtual void muon_update(float* /*w*/, const float* /*x*/, int64_t /*n*/, float /*lr*/, float /*scale*/,
+                           float /*wd*/) {
+    backend_op_missing(name(), "muon_update");
+  }
+  // AdamW, bias-corrected with the tensor's step count t >= 1 (spec C.5):
+  //   m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+  //   w = w - lr * ((m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * w)
+  virtual void adamw_update(float* /*w*/, const float* /*g*/, float* /*m*/, float* /*v*/, int64_t /*n*/,
+                            float /*lr*/, float /*beta1*/, float /*beta2*/, float /*eps*/, float /*wd*/,
+                            int64_t /*t*/) {
+    backend_op_missing(name(), "adamw_update");
+  }
+  // Sum of squares of x[0..n) accumulated in double (gradient-norm clipping).
+  virtual double sum_squares(const float* /*x*/, int64_t /*n*/) { backend_op_missing(name(), "sum_squares"); }
+  // x *= s in place.
+  virtual void scale_inplace(float* /*x*/, float /*s*/, int64_t /*n*/) { backend_op_missing(name(), "scale_inplace"); }
 
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
   virtual void fill(float* dst, float value, int64_t n) = 0;

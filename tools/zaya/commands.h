@@ -10,7 +10,10 @@ void add_init(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_score(CLI::App& app);
 void add_tokenize(CLI::App& app);
+void add_ckpt(CLI::App& app);
 void add_data(CLI::App& app);
 void add_tokenizer(CLI::App& app);
+void add_train(CLI::App& app);
+void add_export(CLI::App& app);
 
 }  // namespace zaya::cli

@@ -56,6 +56,13 @@ class CpuBackend final : public Backend {
                     float* ddown) override;
   double lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N, int64_t D,
                       int64_t V, float scale, float* dy, float* dw, float* dbias) override;
+  void newton_schulz(float* x, int64_t rows, int64_t cols, int steps) override;
+  void muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, bool nesterov) override;
+  void muon_update(float* w, const float* x, int64_t n, float lr, float scale, float wd) override;
+  void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                    float eps, float wd, int64_t t) override;
+  double sum_squares(const float* x, int64_t n) override;
+  void scale_inplace(float* x, float s, int64_t n) override;
   void copy(float* dst, const float* src, int64_t n) override;
   void fill(float* dst, float value, int64_t n) override;
   void to_host(void* host, const void* src, int64_t bytes) override;

@@ -1,0 +1,128 @@
+// CPU optimizer ops: Newton-Schulz orthogonalisation (CBLAS GEMMs), the Muon momentum and
+// update kernels, AdamW, and the reductions used by gradient clipping (OpenMP).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace zaya {
+
+void backend_op_missing(const std::string& backend, const char* op) {
+  fail("backend", "the '" + backend + "' backend does not implement the optimizer op '" + op + "'",
+       "run training on a backend that provides it (the cpu backend implements every op)");
+}
+
+namespace {
+
+constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315;
+constexpr double kNsNormEps = 1e-7;
+constexpr int64_t kParallelMin = 1 << 15;
+
+// Sum of squares in fixed-size blocks added in block order: bitwise reproducible whatever the
+// thread count or timing (an OpenMP reduction is not), which exact resume relies on.
+double sum_sq(const float* x, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> part(static_cast<size_t>(blocks), 0.0);
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t b = 0; b < blocks; ++b) {
+    double s = 0;
+    const int64_t end = std::min(n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < end; ++i) s += double(x[i]) * double(x[i]);
+    part[size_t(b)] = s;
+  }
+  double s = 0;
+  for (double p : part) s += p;
+  return s;
+}
+
+}  // namespace
+
+void CpuBackend::newton_schulz(float* x, int64_t rows, int64_t cols, int steps) {
+  ZAYA_CHECK(rows >= 0 && cols >= 0 && steps >= 0, "newton_schulz: bad shape or step count");
+  if (rows == 0 || cols == 0) return;
+  const bool transposed = rows > cols;
+  const int64_t r = transposed ? cols : rows;  // X is [r, c] with r <= c
+  const int64_t c = transposed ? rows : cols;
+  const int64_t n = r * c;
+  const float inv = float(1.0 / (std::sqrt(sum_sq(x, n)) + kNsNormEps));
+
+  // Uninitialised workspace: every element is written before it is read.
+  std::unique_ptr<float[]> xb(new float[size_t(n)]), yb(new float[size_t(n)]);
+  std::unique_ptr<float[]> A(new float[size_t(r * r)]), B(new float[size_t(r * r)]);
+  float* X = xb.get();
+  float* Y = yb.get();
+  if (transposed) {
+    // x is [rows = c, cols = r]; X[i, j] = x[j, i]
+#pragma omp parallel for if (n > kParallelMin)
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) X[i * c + j] = x[j * r + i] * inv;
+  } else {
+#pragma omp parallel for if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) X[i] = x[i] * inv;
+  }
+  for (int s = 0; s < steps; ++s) {
+    // A = X X^T
+    cpu_gemm(true, r, r, c, 1.0f, X, c, X, c, 0.0f, A.get(), r);
+    // B = b A + c A A
+    std::memcpy(B.get(), A.get(), size_t(r * r) * sizeof(float));
+    cpu_gemm(false, r, r, r, float(kNsC), A.get(), r, A.get(), r, float(kNsB), B.get(), r);
+    // Y = a X + B X
+    std::memcpy(Y, X, size_t(n) * sizeof(float));
+    cpu_gemm(false, r, c, r, 1.0f, B.get(), r, X, c, float(kNsA), Y, c);
+    std::swap(X, Y);
+  }
+  if (transposed) {
+#pragma omp parallel for if (n > kParallelMin)
+    for (int64_t j = 0; j < c; ++j)
+      for (int64_t i = 0; i < r; ++i) x[j * r + i] = X[i * c + j];
+  } else {
+    std::memcpy(x, X, size_t(n) * sizeof(float));
+  }
+}
+
+void CpuBackend::muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, bool nesterov) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float mi = mu * m[i] + g[i];
+    m[i] = mi;
+    u[i] = nesterov ? g[i] + mu * mi : mi;
+  }
+}
+
+void CpuBackend::muon_update(float* w, const float* x, int64_t n, float lr, float scale, float wd) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) w[i] -= lr * (scale * x[i] + wd * w[i]);
+}
+
+void CpuBackend::adamw_update(float* w, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+                              float beta2, float eps, float wd, int64_t t) {
+  ZAYA_CHECK(t >= 1, "adamw_update: step count must be >= 1");
+  const float inv_bc1 = float(1.0 / (1.0 - std::pow(double(beta1), double(t))));
+  const float inv_bc2 = float(1.0 / (1.0 - std::pow(double(beta2), double(t))));
+  const float c1 = float(1.0 - double(beta1)), c2 = float(1.0 - double(beta2));
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = beta1 * m[i] + c1 * gi;
+    const float vi = beta2 * v[i] + c2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float step = (mi * inv_bc1) / (std::sqrt(vi * inv_bc2) + eps);
+    w[i] -= lr * (step + wd * w[i]);
+  }
+}
+
+double CpuBackend::sum_squares(const float* x, int64_t n) { return sum_sq(x, n); }
+
+void CpuBackend::scale_inplace(float* x, float s, int64_t n) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+}  // namespace zaya

@@ -1,0 +1,295 @@
+// Routed optimizer: routing, state arenas, the routing table and checkpoint state access.
+// The per-tensor updates live in muon.cpp and adamw.cpp.
+#include "train/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace zaya {
+
+namespace {
+
+int64_t aligned16(int64_t n) { return (n + 15) / 16 * 16; }
+
+std::string fmt_g(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void check_range(const char* field, double v, double lo, double hi, bool lo_open, bool hi_open) {
+  bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  if (!ok)
+    fail("optimizer", std::string("config field '") + field + "' = " + fmt_g(v) + " is out of range " +
+                          (lo_open ? "(" : "[") + fmt_g(lo) + ", " + fmt_g(hi) + (hi_open ? ")" : "]"));
+}
+
+}  // namespace
+
+void validate_optimizer_config(const OptimizerConfig& c) {
+  check_range("lr", c.lr, 0, 1e3, false, false);
+  check_range("weight_decay", c.weight_decay, 0, 1e3, false, false);
+  check_range("muon_momentum", c.muon_momentum, 0, 1, false, true);
+  if (c.ns_steps < 1 || c.ns_steps > 100)
+    fail("optimizer", "config field 'ns_steps' = " + std::to_string(c.ns_steps) + " must be in [1, 100]",
+         "Muon without Newton-Schulz would silently become SGD with momentum");
+  check_range("muon_scale", c.muon_scale, 0, 1e3, true, false);
+  check_range("adam_beta1", c.adam_beta1, 0, 1, false, true);
+  check_range("adam_beta2", c.adam_beta2, 0, 1, false, true);
+  check_range("adam_eps", c.adam_eps, 0, 1, true, false);
+}
+
+const char* optim_kind_name(OptimKind k) {
+  switch (k) {
+    case OptimKind::Muon: return "muon";
+    case OptimKind::AdamW: return "adamw";
+    case OptimKind::None: return "none";
+  }
+  return "?";
+}
+
+ParamRoute route_param(const ParamSpec& p) {
+  ParamRoute r;
+  switch (p.kind) {
+    case ParamKind::Matrix:
+      r.kind = OptimKind::Muon;
+      r.weight_decay = true;
+      if (p.shape.size() == 2) {
+        r.matrices = 1, r.rows = p.shape[0], r.cols = p.shape[1];
+      } else if (p.shape.size() == 3) {
+        r.matrices = p.shape[0], r.rows = p.shape[1], r.cols = p.shape[2];
+      } else {
+        fail("optimizer", "Muon tensor '" + p.name + "' has shape " + shape_str(p.shape) +
+                              "; expected a 2-D matrix or stacked experts [E, rows, cols]");
+      }
+      break;
+    case ParamKind::Embedding:
+    case ParamKind::Conv:
+      r.kind = OptimKind::AdamW;
+      r.weight_decay = true;
+      break;
+    case ParamKind::Vector:
+      r.kind = OptimKind::AdamW;
+      r.weight_decay = false;
+      break;
+    case ParamKind::Buffer:
+      r.kind = OptimKind::None;
+      break;
+  }
+  return r;
+}
+
+std::string route_name(const ParamSpec& p) {
+  ParamRoute r = route_param(p);
+  if (r.kind == OptimKind::Muon) return p.shape.size() == 3 ? "muon_per_expert" : "muon";
+  return optim_kind_name(r.kind);
+}
+
+Optimizer::Optimizer(const ParamLayout& layout, const OptimizerConfig& cfg, Backend& be, size_t first, int64_t last)
+    : layout_(layout), cfg_(cfg), be_(be) {
+  validate_optimizer_config(cfg_);
+  const size_t np = layout_.params.size();
+  first_ = first;
+  last_ = last < 0 ? np : size_t(last);
+  if (first_ > last_ || last_ > np)
+    fail("optimizer", "owned parameter range [" + std::to_string(first_) + ", " + std::to_string(last_) +
+                          ") is outside the layout's " + std::to_string(np) + " tensors");
+  routes_.resize(np);
+  steps_.assign(np, 0);
+  for (size_t i = 0; i < np; ++i) routes_[i] = route_param(layout_.params[i]);
+
+  if (first_ < last_) {
+    const ParamSpec& a = layout_.params[first_];
+    const ParamSpec& b = layout_.params[last_ - 1];
+    m1_base_ = a.offset;
+    m1_size_ = b.offset + aligned16(b.numel) - a.offset;
+  }
+  int64_t max_matrix = 0;
+  for (size_t i = first_; i < last_; ++i) {
+    const ParamSpec& p = layout_.params[i];
+    ParamRoute& r = routes_[i];
+    if (r.kind == OptimKind::Muon) {
+      r.first_matrix = int64_t(muon_.size());
+      for (int64_t e = 0; e < r.matrices; ++e) {
+        MuonMatrix m;
+        m.param = i;
+        m.expert = p.shape.size() == 3 ? e : -1;
+        m.offset = p.offset + e * r.rows * r.cols;
+        m.rows = r.rows, m.cols = r.cols;
+        muon_.push_back(m);
+      }
+      max_matrix = std::max(max_matrix, r.rows * r.cols);
+    } else if (r.kind == OptimKind::AdamW) {
+      r.moment2_offset = m2_size_;
+      m2_size_ += aligned16(p.numel);
+    }
+  }
+  ns_calls_.assign(muon_.size(), 0);
+  work_size_ = max_matrix;
+  m1_ = be_.alloc(m1_size_);
+  m2_ = be_.alloc(m2_size_);
+  work_ = be_.alloc(work_size_);
+  be_.fill(m1_, 0.0f, m1_size_);
+  be_.fill(m2_, 0.0f, m2_size_);
+}
+
+Optimizer::~Optimizer() {
+  be_.free(m1_);
+  be_.free(m2_);
+  be_.free(work_);
+}
+
+void Optimizer::step(float* params, const float* grads, float lr) { step_range(first_, last_, params, grads, lr); }
+
+void Optimizer::step_range(size_t first, size_t last, float* params, const float* grads, float lr) {
+  if (first > last || first < first_ || last > last_)
+    fail("optimizer", "step_range [" + std::to_string(first) + ", " + std::to_string(last) +
+                          ") is outside the owned range [" + std::to_string(first_) + ", " + std::to_string(last_) +
+                          ")");
+  if (!std::isfinite(lr) || lr < 0) fail("optimizer", "learning rate " + fmt_g(lr) + " is not a finite value >= 0");
+  for (size_t i = first; i < last; ++i) {
+    switch (routes_[i].kind) {
+      case OptimKind::Muon: muon_step(i, params, grads, lr); break;
+      case OptimKind::AdamW: adamw_step(i, params, grads, lr); break;
+      case OptimKind::None: break;
+    }
+  }
+}
+
+std::string Optimizer::routing_table() const {
+  size_t wname = 4, wshape = 5;
+  std::vector<std::string> shapes, opts;
+  for (size_t i = 0; i < layout_.params.size(); ++i) {
+    const ParamSpec& p = layout_.params[i];
+    const ParamRoute& r = routes_[i];
+    shapes.push_back(shape_str(p.shape));
+    std::string o = optim_kind_name(r.kind);
+    if (r.kind == OptimKind::Muon && p.shape.size() == 3)
+      o += " x" + std::to_string(r.matrices) + " " + shape_str({r.rows, r.cols});
+    if (r.kind == OptimKind::None) o += " (balancer)";
+    opts.push_back(o);
+    wname = std::max(wname, p.name.size());
+    wshape = std::max(wshape, shapes.back().size());
+  }
+  size_t wopt = 9;
+  for (auto& o : opts) wopt = std::max(wopt, o.size());
+  auto pad = [](std::string s, size_t w) {
+    s.resize(std::max(s.size(), w), ' ');
+    return s;
+  };
+  std::ostringstream os;
+  os << "optimizer routing: Muon (momentum " << fmt_g(cfg_.muon_momentum) << (cfg_.nesterov ? " nesterov" : "")
+     << ", " << cfg_.ns_steps << " Newton-Schulz steps, scale " << fmt_g(cfg_.muon_scale)
+     << "*sqrt(max(rows,cols))), AdamW (betas " << fmt_g(cfg_.adam_beta1) << "/" << fmt_g(cfg_.adam_beta2)
+     << ", eps " << fmt_g(cfg_.adam_eps) << "), decoupled weight decay " << fmt_g(cfg_.weight_decay) << "\n";
+  os << pad("name", wname) << "  " << pad("shape", wshape) << "  " << pad("optimizer", wopt) << "  wd\n";
+  int64_t n_muon_mat = 0, n_muon = 0, n_adam = 0, n_adam_t = 0, n_none = 0, n_none_t = 0;
+  for (size_t i = 0; i < layout_.params.size(); ++i) {
+    const ParamSpec& p = layout_.params[i];
+    const ParamRoute& r = routes_[i];
+    std::string wd = r.kind == OptimKind::None ? "-" : r.weight_decay ? fmt_g(cfg_.weight_decay) : "0";
+    os << pad(p.name, wname) << "  " << pad(shapes[i], wshape) << "  " << pad(opts[i], wopt) << "  " << wd << "\n";
+    if (r.kind == OptimKind::Muon) n_muon_mat += r.matrices, n_muon += p.numel;
+    if (r.kind == OptimKind::AdamW) ++n_adam_t, n_adam += p.numel;
+    if (r.kind == OptimKind::None) ++n_none_t, n_none += p.numel;
+  }
+  os << "totals: muon " << n_muon_mat << " matrices (" << n_muon << " params), adamw " << n_adam_t << " tensors ("
+     << n_adam << " params), untouched " << n_none_t << " tensors (" << n_none << " values)\n";
+  return os.str();
+}
+
+float* Optimizer::muon_momentum(const std::string& name) {
+  const ParamSpec* p = layout_.find(name);
+  if (!p) return nullptr;
+  size_t i = layout_.index.at(name);
+  if (!owned(i) || routes_[i].kind != OptimKind::Muon) return nullptr;
+  return m1_ + (p->offset - m1_base_);
+}
+
+float* Optimizer::adam_m(const std::string& name) {
+  const ParamSpec* p = layout_.find(name);
+  if (!p) return nullptr;
+  size_t i = layout_.index.at(name);
+  if (!owned(i) || routes_[i].kind != OptimKind::AdamW) return nullptr;
+  return m1_ + (p->offset - m1_base_);
+}
+
+float* Optimizer::adam_v(const std::string& name) {
+  const ParamSpec* p = layout_.find(name);
+  if (!p) return nullptr;
+  size_t i = layout_.index.at(name);
+  if (!owned(i) || routes_[i].kind != OptimKind::AdamW) return nullptr;
+  return m2_ + routes_[i].moment2_offset;
+}
+
+std::vector<StateTensor> Optimizer::save_state() {
+  std::vector<StateTensor> out;
+  for (size_t i = first_; i < last_; ++i) {
+    const ParamSpec& p = layout_.params[i];
+    const ParamRoute& r = routes_[i];
+    if (r.kind == OptimKind::Muon) {
+      out.push_back({"muon_momentum." + p.name, m1_ + (p.offset - m1_base_), p.numel, p.shape});
+    } else if (r.kind == OptimKind::AdamW) {
+      out.push_back({"adam_m." + p.name, m1_ + (p.offset - m1_base_), p.numel, p.shape});
+      out.push_back({"adam_v." + p.name, m2_ + r.moment2_offset, p.numel, p.shape});
+    }
+  }
+  return out;
+}
+
+void Optimizer::load_state(const std::vector<StateTensor>& in) {
+  std::map<std::string, StateTensor> want;
+  for (StateTensor& t : save_state()) want[t.name] = t;
+  std::map<std::string, int> seen;
+  for (const StateTensor& t : in) {
+    auto it = want.find(t.name);
+    if (it == want.end())
+      fail("optimizer", "checkpoint has optimizer state '" + t.name + "' that this optimizer does not own",
+           "the model shape, the optimizer routing or the ZeRO-1 shard differs from the checkpoint's");
+    if (t.numel != it->second.numel)
+      fail("optimizer", "optimizer state '" + t.name + "' has " + std::to_string(t.numel) + " values, expected " +
+                            std::to_string(it->second.numel));
+    if (seen[t.name]++) fail("optimizer", "optimizer state '" + t.name + "' is given twice");
+    ZAYA_CHECK(t.data != nullptr || t.numel == 0, "load_state: null data");
+    be_.from_host(it->second.data, t.data, t.numel * int64_t(sizeof(float)));
+  }
+  for (const auto& [name, t] : want)
+    if (!seen.count(name)) fail("optimizer", "checkpoint lacks optimizer state '" + name + "'");
+}
+
+std::vector<StateCounter> Optimizer::save_counters() const {
+  std::vector<StateCounter> out;
+  for (size_t i = first_; i < last_; ++i)
+    if (routes_[i].kind != OptimKind::None) out.push_back({"step." + layout_.params[i].name, steps_[i]});
+  return out;
+}
+
+void Optimizer::load_counters(const std::vector<StateCounter>& in) {
+  std::map<std::string, int64_t> got;
+  for (const StateCounter& c : in) {
+    if (c.value < 0) fail("optimizer", "optimizer counter '" + c.name + "' is negative");
+    if (!got.emplace(c.name, c.value).second) fail("optimizer", "optimizer counter '" + c.name + "' is given twice");
+  }
+  std::vector<StateCounter> want = save_counters();
+  if (got.size() != want.size()) {
+    for (const StateCounter& w : want)
+      if (!got.count(w.name)) fail("optimizer", "checkpoint lacks optimizer counter '" + w.name + "'");
+    for (const auto& [name, v] : got) {
+      bool known = std::any_of(want.begin(), want.end(), [&](const StateCounter& w) { return w.name == name; });
+      if (!known) fail("optimizer", "checkpoint has optimizer counter '" + name + "' that this optimizer does not own");
+    }
+  }
+  for (size_t i = first_; i < last_; ++i) {
+    if (routes_[i].kind == OptimKind::None) continue;
+    auto it = got.find("step." + layout_.params[i].name);
+    if (it == got.end()) fail("optimizer", "checkpoint lacks optimizer counter 'step." + layout_.params[i].name + "'");
+    steps_[i] = it->second;
+  }
+}
+
+}  // namespace zaya

@@ -1,0 +1,110 @@
+// Helpers for the training loop (see train_support.h).
+#include "train/train_support.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace zaya {
+
+double measure_sgemm_gflops() {
+  const int n = 1024;
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(static_cast<size_t>(n) * n, 0.25f), c(static_cast<size_t>(n) * n, 0.0f);
+  std::vector<double> rates;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rates.push_back(2.0 * n * n * double(n) / s / 1e9);
+  }
+  return median_of(rates);
+}
+
+double training_flops_per_token(const ModelConfig& c, int64_t T) {
+  const double D = double(c.hidden_size), R = double(c.router_hidden_size), I = double(c.moe_intermediate_size);
+  const double per_layer = D * double(c.q_dim()) * 2 + D * double(c.kv_dim()) * 2  // q, k, v (2 halves), o
+                           + D * R + 2 * R * R + R * double(c.num_experts + 1)        // router
+                           + 3 * I * D                                                // one expert
+                           + double(c.conv_channels()) * double(c.head_dim) * double(c.cca_time1);  // grouped conv
+  const double matmul_params = per_layer * double(c.num_hidden_layers) + double(c.vocab_size) * D;
+  const double attention = double(c.num_hidden_layers) * 2.0 * double(T) * double(c.q_dim());  // causal QK^T + PV
+  return 3.0 * (2.0 * matmul_params + attention);
+}
+
+double eval_loss_sum(Model& m, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t T, int64_t* count) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<float> logits(static_cast<size_t>(B * T * V)), losses(static_cast<size_t>(B * T));
+  ForwardOutputs out;
+  out.logits = logits.data();
+  m.forward(inputs, B, T, nullptr, out);
+  std::vector<int32_t> safe(targets, targets + B * T);
+  for (auto& t : safe) t = std::max(t, 0);
+  m.backend().cross_entropy(logits.data(), safe.data(), losses.data(), B * T, V);
+  double sum = 0;
+  for (int64_t i = 0; i < B * T; ++i)
+    if (targets[i] >= 0) {
+      sum += losses[size_t(i)];
+      ++*count;
+    }
+  return sum;
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+nlohmann::json balancer_record(const BiasBalancer& b) {
+  nlohmann::json layers = nlohmann::json::array();
+  double entropy = 0, skip = 0;
+  int64_t dead = 0;
+  for (const auto& m : b.metrics()) {
+    layers.push_back({{"load", m.load}, {"entropy", m.entropy}, {"skip_rate", m.skip_rate}, {"dead", m.dead_experts}});
+    entropy += m.entropy;
+    skip += m.skip_rate;
+    dead += m.dead_experts;
+  }
+  const double L = std::max<double>(1, double(b.metrics().size()));
+  return {{"mean_entropy", entropy / L}, {"mean_skip_rate", skip / L}, {"dead_experts", dead}, {"layers", layers}};
+}
+
+double weights_hash(const float* p, int64_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(p);
+  for (int64_t i = 0; i < n * 4; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return double(h >> 12);
+}
+
+void reload_curve(const std::string& path, int64_t up_to_step, LossCurve* curve) {
+  std::vector<std::string> kept;
+  {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("step") || j["step"].get<int64_t>() > up_to_step) continue;
+      kept.push_back(line);
+    }
+  }
+  {
+    std::ofstream out(path, std::ios::trunc);
+    for (const auto& l : kept) out << l << "\n";
+  }
+  for (const std::string& line : kept) {
+    auto j = nlohmann::json::parse(line);
+    curve->steps.push_back(j["step"].get<double>());
+    curve->train_loss.push_back(j.value("loss", NAN));
+    if (j.contains("val_loss")) {
+      curve->val_steps.push_back(j["step"].get<double>());
+      curve->val_loss.push_back(j["val_loss"].get<double>());
+    }
+  }
+}
+
+}  // namespace zaya

@@ -1,0 +1,32 @@
+// Small pieces the training loop needs: throughput accounting (measured sgemm peak, FLOPs per
+// trained token), evaluation loss, the running median of the spike policy, per-step balancer
+// metrics as JSON, a weights hash for exact-resume checks, and reloading a metrics file.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model.h"
+#include "train/balancer.h"
+#include "train/metrics.h"
+
+namespace zaya {
+
+// Median GFLOP/s of a 1024^3 sgemm on all threads (about half a second).
+double measure_sgemm_gflops();
+// Matmul FLOPs to train one token (forward + backward = 3x forward): 6 x active matmul
+// parameters (attention projections, router, one expert, LM head) + causal attention.
+double training_flops_per_token(const ModelConfig& c, int64_t seq_len);
+// Sum of next-token losses over targets >= 0 of a [B, T] batch; adds the count to *count.
+double eval_loss_sum(Model& m, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t T, int64_t* count);
+double median_of(std::vector<double> v);
+nlohmann::json balancer_record(const BiasBalancer& b);
+// FNV-1a over the bytes of the arena, as a double-safe 52-bit integer.
+double weights_hash(const float* p, int64_t n);
+// Reads the curve back from metrics.jsonl and drops records past `up_to_step` (written after
+// the checkpoint a resumed run restarts from), rewriting the file without them.
+void reload_curve(const std::string& metrics_path, int64_t up_to_step, LossCurve* curve);
+
+}  // namespace zaya

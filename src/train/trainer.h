@@ -1,0 +1,31 @@
+// The training loop: recipe → model, data, optimizer (Muon + AdamW), bias balancer,
+// schedules; gradient accumulation to the global batch, clipping, the loss-spike/NaN policy,
+// periodic evaluation and atomic checkpoints; resumes bit-exactly from the latest valid
+// checkpoint of the run. Writes metrics.jsonl, loss.svg and a final HF export into the run dir.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "train/recipe.h"
+
+namespace zaya {
+
+struct TrainSummary {
+  std::string run_dir;
+  int64_t steps = 0;
+  int64_t tokens = 0;
+  double final_train_loss = 0;
+  double final_val_loss = 0;
+  double unigram_baseline = 0;  // unigram cross-entropy of the validation set (nats/token)
+  double final_weights_hash = 0;
+  std::string sample;
+};
+
+struct TrainOptions {
+  int64_t stop_after_steps = -1;  // stop (with a checkpoint) after this many steps of this process; -1 = run to the end
+  bool quiet = false;             // no progress line (tests)
+};
+
+TrainSummary train(const Recipe& recipe, const TrainOptions& opt = {});
+
+}  // namespace zaya

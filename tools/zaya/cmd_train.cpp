@@ -1,0 +1,59 @@
+// `zaya train [--recipe FILE] [--set section.key=value ...]`: with no arguments it trains the
+// built-in default recipe (a small ZAYA model on the State of the Union demo corpus).
+// `zaya export --checkpoint DIR --out HFDIR`: a training checkpoint to an HF model directory.
+#include <cstdio>
+#include <filesystem>
+
+#include "ckpt/checkpoint.h"
+#include "commands.h"
+#include "core/error.h"
+#include "model/model_io.h"
+#include "train/trainer.h"
+
+namespace zaya::cli {
+
+void add_train(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a ZAYA model (no arguments: the built-in default recipe)");
+  static std::string recipe_path;
+  static std::vector<std::string> overrides;
+  static int64_t stop_after = -1;
+  cmd->add_option("--recipe", recipe_path, "TOML recipe (default: the built-in recipe)");
+  cmd->add_option("--set", overrides, "Override a recipe key: --set optimizer.lr=1e-3 (repeatable)");
+  cmd->add_option("--stop-after", stop_after, "Stop after N steps of this process (checkpointed; rerun to resume)");
+  cmd->callback([] {
+    Recipe r = resolve_recipe(recipe_path, overrides);
+    TrainOptions opt;
+    opt.stop_after_steps = stop_after;
+    TrainSummary s = train(r, opt);
+    std::printf("\nrun directory     %s\n", s.run_dir.c_str());
+    std::printf("steps             %lld (%lld tokens)\n", (long long)s.steps, (long long)s.tokens);
+    std::printf("final train loss  %.4f nats/token\n", s.final_train_loss);
+    if (s.final_val_loss > 0)
+      std::printf("validation loss   %.4f nats/token (unigram baseline %.4f)\n", s.final_val_loss, s.unigram_baseline);
+    if (!s.sample.empty()) std::printf("sample            %s\n", s.sample.c_str());
+  });
+}
+
+void add_export(CLI::App& app) {
+  auto* cmd = app.add_subcommand("export", "Export a training checkpoint as a Hugging Face model directory");
+  static std::string ckpt, out, dtype = "bf16";
+  cmd->add_option("--checkpoint", ckpt, "Checkpoint directory (step-XXXXXXXX) or a run's checkpoints/ root")->required();
+  cmd->add_option("--out", out, "Output directory")->required();
+  cmd->add_option("--dtype", dtype, "f32 or bf16")->capture_default_str();
+  cmd->callback([] {
+    std::optional<LoadedCheckpoint> ck;
+    if (std::filesystem::exists(std::filesystem::path(ckpt) / "manifest.json")) ck = load_checkpoint(ckpt);
+    else ck = load_latest_checkpoint(ckpt);
+    if (!ck) fail("export", "no valid checkpoint under " + ckpt);
+    if (!ck->meta.contains("model_config")) fail("export", ck->dir + ": the manifest has no model_config");
+    ModelConfig c = config_from_json(ck->meta["model_config"], ck->dir + "/manifest.json");
+    auto be = make_cpu_backend();
+    Model m(c, *be);
+    for (const ParamSpec& p : m.layout().params) ck->read(p.name, p.shape, m.params() + p.offset);
+    if (dtype != "f32" && dtype != "bf16") fail("export", "--dtype must be f32 or bf16");
+    save_model(m, out, dtype == "f32" ? DType::F32 : DType::BF16);
+    std::printf("exported %s (step %lld) to %s\n", ck->dir.c_str(), (long long)ck->step, out.c_str());
+  });
+}
+
+}  // namespace zaya::cli
