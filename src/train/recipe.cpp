@@ -479,9 +479,6 @@ void cross_check(const Recipe& r, const std::string& source, std::vector<Problem
   if (r.model.config.empty() && r.model.preset.empty())
     add("model.preset", {"model.config"},
         "expected a preset name when model.config is \"\", found string \"\"");
-  if (r.data.tokenizer.empty() && r.model.init_from.empty())
-    add("data.tokenizer", {"model.init_from"},
-        "expected a tokenizer path (\"\" is allowed only with model.init_from), found string \"\"");
   const auto& b = r.batch;
   if (b.global_batch % b.micro_batch != 0)
     add("batch.global_batch", {"batch.micro_batch"},
