@@ -270,7 +270,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     // Loss-spike / NaN policy.
     double median = recent_losses.empty() ? loss : median_of(recent_losses);
     const bool bad = !std::isfinite(loss) || !std::isfinite(gnorm) ||
-                     (recent_losses.size() >= 10 && loss > r.stability.spike_factor * median);
+                     (recent_losses.size() >= 5 && loss > r.stability.spike_factor * median);
     const double lr = lrs.at(step);
     nlohmann::json rec;
     if (bad) {
@@ -356,7 +356,9 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
         std::vector<int32_t> out_ids;
         generate(*model, prompt, r.eval.sample_tokens, SamplingParams{0.7f, 40, 0.95f}, uint64_t(r.seed),
                  [&](int32_t t) { out_ids.push_back(t); return true; });
-        sum.sample = r.eval.sample_prompt + tok->decode(out_ids, true);
+        std::vector<int32_t> all = prompt;
+        all.insert(all.end(), out_ids.begin(), out_ids.end());
+        sum.sample = tok->decode(all, true);  // decode with the prompt: spacing at the seam stays right
       }
     }
   }

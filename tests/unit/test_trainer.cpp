@@ -155,5 +155,32 @@ TEST(Trainer, CorruptLatestCheckpointFallsBackToThePreviousOne) {
   EXPECT_EQ(s.steps, 4);
 }
 
+TEST(Trainer, BadStepsAreSkippedThenRolledBack) {
+  std::string dir = temp_dir("spike");
+  Recipe r = tiny_recipe(dir);
+  r.stability.policy = "rollback";
+  r.stability.max_bad_steps = 2;
+  TrainOptions opt;
+  opt.quiet = true;
+  opt.stop_after_steps = 6;
+  train(r, opt);
+  // Resume with an absurd learning rate: the first update wrecks the weights, the next steps'
+  // losses spike, they are skipped, and after two the run rolls back to the last checkpoint.
+  r.optimizer.lr = 500;
+  opt.stop_after_steps = 5;
+  TrainSummary s = train(r, opt);
+  std::ifstream in(r.run_dir + "/metrics.jsonl");
+  std::string line;
+  int bad = 0, rollbacks = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "bad_step") ++bad;
+    if (j.value("event", "") == "rollback") ++rollbacks;
+  }
+  EXPECT_GE(bad, 1);
+  EXPECT_GE(rollbacks, 1);
+  EXPECT_EQ(s.steps, 11);
+}
+
 }  // namespace
 }  // namespace zaya

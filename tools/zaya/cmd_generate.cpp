@@ -37,8 +37,11 @@ void run_generate(const GenerateOptions& o) {
     prompt = tok->encode(o.prompt, /*add_special=*/true);
   }
   if (prompt.empty()) fail("generate", "the prompt encodes to no tokens");
-  std::vector<int32_t> generated;
-  std::string printed;
+  // Text is decoded over prompt + generated ids (so spacing at the seam is right) and only the
+  // part past the decoded prompt is printed.
+  std::vector<int32_t> generated = o.prompt.empty() ? std::vector<int32_t>{} : prompt;
+  const size_t prompt_ids = generated.size();
+  std::string printed = tok && prompt_ids ? tok->decode(generated, true) : std::string();
   if (tok && !o.prompt.empty()) std::printf("%s", o.prompt.c_str());
   std::fflush(stdout);
   SamplingParams sp{o.temperature, o.top_k, o.top_p};
@@ -53,7 +56,7 @@ void run_generate(const GenerateOptions& o) {
         printed = text;
       }
     } else {
-      std::printf("%s%d", generated.size() > 1 ? " " : "", next);
+      std::printf("%s%d", generated.size() > prompt_ids + 1 ? " " : "", next);
     }
     std::fflush(stdout);
     return true;
