@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_train.h"
@@ -32,8 +33,8 @@ DemoCorpus prepare_demo_corpus(const std::string& sotu_dir, const std::string& o
   std::vector<std::string> train_docs, val_docs;
   for (size_t i = 0; i < docs.size(); ++i) (i % size_t(val_every) == size_t(val_every) - 1 ? val_docs : train_docs).push_back(docs[i]);
   fs::create_directories(out_dir);
-  std::fprintf(stderr, "[zaya] demo corpus: %zu training and %zu held-out documents; training a %lld-token "
-                       "SentencePiece BPE vocabulary\n", train_docs.size(), val_docs.size(), (long long)vocab_size);
+  log::info("demo corpus: " + std::to_string(train_docs.size()) + " training and " + std::to_string(val_docs.size()) +
+            " held-out documents; training a " + std::to_string(vocab_size) + "-token SentencePiece BPE vocabulary");
   TokenizerTrainOptions opt;
   opt.vocab_size = vocab_size;
   train_sentencepiece(train_docs, out_dir + "/tokenizer", opt);
@@ -51,8 +52,8 @@ DemoCorpus prepare_demo_corpus(const std::string& sotu_dir, const std::string& o
       ++f.documents;
     }
     write_token_file(path, f);
-    std::fprintf(stderr, "[zaya] wrote %s: %zu tokens in %llu documents\n", path.c_str(), f.tokens.size(),
-                 (unsigned long long)f.documents);
+    log::info("wrote " + path + ": " + std::to_string(f.tokens.size()) + " tokens in " +
+              std::to_string(f.documents) + " documents");
   };
   encode(val_docs, c.val);
   encode(train_docs, c.train);

@@ -14,6 +14,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "data/demo_corpus.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
@@ -87,7 +88,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     f << recipe_to_toml(r);
   }
   auto log = [&](const std::string& s) {
-    if (!opt.quiet) std::fprintf(stderr, "[zaya] %s\n", s.c_str());
+    if (!opt.quiet) log::info(s);
   };
 
   // ---- data, tokenizer, model ----

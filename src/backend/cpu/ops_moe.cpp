@@ -24,6 +24,10 @@ void CpuBackend::moe(const MoeArgs& a) {
 #pragma omp parallel for if (routed * D > 65536)
   for (int64_t i = 0; i < routed; ++i) std::memcpy(xs.data() + i * D, a.x + perm[size_t(i)] * D, size_t(D) * 4);
 
+  // Experts run in parallel, one per thread (each GEMM single-threaded inside the region):
+  // experts hold few rows each, so splitting every small GEMM across threads costs more.
+  const bool par_experts = routed * D > 65536;
+#pragma omp parallel for schedule(dynamic) if (par_experts)
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
     if (rows == 0) continue;
@@ -37,6 +41,7 @@ void CpuBackend::moe(const MoeArgs& a) {
     float* o = act.data() + i * I;
     for (int64_t j = 0; j < I; ++j) o[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
   }
+#pragma omp parallel for schedule(dynamic) if (par_experts)
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
     if (rows == 0) continue;
