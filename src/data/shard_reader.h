@@ -123,8 +123,11 @@ class ShardDataset {
   void read(uint64_t offset, uint64_t n, uint32_t* dst) const;
   // Document d of the split (documents never cross shards). Throws if d >= documents().
   std::span<const uint32_t> document(uint64_t d) const;
+  // Global token offset of document d's first token. Throws if d >= documents().
+  uint64_t document_start(uint64_t d) const;
 
  private:
+  size_t shard_of_doc(uint64_t d) const;
   size_t shard_of_token(uint64_t offset) const;
   std::string dir_, split_;
   Manifest manifest_;

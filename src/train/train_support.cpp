@@ -13,14 +13,15 @@
 namespace zaya {
 
 double measure_sgemm_gflops() {
-  const int n = 1024;
-  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(static_cast<size_t>(n) * n, 0.25f), c(static_cast<size_t>(n) * n, 0.0f);
+  // 2048^3 as in bench/bench_forward.cpp, so the trainer's MFU and the benchmarks agree.
+  const int n = 2048;
+  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n, 0.0f);
   std::vector<double> rates;
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < 4; ++rep) {
     auto t0 = std::chrono::steady_clock::now();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    rates.push_back(2.0 * n * n * double(n) / s / 1e9);
+    if (rep > 0) rates.push_back(2.0 * n * n * double(n) / s / 1e9);  // first run warms up
   }
   return median_of(rates);
 }

@@ -14,7 +14,7 @@
 
 namespace zaya {
 
-// Median GFLOP/s of a 1024^3 sgemm on all threads (about half a second).
+// Median GFLOP/s of a 2048^3 sgemm on all threads (a fraction of a second).
 double measure_sgemm_gflops();
 // Matmul FLOPs to train one token (forward + backward = 3x forward): 6 x active matmul
 // parameters (attention projections, router, one expert, LM head) + causal attention.
