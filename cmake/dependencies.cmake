@@ -15,10 +15,14 @@ find_package(BLAS REQUIRED)
 find_path(CBLAS_INCLUDE_DIR cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/openblas /usr/include)
 
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+# Compressed corpus inputs for `zaya data prepare` (.gz, .zst): zlib1g-dev, libzstd-dev.
+find_package(ZLIB REQUIRED)
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 find_package(spdlog REQUIRED)
 
 add_library(zaya_deps INTERFACE)
 target_include_directories(zaya_deps INTERFACE ${CBLAS_INCLUDE_DIR})
 target_link_libraries(zaya_deps INTERFACE
   OpenMP::OpenMP_CXX Threads::Threads nlohmann_json::nlohmann_json
-  ${BLAS_LIBRARIES} PkgConfig::SENTENCEPIECE spdlog::spdlog tomlplusplus::tomlplusplus)
+  ${BLAS_LIBRARIES} PkgConfig::SENTENCEPIECE spdlog::spdlog tomlplusplus::tomlplusplus
+  ZLIB::ZLIB PkgConfig::ZSTD)

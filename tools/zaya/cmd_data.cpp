@@ -1,5 +1,6 @@
 // `zaya data demo`: builds the demo corpus (SOTU) with its tokenizer and token files;
 // `zaya tokenizer train`: trains a SentencePiece BPE vocabulary from text files.
+// (`zaya data prepare` / `zaya data stats` are registered from cmd_data_prepare.cpp.)
 #include <cstdio>
 
 #include "commands.h"
@@ -22,6 +23,7 @@ void add_data(CLI::App& app) {
     DemoCorpus c = prepare_demo_corpus(sotu, out, vocab);
     std::printf("tokenizer %s\ntrain     %s\nval       %s\n", c.tokenizer.c_str(), c.train.c_str(), c.val.c_str());
   });
+  add_data_prepare(data);
 }
 
 void add_tokenizer(CLI::App& app) {

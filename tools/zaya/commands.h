@@ -12,6 +12,7 @@ void add_score(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_ckpt(CLI::App& app);
 void add_data(CLI::App& app);
+void add_data_prepare(CLI::App* data);  // `data prepare` and `data stats` (cmd_data_prepare.cpp)
 void add_tokenizer(CLI::App& app);
 void add_train(CLI::App& app);
 void add_export(CLI::App& app);
