@@ -1,6 +1,8 @@
 // The CPU backend: OpenMP threads, CBLAS GEMMs (OpenBLAS by default), AVX2-friendly loops.
 // Op implementations are split by family across ops_*.cpp.
 #pragma once
+#include <vector>
+
 #include "backend/backend.h"
 
 namespace zaya {
@@ -76,6 +78,14 @@ void cpu_gemm(bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const 
 // C[M,N] = alpha * A^T * B + beta * C for A stored [K,M] and B stored [K,N] (weight gradients).
 void cpu_gemm_tn(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                  int64_t ldb, float beta, float* C, int64_t ldc);
+// The MoE routing plan: per-class row ranges offsets[e]..offsets[e+1] (class E = skip, last)
+// of a stable permutation that groups tokens by their selected class.
+struct MoePlan {
+  std::vector<int64_t> offsets;  // [E + 2]
+  std::vector<int64_t> perm;     // [N] token index of each grouped row
+};
+MoePlan plan_moe(const int32_t* expert, int64_t N, int64_t E);
+
 // Column sums: out[j] += sum_r f(r, j) for a row-major [rows, dim] expression, thread-safe.
 void cpu_column_sums(int64_t rows, int64_t dim, float* out, const float* a, const float* b);
 

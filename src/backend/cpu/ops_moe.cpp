@@ -9,14 +9,22 @@
 
 namespace zaya {
 
+MoePlan plan_moe(const int32_t* expert, int64_t N, int64_t E) {
+  MoePlan p;
+  p.offsets.assign(static_cast<size_t>(E + 2), 0);
+  for (int64_t n = 0; n < N; ++n) p.offsets[size_t(expert[n]) + 1]++;
+  for (int64_t e = 0; e <= E; ++e) p.offsets[size_t(e + 1)] += p.offsets[size_t(e)];
+  p.perm.resize(static_cast<size_t>(N));
+  std::vector<int64_t> cursor(p.offsets.begin(), p.offsets.end() - 1);
+  for (int64_t n = 0; n < N; ++n) p.perm[size_t(cursor[size_t(expert[n])]++)] = n;
+  return p;
+}
+
 void CpuBackend::moe(const MoeArgs& a) {
   const int64_t N = a.N, D = a.D, I = a.I, E = a.E;
-  // Plan: counts -> offsets -> stable permutation grouped by expert.
-  std::vector<int64_t> offsets(static_cast<size_t>(E + 2), 0);
-  for (int64_t n = 0; n < N; ++n) offsets[size_t(a.expert[n]) + 1]++;
-  for (int64_t e = 0; e <= E; ++e) offsets[size_t(e + 1)] += offsets[size_t(e)];
-  std::vector<int64_t> perm(static_cast<size_t>(N)), cursor(offsets.begin(), offsets.end() - 1);
-  for (int64_t n = 0; n < N; ++n) perm[size_t(cursor[size_t(a.expert[n])]++)] = n;
+  const MoePlan plan = plan_moe(a.expert, N, E);
+  const std::vector<int64_t>& offsets = plan.offsets;
+  const std::vector<int64_t>& perm = plan.perm;
 
   const int64_t routed = offsets[size_t(E)];
   std::vector<float> xs(static_cast<size_t>(routed * D)), hidden(static_cast<size_t>(routed * 2 * I)), act(static_cast<size_t>(routed * I)),

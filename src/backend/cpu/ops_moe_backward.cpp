@@ -12,11 +12,9 @@ namespace zaya {
 void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, float* dweight, float* dgate_up,
                               float* ddown) {
   const int64_t N = a.N, D = a.D, I = a.I, E = a.E;
-  std::vector<int64_t> offsets(static_cast<size_t>(E + 2), 0);
-  for (int64_t n = 0; n < N; ++n) offsets[size_t(a.expert[n]) + 1]++;
-  for (int64_t e = 0; e <= E; ++e) offsets[size_t(e + 1)] += offsets[size_t(e)];
-  std::vector<int64_t> perm(static_cast<size_t>(N)), cursor(offsets.begin(), offsets.end() - 1);
-  for (int64_t n = 0; n < N; ++n) perm[size_t(cursor[size_t(a.expert[n])]++)] = n;
+  const MoePlan plan = plan_moe(a.expert, N, E);
+  const std::vector<int64_t>& offsets = plan.offsets;
+  const std::vector<int64_t>& perm = plan.perm;
   const int64_t routed = offsets[size_t(E)];
 
   std::vector<float> xs(static_cast<size_t>(routed * D)), hid(static_cast<size_t>(routed * 2 * I)),
