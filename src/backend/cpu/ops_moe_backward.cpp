@@ -27,6 +27,8 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
     std::memcpy(xs.data() + i * D, a.x + n * D, size_t(D) * 4);
     for (int64_t d = 0; d < D; ++d) dys[size_t(i * D + d)] = a.weight[n] * dout[n * D + d];
   }
+  // Experts are independent (each owns its rows and its weight gradients): one per thread.
+#pragma omp parallel for schedule(dynamic) if (routed * D > 65536)
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
     if (rows == 0) continue;
