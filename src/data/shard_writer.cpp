@@ -14,7 +14,6 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
-#include <regex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -349,12 +348,27 @@ class TokenizerPool {
   std::vector<std::thread> workers_;
 };
 
+// Names prepare writes: (train|val)-NNNNN.zshard and manifest.json, each optionally + ".tmp".
+bool is_prepare_output(std::string name) {
+  if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) name.resize(name.size() - 4);
+  if (name == kManifestName) return true;
+  for (const std::string prefix : {"train-", "val-"}) {
+    const std::string ext = kShardExtension;
+    if (name.size() != prefix.size() + 5 + ext.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(prefix.size() + 5, ext.size(), ext) != 0)
+      continue;
+    bool digits = true;
+    for (size_t i = prefix.size(); i < prefix.size() + 5; ++i) digits = digits && name[i] >= '0' && name[i] <= '9';
+    if (digits) return true;
+  }
+  return false;
+}
+
 void remove_stale_outputs(const std::string& dir) {
-  static const std::regex kOurs(R"((train|val)-[0-9]{5}\.zshard(\.tmp)?|manifest\.json(\.tmp)?)");
   std::error_code ec;
   std::vector<fs::path> doomed;
   for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (std::regex_match(entry.path().filename().string(), kOurs)) doomed.push_back(entry.path());
+    if (is_prepare_output(entry.path().filename().string())) doomed.push_back(entry.path());
   for (const auto& p : doomed)
     if (!fs::remove(p, ec) && ec) fail_in(p.string(), "cannot remove the output of an earlier run: " + ec.message());
 }

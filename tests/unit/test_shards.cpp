@@ -297,7 +297,10 @@ TEST_F(Shards, DeterministicAcrossRunsAndThreadCounts) {
   // Running again over the same directory (now with stale files in it) gives the same bytes.
   const std::string manifest_before = read_file(fs::path(a.out_dir) / "manifest.json");
   write_file(fs::path(a.out_dir) / "train-00999.zshard", "stale");
+  write_file(fs::path(a.out_dir) / "val-00007.zshard.tmp", "stale");
+  write_file(fs::path(a.out_dir) / "train-1.zshard", "not ours: kept");
   zaya::prepare_shards(a);
+  EXPECT_TRUE(fs::remove(fs::path(a.out_dir) / "train-1.zshard")) << "a file prepare did not write was removed";
   EXPECT_EQ(files_of(a.out_dir), names);
   EXPECT_EQ(read_file(fs::path(a.out_dir) / "manifest.json"), manifest_before);
   EXPECT_EQ(manifest_before.find(a.out_dir), std::string::npos) << "the manifest must not record the output path";
