@@ -1,0 +1,501 @@
+// Training-step benchmark on the CPU backend.
+//
+// One training step exactly as the trainer runs it with one micro-batch (global batch = B
+// sequences of T tokens): zero the grads, Model::forward_backward (loss = mean next-token CE,
+// loss_scale = 1 / (B*T)), global grad-norm clip (max norm 1.0), Optimizer::step (Muon with
+// 5 Newton-Schulz steps per matrix / per expert, AdamW for the rest), BiasBalancer::step.
+// zaya-60m preset, random init (seed), random token ids (fixed seed), B=8 T=256 by default.
+// Warm-up steps, then the median over timed steps of: tokens/s, seconds of forward+backward
+// and seconds of the optimizer part (norm + clip + optimizer + balancer).
+//
+// MFU = training_flops_per_token(config, T) * tokens/s / sgemm peak. The peak is the median
+// GFLOP/s of a 2048^3 cblas_sgemm on all threads (the 1024^3 measure_sgemm_gflops() figure
+// the trainer uses is reported too; the larger of the two is the denominator).
+//
+// --profile adds a per-op breakdown of the timed steps from a timing decorator Backend that
+// wraps the CPU backend (forward, backward and optimizer ops; linear / linear_backward are
+// named by their weight).
+// Prints one JSON object on stdout; human-readable lines go to stderr.
+// Run with OMP_WAIT_POLICY=PASSIVE on a shared machine (the zaya CLI sets it itself).
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/model_io.h"
+#include "train/balancer.h"
+#include "train/optimizer.h"
+#include "train/schedule.h"
+#include "train/train_support.h"
+
+using namespace zaya;
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+json stats(const std::vector<double>& v) {
+  return json{{"median", median(v)},
+              {"min", *std::min_element(v.begin(), v.end())},
+              {"max", *std::max_element(v.begin(), v.end())},
+              {"runs", v.size()}};
+}
+
+json bench_sgemm(int64_t n, int runs) {
+  std::vector<float> a(size_t(n * n)), b(size_t(n * n)), c(size_t(n * n));
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = float((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+    b[i] = float((i * 40503u) % 1000) * 1e-3f - 0.5f;
+  }
+  auto once = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(n), int(n), 1.0f, a.data(), int(n), b.data(),
+                int(n), 0.0f, c.data(), int(n));
+  };
+  once();
+  std::vector<double> gf;
+  for (int r = 0; r < runs; ++r) {
+    auto t0 = Clock::now();
+    once();
+    gf.push_back(2.0 * double(n) * n * n / seconds_since(t0) * 1e-9);
+  }
+  json j = stats(gf);
+  j["n"] = n;
+  return j;
+}
+
+// ------------------------------------------------------------------ timing backend
+// Forwards every Backend op (inference, backward and optimizer) to the inner backend and,
+// when enabled, accumulates wall time per op name under a phase prefix ("fb." while
+// forward_backward runs, "opt." during the optimizer part).
+class TimedBackend final : public Backend {
+ public:
+  struct Stat {
+    double seconds = 0;
+    int64_t calls = 0;
+  };
+  explicit TimedBackend(Backend& inner) : in_(inner) {}
+  bool enabled = false;
+  std::string phase = "fb.";
+  std::map<std::string, Stat> stats;
+  std::unordered_map<const float*, std::string> weight_names;
+
+  std::string name() const override { return "timed(" + in_.name() + ")"; }
+  float* alloc(int64_t n) override { return in_.alloc(n); }
+  void free(void* p) override { in_.free(p); }
+
+  std::string wname(const float* w) const {
+    auto it = weight_names.find(w);
+    return it == weight_names.end() ? std::string("other") : it->second;
+  }
+  void linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
+              bool accumulate, int64_t ldy) override {
+    time("linear." + wname(w), [&] { in_.linear(x, w, bias, y, M, K, N, accumulate, ldy); });
+  }
+  void embedding(const float* t, const int32_t* ids, float* o, int64_t N, int64_t D) override {
+    time("embedding", [&] { in_.embedding(t, ids, o, N, D); });
+  }
+  void rmsnorm(const float* x, const float* w, float eps, float* y, int64_t rows, int64_t dim) override {
+    time("rmsnorm", [&] { in_.rmsnorm(x, w, eps, y, rows, dim); });
+  }
+  void affine(float* x, const float* s, const float* b, int64_t rows, int64_t dim) override {
+    time("affine", [&] { in_.affine(x, s, b, rows, dim); });
+  }
+  void residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs, const float* rb,
+                      int64_t rows, int64_t dim) override {
+    time("residual_scale", [&] { in_.residual_scale(r, h, hs, hb, rs, rb, rows, dim); });
+  }
+  void scaled_add(float* y, const float* x, const float* s, int64_t rows, int64_t dim) override {
+    time("scaled_add", [&] { in_.scaled_add(y, x, s, rows, dim); });
+  }
+  void gelu(float* x, int64_t n) override {
+    time("gelu", [&] { in_.gelu(x, n); });
+  }
+  void softmax(float* x, int64_t rows, int64_t cols) override {
+    time("softmax", [&] { in_.softmax(x, rows, cols); });
+  }
+  void route_select(const float* p, const float* b, int32_t* e, float* w, int64_t N, int64_t cl) override {
+    time("route_select", [&] { in_.route_select(p, b, e, w, N, cl); });
+  }
+  void cca_conv(const CcaConvArgs& a) override {
+    time("cca_conv", [&] { in_.cca_conv(a); });
+  }
+  void cca_qk(const CcaQkArgs& a) override {
+    time("cca_qk", [&] { in_.cca_qk(a); });
+  }
+  void cca_values(const CcaValueArgs& a) override {
+    time("cca_values", [&] { in_.cca_values(a); });
+  }
+  void cache_write(const float* src, float* cache, const int64_t* pos0, int64_t B, int64_t T, int64_t S,
+                   int64_t W) override {
+    time("cache_write", [&] { in_.cache_write(src, cache, pos0, B, T, S, W); });
+  }
+  void attention(const AttentionArgs& a) override {
+    time("attention", [&] { in_.attention(a); });
+  }
+  void moe(const MoeArgs& a) override {
+    time("moe", [&] { in_.moe(a); });
+  }
+  void cross_entropy(const float* l, const int32_t* t, float* loss, int64_t N, int64_t V) override {
+    time("cross_entropy", [&] { in_.cross_entropy(l, t, loss, N, V); });
+  }
+  void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t M,
+                       int64_t K, int64_t N, bool acc, int64_t lddy) override {
+    time("linear_backward." + wname(w), [&] { in_.linear_backward(x, w, dy, dx, dw, db, M, K, N, acc, lddy); });
+  }
+  void embedding_backward(const int32_t* ids, const float* dout, float* dt, int64_t N, int64_t D) override {
+    time("embedding_backward", [&] { in_.embedding_backward(ids, dout, dt, N, D); });
+  }
+  void rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* dw,
+                        int64_t rows, int64_t dim, bool acc) override {
+    time("rmsnorm_backward", [&] { in_.rmsnorm_backward(x, w, dy, eps, dx, dw, rows, dim, acc); });
+  }
+  void affine_backward(const float* x, const float* sc, const float* b, float* d, float* dsc, float* db, int64_t rows,
+                       int64_t dim) override {
+    time("affine_backward", [&] { in_.affine_backward(x, sc, b, d, dsc, db, rows, dim); });
+  }
+  void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb, const float* rs,
+                               const float* rb, float* dr, float* dh, float* dhs, float* dhb, float* drs, float* drb,
+                               int64_t rows, int64_t dim) override {
+    time("residual_scale_backward",
+         [&] { in_.residual_scale_backward(r, h, hs, hb, rs, rb, dr, dh, dhs, dhb, drs, drb, rows, dim); });
+  }
+  void scaled_add_backward(const float* x, const float* sc, const float* dy, float* dx, float* dsc, int64_t rows,
+                           int64_t dim) override {
+    time("scaled_add_backward", [&] { in_.scaled_add_backward(x, sc, dy, dx, dsc, rows, dim); });
+  }
+  void gelu_backward(const float* x, float* d, int64_t n) override {
+    time("gelu_backward", [&] { in_.gelu_backward(x, d, n); });
+  }
+  void softmax_backward(const float* p, float* d, int64_t rows, int64_t cols) override {
+    time("softmax_backward", [&] { in_.softmax_backward(p, d, rows, cols); });
+  }
+  void route_backward(const int32_t* e, const float* dw, float* dp, int64_t N, int64_t cl) override {
+    time("route_backward", [&] { in_.route_backward(e, dw, dp, N, cl); });
+  }
+  void cca_conv_backward(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw, float* dw_grp,
+                         float* db_grp) override {
+    time("cca_conv_backward", [&] { in_.cca_conv_backward(a, dz, du, dw_dw, db_dw, dw_grp, db_grp); });
+  }
+  void cca_qk_backward(const CcaQkArgs& a, const float* dq, const float* dk, float* dz, float* du,
+                       float* dtemp) override {
+    time("cca_qk_backward", [&] { in_.cca_qk_backward(a, dq, dk, dz, du, dtemp); });
+  }
+  void cca_values_backward(const float* dv, float* dvc, float* dvd, int64_t B, int64_t T, int64_t half) override {
+    time("cca_values_backward", [&] { in_.cca_values_backward(dv, dvc, dvd, B, T, half); });
+  }
+  void attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) override {
+    time("attention_backward", [&] { in_.attention_backward(a, dout, dq, dk, dv); });
+  }
+  void moe_backward(const MoeArgs& a, const float* dout, float* dx, float* dweight, float* dgu,
+                    float* ddown) override {
+    time("moe_backward", [&] { in_.moe_backward(a, dout, dx, dweight, dgu, ddown); });
+  }
+  double lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N, int64_t D,
+                      int64_t V, float scale, float* dy, float* dw, float* dbias) override {
+    double r = 0;
+    time("lm_head_loss", [&] { r = in_.lm_head_loss(y, w, bias, target, N, D, V, scale, dy, dw, dbias); });
+    return r;
+  }
+  void newton_schulz(float* x, int64_t rows, int64_t cols, int steps) override {
+    time("newton_schulz", [&] { in_.newton_schulz(x, rows, cols, steps); });
+  }
+  void muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, bool nesterov) override {
+    time("muon_momentum", [&] { in_.muon_momentum(m, g, u, n, mu, nesterov); });
+  }
+  void muon_update(float* w, const float* x, int64_t n, float lr, float scale, float wd) override {
+    time("muon_update", [&] { in_.muon_update(w, x, n, lr, scale, wd); });
+  }
+  void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float eps,
+                    float wd, int64_t t) override {
+    time("adamw_update", [&] { in_.adamw_update(w, g, m, v, n, lr, b1, b2, eps, wd, t); });
+  }
+  double sum_squares(const float* x, int64_t n) override {
+    double r = 0;
+    time("sum_squares", [&] { r = in_.sum_squares(x, n); });
+    return r;
+  }
+  void scale_inplace(float* x, float s, int64_t n) override {
+    time("scale_inplace", [&] { in_.scale_inplace(x, s, n); });
+  }
+  void copy(float* d, const float* s, int64_t n) override {
+    time("copy", [&] { in_.copy(d, s, n); });
+  }
+  void fill(float* d, float v, int64_t n) override {
+    time("fill", [&] { in_.fill(d, v, n); });
+  }
+  void to_host(void* h, const void* s, int64_t bytes) override {
+    time("to_host", [&] { in_.to_host(h, s, bytes); });
+  }
+  void from_host(void* d, const void* h, int64_t bytes) override {
+    time("from_host", [&] { in_.from_host(d, h, bytes); });
+  }
+
+ private:
+  template <class F>
+  void time(const std::string& nm, F&& f) {
+    if (!enabled) {
+      f();
+      return;
+    }
+    auto t0 = Clock::now();
+    f();
+    Stat& s = stats[phase + nm];
+    s.seconds += seconds_since(t0);
+    s.calls += 1;
+  }
+  Backend& in_;
+};
+
+void name_weights(TimedBackend& tb, const Model& m) {
+  const ModelWeights& w = m.weights();
+  for (const BlockWeights& b : w.blocks) {
+    tb.weight_names[b.attn.q_proj] = "q_proj";
+    tb.weight_names[b.attn.k_proj] = "k_proj";
+    tb.weight_names[b.attn.v_current] = "v_current";
+    tb.weight_names[b.attn.v_delayed] = "v_delayed";
+    tb.weight_names[b.attn.o_proj] = "o_proj";
+    tb.weight_names[b.router.down_w] = "router.down";
+    tb.weight_names[b.router.fc1_w] = "router.fc1";
+    tb.weight_names[b.router.fc2_w] = "router.fc2";
+    tb.weight_names[b.router.out_w] = "router.out";
+  }
+  tb.weight_names[w.lm_head] = "lm_head";
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t V, uint64_t seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (auto& id : ids) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    id = int32_t((s >> 33) % uint64_t(V));
+  }
+  return ids;
+}
+
+struct Args {
+  std::string model_dir, preset = "zaya-60m";
+  uint64_t seed = 1234, data_seed = 7;
+  int64_t B = 8, T = 256;
+  int warmup = 2, steps = 7, peak_runs = 7;
+  int64_t gemm_n = 2048;
+  double lr = 4e-4, clip = 1.0;
+  bool profile = false, skip_peaks = false;
+};
+
+[[noreturn]] void usage() {
+  std::fprintf(stderr,
+               "usage: bench_train [--model DIR | --preset NAME] [--seed N] [--data-seed N] [--batch B] [--seq T]\n"
+               "  [--warmup N] [--steps N] [--lr X] [--clip X] [--gemm-n N] [--peak-runs N] [--skip-peaks]\n"
+               "  [--profile]\n");
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) usage();
+      return argv[++i];
+    };
+    if (k == "--model") a.model_dir = val();
+    else if (k == "--preset") a.preset = val();
+    else if (k == "--seed") a.seed = std::stoull(val());
+    else if (k == "--data-seed") a.data_seed = std::stoull(val());
+    else if (k == "--batch") a.B = std::stoll(val());
+    else if (k == "--seq") a.T = std::stoll(val());
+    else if (k == "--warmup") a.warmup = std::stoi(val());
+    else if (k == "--steps") a.steps = std::stoi(val());
+    else if (k == "--lr") a.lr = std::stod(val());
+    else if (k == "--clip") a.clip = std::stod(val());
+    else if (k == "--gemm-n") a.gemm_n = std::stoll(val());
+    else if (k == "--peak-runs") a.peak_runs = std::stoi(val());
+    else if (k == "--skip-peaks") a.skip_peaks = true;
+    else if (k == "--profile") a.profile = true;
+    else usage();
+  }
+  if (a.steps < 1 || a.B < 1 || a.T < 2) usage();
+  return a;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Args args = parse(argc, argv);
+  json out;
+  const int threads = omp_get_max_threads();
+  out["threads"] = threads;
+  const char* wp = std::getenv("OMP_WAIT_POLICY");
+  out["omp_wait_policy"] = wp ? wp : "(unset)";
+  std::fprintf(stderr, "bench_train: %d OpenMP threads, OMP_WAIT_POLICY=%s\n", threads, wp ? wp : "(unset)");
+
+  // --- model, optimizer, balancer (exactly the trainer's objects) ---
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  TimedBackend tb(*cpu);
+  std::unique_ptr<Model> model;
+  if (!args.model_dir.empty()) {
+    model = load_model(args.model_dir, tb);
+    out["model"] = args.model_dir;
+  } else {
+    model = std::make_unique<Model>(preset_config(args.preset), tb);
+    model->init_random(args.seed);
+    out["model"] = "preset " + args.preset + " (random init, seed " + std::to_string(args.seed) + ")";
+  }
+  name_weights(tb, *model);
+  const ModelConfig& c = model->config();
+  const ParamLayout& layout = model->layout();
+  OptimizerConfig oc;  // defaults: Muon (mu 0.95, Nesterov, 5 NS steps) + AdamW (0.9, 0.95), wd 0.1
+  oc.lr = args.lr;
+  Optimizer optim(layout, oc, tb);
+  BalancerConfig bc;
+  BiasBalancer balancer(layout, bc, tb);
+  float* grads = tb.alloc(layout.total);
+
+  const int64_t B = args.B, T = args.T, N = B * T;
+  std::vector<int32_t> ids = random_ids(N, c.vocab_size, args.data_seed);
+  std::vector<int32_t> targets(static_cast<size_t>(N));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) targets[size_t(b * T + t)] = t + 1 < T ? ids[size_t(b * T + t + 1)] : -1;
+
+  int64_t muon_mats = int64_t(optim.muon_matrices().size());
+  out["config"] = {{"preset", args.preset}, {"layers", c.num_hidden_layers}, {"hidden", c.hidden_size},
+                   {"vocab", c.vocab_size}, {"experts", c.num_experts}, {"expert_width", c.moe_intermediate_size},
+                   {"heads_q", c.num_attention_heads}, {"heads_kv", c.num_key_value_heads},
+                   {"head_dim", c.head_dim}, {"router_hidden", c.router_hidden_size},
+                   {"params", layout.total}, {"muon_matrices", muon_mats}};
+  out["batch"] = {{"B", B}, {"T", T}, {"tokens_per_step", N}, {"micro_batches", 1}};
+  std::fprintf(stderr, "model %s: %lld params, %lld Muon matrices; batch B=%lld T=%lld (%lld tokens/step)\n",
+               args.preset.c_str(), (long long)layout.total, (long long)muon_mats, (long long)B, (long long)T,
+               (long long)N);
+
+  // --- the step ---
+  struct StepTimes {
+    double total, fb, opt;
+    double loss, gnorm;
+  };
+  auto step_once = [&]() -> StepTimes {
+    auto t0 = Clock::now();
+    tb.phase = "fb.";
+    tb.fill(grads, 0.0f, layout.total);
+    StepStats st = model->forward_backward(ids.data(), targets.data(), B, T, grads, 1.0f / float(N));
+    const double t_fb = seconds_since(t0);
+    auto t1 = Clock::now();
+    tb.phase = "opt.";
+    const double gnorm = std::sqrt(tb.sum_squares(grads, layout.total));
+    if (args.clip > 0) {
+      const double s = clip_scale(gnorm, args.clip);
+      if (s < 1.0) tb.scale_inplace(grads, float(s), layout.total);
+    }
+    optim.step(model->params(), grads, float(args.lr));
+    balancer.step(st.expert_counts, model->params());
+    const double t_opt = seconds_since(t1);
+    return {seconds_since(t0), t_fb, t_opt, st.loss_sum / double(st.tokens), gnorm};
+  };
+
+  for (int i = 0; i < args.warmup; ++i) {
+    StepTimes s = step_once();
+    std::fprintf(stderr, "warm-up step %d: %.1f ms (fwd+bwd %.1f, optimizer %.1f), loss %.4f, grad norm %.3f\n", i + 1,
+                 s.total * 1e3, s.fb * 1e3, s.opt * 1e3, s.loss, s.gnorm);
+  }
+  tb.enabled = args.profile;
+  std::vector<double> tot, fb, opt, tps, losses;
+  for (int i = 0; i < args.steps; ++i) {
+    StepTimes s = step_once();
+    tot.push_back(s.total);
+    fb.push_back(s.fb);
+    opt.push_back(s.opt);
+    tps.push_back(double(N) / s.total);
+    losses.push_back(s.loss);
+    std::fprintf(stderr, "step %d: %.1f ms (fwd+bwd %.1f, optimizer %.1f) = %.0f tok/s, loss %.4f, grad norm %.3f\n",
+                 i + 1, s.total * 1e3, s.fb * 1e3, s.opt * 1e3, double(N) / s.total, s.loss, s.gnorm);
+  }
+  tb.enabled = false;
+
+  const double flops_tok = training_flops_per_token(c, T);
+  const double tok_s = median(tps);
+  const double gflops = flops_tok * tok_s * 1e-9;
+  out["step_seconds"] = stats(tot);
+  out["fwd_bwd_seconds"] = stats(fb);
+  out["optimizer_seconds"] = stats(opt);
+  out["tokens_per_s"] = stats(tps);
+  out["losses"] = losses;
+  out["fwd_bwd_share"] = median(fb) / median(tot);
+  out["optimizer_share"] = median(opt) / median(tot);
+  out["training_flops_per_token"] = flops_tok;
+  out["flop_formula"] =
+      "training_flops_per_token (src/train/train_support.cpp): 3 x (2 x active matmul params [q,k,v,o, router, one "
+      "expert, grouped conv, LM head] + causal attention L*2*T*q_dim); optimizer FLOPs not counted";
+  out["gflops_per_s"] = gflops;
+  std::fprintf(stderr,
+               "median step %.1f ms = %.0f tok/s (min %.0f, max %.0f); fwd+bwd %.1f ms (%.0f%%), optimizer %.1f ms "
+               "(%.0f%%); %.3f GFLOP/token -> %.1f GFLOP/s\n",
+               median(tot) * 1e3, tok_s, out["tokens_per_s"]["min"].get<double>(),
+               out["tokens_per_s"]["max"].get<double>(), median(fb) * 1e3, 100 * median(fb) / median(tot),
+               median(opt) * 1e3, 100 * median(opt) / median(tot), flops_tok * 1e-9, gflops);
+
+  // --- peak (after the steps, so the timed steps see a warm, unperturbed process) ---
+  if (!args.skip_peaks) {
+    json g = bench_sgemm(args.gemm_n, args.peak_runs);
+    const double small = measure_sgemm_gflops();
+    out["sgemm"] = g;
+    out["sgemm_1024_measure_sgemm_gflops"] = small;
+    const double peak = std::max(g["median"].get<double>(), small);
+    out["sgemm_peak_gflops"] = peak;
+    out["sgemm_peak_source"] = peak == small ? "measure_sgemm_gflops (1024^3)" : "cblas_sgemm " +
+                                                                                  std::to_string(args.gemm_n) + "^3";
+    out["mfu"] = gflops / peak;
+    std::fprintf(stderr, "sgemm %lld^3: median %.1f GFLOP/s (min %.1f, max %.1f); measure_sgemm_gflops (1024^3) %.1f; "
+                         "MFU %.1f%% of %.1f\n",
+                 (long long)args.gemm_n, g["median"].get<double>(), g["min"].get<double>(), g["max"].get<double>(),
+                 small, 100 * gflops / peak, peak);
+  }
+
+  if (args.profile) {
+    double total = 0;
+    for (double s : tot) total += s;
+    std::vector<std::pair<std::string, TimedBackend::Stat>> v(tb.stats.begin(), tb.stats.end());
+    std::sort(v.begin(), v.end(), [](auto& x, auto& y) { return x.second.seconds > y.second.seconds; });
+    json ops = json::array();
+    double covered = 0;
+    std::fprintf(stderr, "  per-op breakdown (%% of step wall time, ms per step; fb. = forward+backward, opt. = "
+                         "optimizer part)\n");
+    for (auto& [nm, s] : v) {
+      covered += s.seconds;
+      ops.push_back({{"op", nm}, {"seconds", s.seconds}, {"calls", s.calls}, {"share", s.seconds / total},
+                     {"ms_per_step", 1e3 * s.seconds / double(args.steps)}});
+      std::fprintf(stderr, "    %-34s %6.1f%%  %9.2f ms/step  calls/step %6lld\n", nm.c_str(), 100 * s.seconds / total,
+                   1e3 * s.seconds / double(args.steps), (long long)(s.calls / args.steps));
+    }
+    std::fprintf(stderr, "    %-34s %6.1f%%\n", "(outside ops)", 100 * (1 - covered / total));
+    out["profile"] = {{"ops", ops}, {"outside_ops_share", 1 - covered / total}};
+  }
+  tb.free(grads);
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_train: %s\n", e.what());
+  return 1;
+}
