@@ -16,6 +16,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/demo_corpus.h"
+#include "data/loader.h"
+#include "data/shard_reader.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "model/model_io.h"
@@ -92,12 +94,22 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   };
 
   // ---- data, tokenizer, model ----
-  TokenFile train_data = load_or_prepare(r.data.train, r);
-  TokenFile val_data;
-  if (!r.data.val.empty()) val_data = load_or_prepare(r.data.val, r);
+  // data.train is either a shard directory written by `zaya data prepare` (streamed by the
+  // prefetching Loader, held-out windows from its val split) or a flat token file.
+  const bool shard_mode = fs::is_directory(r.data.train) && fs::exists(fs::path(r.data.train) / "manifest.json");
+  TokenFile train_data, val_data;
+  std::vector<DatasetSpec> shard_mixture;
+  uint64_t shard_vocab = 0;
+  if (shard_mode) {
+    shard_mixture.push_back({"train", r.data.train, 1.0});
+    shard_vocab = ShardDataset::open(r.data.train).vocab_size();
+  } else {
+    train_data = load_or_prepare(r.data.train, r);
+    if (!r.data.val.empty()) val_data = load_or_prepare(r.data.val, r);
+  }
   std::unique_ptr<Tokenizer> tok;
   if (!r.data.tokenizer.empty() && fs::exists(r.data.tokenizer)) tok = load_tokenizer(r.data.tokenizer);
-  const int64_t data_vocab = int64_t(std::max(train_data.vocab_size, val_data.vocab_size));
+  const int64_t data_vocab = int64_t(std::max({train_data.vocab_size, val_data.vocab_size, shard_vocab}));
   auto be = make_cpu_backend();
   std::unique_ptr<Model> model;
   if (!r.model.init_from.empty()) {
@@ -109,15 +121,18 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   const ModelConfig& c = model->config();
   const ParamLayout& layout = model->layout();
   const int64_t T = r.data.seq_len, micro = r.batch.micro_batch;
-  WindowSampler sampler(train_data, T, uint64_t(r.seed));
-  std::unique_ptr<WindowSampler> val_sampler;
-  if (!val_data.tokens.empty()) val_sampler = std::make_unique<WindowSampler>(val_data, T, uint64_t(r.seed) + 1);
+  std::unique_ptr<WindowSampler> sampler, val_sampler;
+  if (!shard_mode) {
+    sampler = std::make_unique<WindowSampler>(train_data, T, uint64_t(r.seed));
+    if (!val_data.tokens.empty()) val_sampler = std::make_unique<WindowSampler>(val_data, T, uint64_t(r.seed) + 1);
+  }
   ParamCounts pc = count_params(c);
   log("model: " + std::to_string(pc.total) + " parameters (" + std::to_string(pc.active) +
       " active/token non-embedding), " + std::to_string(c.num_hidden_layers) + " blocks, " +
       std::to_string(c.num_experts) + " experts, vocab " + std::to_string(c.vocab_size));
-  log("data: " + std::to_string(train_data.tokens.size()) + " training tokens, " +
-      std::to_string(val_data.tokens.size()) + " validation tokens, seq_len " + std::to_string(T));
+  if (!shard_mode)
+    log("data: " + std::to_string(train_data.tokens.size()) + " training tokens, " +
+        std::to_string(val_data.tokens.size()) + " validation tokens, seq_len " + std::to_string(T));
 
   // ---- optimizer, balancer, schedules ----
   OptimizerConfig oc;
@@ -155,6 +170,22 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   ramp.ramp_steps = r.batch.ramp_steps;
   ramp.granularity = micro;
   ramp.validate();
+  std::unique_ptr<Loader> loader;
+  std::unique_ptr<EvalSet> eval_set;
+  if (shard_mode) {
+    LoaderOptions lo;
+    lo.phases = {PhaseSpec{"train", 0, T, shard_mixture, 0, 1}};
+    lo.seed = uint64_t(r.seed);
+    lo.micro_batch = micro;
+    lo.global_batch = [ramp](int64_t st) { return ramp.at(st); };
+    loader = std::make_unique<Loader>(lo);
+    eval_set = std::make_unique<EvalSet>(EvalSet::open(shard_mixture, T, r.eval.batches * micro));
+    if (eval_set->datasets() == 0) eval_set.reset();
+    const ShardDataset& d = loader->dataset(0, 0);
+    log("data: " + std::to_string(d.tokens()) + " training tokens in " + std::to_string(d.documents()) +
+        " documents (shards " + r.data.train + "), seq_len " + std::to_string(T) +
+        (eval_set ? ", held-out windows from its val split" : ", no val split"));
+  }
 
   float* grads = be->alloc(layout.total);
   struct GradsFree {
@@ -184,6 +215,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     meta["recipe"] = recipe_to_toml(r);
     meta["model_config"] = config_to_json(c);
     meta["why"] = why;
+    if (loader) meta["loader_cursor"] = cursor_to_json(loader->cursor());
     nlohmann::json counters = nlohmann::json::object();
     for (const auto& sc : optim.save_counters()) counters["optimizer." + sc.name] = sc.value;
     for (const auto& sc : balancer.save_counters()) counters["balancer." + sc.name] = sc.value;
@@ -216,6 +248,10 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   if (auto ck = load_latest_checkpoint(ckpt_dir)) {
     restore(*ck, true);
     resumed = true;
+    if (loader) {
+      if (ck->meta.contains("loader_cursor")) loader->seek(cursor_from_json(ck->meta["loader_cursor"].get<std::string>()));
+      else loader->seek_step(step, ramp.sequences_before(step));
+    }
     log("resumed from " + ck->dir + " at step " + std::to_string(step));
   }
 
@@ -232,6 +268,17 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   if (resumed) reload_curve(r.run_dir + "/metrics.jsonl", step, &curve);
 
   auto evaluate = [&]() -> double {
+    if (eval_set) {  // shard mode: fixed held-out windows of every dataset's val split
+      std::vector<int32_t> in(static_cast<size_t>(micro * T)), tg(static_cast<size_t>(micro * T));
+      double loss = 0;
+      int64_t count = 0;
+      for (size_t d = 0; d < eval_set->datasets(); ++d)
+        for (int64_t first = 0; first + micro <= eval_set->windows(d); first += micro) {
+          eval_set->fill(d, first, micro, in.data(), tg.data());
+          loss += eval_loss_sum(*model, in.data(), tg.data(), micro, T, &count);
+        }
+      return count ? loss / double(count) : NAN;
+    }
     if (!val_sampler) return NAN;
     const int64_t n = micro;
     std::vector<int32_t> in(static_cast<size_t>(n * T)), tg(static_cast<size_t>(n * T));
@@ -259,7 +306,8 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     int64_t counted = 0;
     std::vector<int64_t> counts;
     for (int64_t m = 0; m < batch / micro; ++m) {
-      sampler.fill(first_sample + m * micro, micro, in.data(), tg.data());
+      if (loader) loader->next(in.data(), tg.data());
+      else sampler->fill(first_sample + m * micro, micro, in.data(), tg.data());
       StepStats st = model->forward_backward(in.data(), tg.data(), micro, T, grads, 1.0f / float(batch * T));
       loss_sum += st.loss_sum;
       counted += st.tokens;
