@@ -197,12 +197,11 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   // ---- checkpoint state ----
   int64_t step = 0, tokens_seen = 0, bad_streak = 0;
   std::vector<double> recent_losses;
-  auto state_tensors = [&](bool for_save) {
+  auto state_tensors = [&]() {
     std::vector<CheckpointTensor> out;
     for (const ParamSpec& p : layout.params) out.push_back({p.name, p.shape, model->params() + p.offset, "params"});
     for (const StateTensor& s : optim.save_state()) out.push_back({s.name, s.shape.empty() ? std::vector<int64_t>{s.numel} : s.shape, s.data, "optimizer"});
     for (const StateTensor& s : balancer.save_state()) out.push_back({s.name, s.shape.empty() ? std::vector<int64_t>{s.numel} : s.shape, s.data, "balancer"});
-    (void)for_save;
     return out;
   };
   auto save = [&](const char* why) {
@@ -220,7 +219,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     for (const auto& sc : optim.save_counters()) counters["optimizer." + sc.name] = sc.value;
     for (const auto& sc : balancer.save_counters()) counters["balancer." + sc.name] = sc.value;
     meta["counters"] = counters;
-    std::string dir = save_checkpoint(ckpt_dir, step, state_tensors(true), meta, int(r.checkpoint.keep));
+    std::string dir = save_checkpoint(ckpt_dir, step, state_tensors(), meta, int(r.checkpoint.keep));
     log(std::string("checkpoint ") + dir + " (" + why + ")");
   };
   auto restore = [&](const LoadedCheckpoint& ck, bool restore_cursor) {
