@@ -35,6 +35,7 @@
 
 #include "backend/backend.h"
 #include "bench_common.h"
+#include "timed_backend.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -50,209 +51,13 @@ using bench::bench_sgemm;
 using bench::median;
 using bench::seconds_since;
 using bench::stats;
+using bench::TimedBackend;
+using bench::name_weights;
 using json = nlohmann::json;
 
 namespace {
 
 
-// ------------------------------------------------------------------ timing backend
-// Forwards every Backend op (inference, backward and optimizer) to the inner backend and,
-// when enabled, accumulates wall time per op name under a phase prefix ("fb." while
-// forward_backward runs, "opt." during the optimizer part).
-class TimedBackend final : public Backend {
- public:
-  struct Stat {
-    double seconds = 0;
-    int64_t calls = 0;
-  };
-  explicit TimedBackend(Backend& inner) : in_(inner) {}
-  bool enabled = false;
-  std::string phase = "fb.";
-  std::map<std::string, Stat> stats;
-  std::unordered_map<const float*, std::string> weight_names;
-
-  std::string name() const override { return "timed(" + in_.name() + ")"; }
-  float* alloc(int64_t n) override { return in_.alloc(n); }
-  void free(void* p) override { in_.free(p); }
-
-  std::string wname(const float* w) const {
-    auto it = weight_names.find(w);
-    return it == weight_names.end() ? std::string("other") : it->second;
-  }
-  void linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
-              bool accumulate, int64_t ldy) override {
-    time("linear." + wname(w), [&] { in_.linear(x, w, bias, y, M, K, N, accumulate, ldy); });
-  }
-  void embedding(const float* t, const int32_t* ids, float* o, int64_t N, int64_t D) override {
-    time("embedding", [&] { in_.embedding(t, ids, o, N, D); });
-  }
-  void rmsnorm(const float* x, const float* w, float eps, float* y, int64_t rows, int64_t dim) override {
-    time("rmsnorm", [&] { in_.rmsnorm(x, w, eps, y, rows, dim); });
-  }
-  void affine(float* x, const float* s, const float* b, int64_t rows, int64_t dim) override {
-    time("affine", [&] { in_.affine(x, s, b, rows, dim); });
-  }
-  void residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs, const float* rb,
-                      int64_t rows, int64_t dim) override {
-    time("residual_scale", [&] { in_.residual_scale(r, h, hs, hb, rs, rb, rows, dim); });
-  }
-  void scaled_add(float* y, const float* x, const float* s, int64_t rows, int64_t dim) override {
-    time("scaled_add", [&] { in_.scaled_add(y, x, s, rows, dim); });
-  }
-  void gelu(float* x, int64_t n) override {
-    time("gelu", [&] { in_.gelu(x, n); });
-  }
-  void softmax(float* x, int64_t rows, int64_t cols) override {
-    time("softmax", [&] { in_.softmax(x, rows, cols); });
-  }
-  void route_select(const float* p, const float* b, int32_t* e, float* w, int64_t N, int64_t cl) override {
-    time("route_select", [&] { in_.route_select(p, b, e, w, N, cl); });
-  }
-  void cca_conv(const CcaConvArgs& a) override {
-    time("cca_conv", [&] { in_.cca_conv(a); });
-  }
-  void cca_qk(const CcaQkArgs& a) override {
-    time("cca_qk", [&] { in_.cca_qk(a); });
-  }
-  void cca_values(const CcaValueArgs& a) override {
-    time("cca_values", [&] { in_.cca_values(a); });
-  }
-  void cache_write(const float* src, float* cache, const int64_t* pos0, int64_t B, int64_t T, int64_t S,
-                   int64_t W) override {
-    time("cache_write", [&] { in_.cache_write(src, cache, pos0, B, T, S, W); });
-  }
-  void attention(const AttentionArgs& a) override {
-    time("attention", [&] { in_.attention(a); });
-  }
-  void moe(const MoeArgs& a) override {
-    time("moe", [&] { in_.moe(a); });
-  }
-  void cross_entropy(const float* l, const int32_t* t, float* loss, int64_t N, int64_t V) override {
-    time("cross_entropy", [&] { in_.cross_entropy(l, t, loss, N, V); });
-  }
-  void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t M,
-                       int64_t K, int64_t N, bool acc, int64_t lddy) override {
-    time("linear_backward." + wname(w), [&] { in_.linear_backward(x, w, dy, dx, dw, db, M, K, N, acc, lddy); });
-  }
-  void embedding_backward(const int32_t* ids, const float* dout, float* dt, int64_t N, int64_t D) override {
-    time("embedding_backward", [&] { in_.embedding_backward(ids, dout, dt, N, D); });
-  }
-  void rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* dw,
-                        int64_t rows, int64_t dim, bool acc) override {
-    time("rmsnorm_backward", [&] { in_.rmsnorm_backward(x, w, dy, eps, dx, dw, rows, dim, acc); });
-  }
-  void affine_backward(const float* x, const float* sc, const float* b, float* d, float* dsc, float* db, int64_t rows,
-                       int64_t dim) override {
-    time("affine_backward", [&] { in_.affine_backward(x, sc, b, d, dsc, db, rows, dim); });
-  }
-  void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb, const float* rs,
-                               const float* rb, float* dr, float* dh, float* dhs, float* dhb, float* drs, float* drb,
-                               int64_t rows, int64_t dim) override {
-    time("residual_scale_backward",
-         [&] { in_.residual_scale_backward(r, h, hs, hb, rs, rb, dr, dh, dhs, dhb, drs, drb, rows, dim); });
-  }
-  void scaled_add_backward(const float* x, const float* sc, const float* dy, float* dx, float* dsc, int64_t rows,
-                           int64_t dim) override {
-    time("scaled_add_backward", [&] { in_.scaled_add_backward(x, sc, dy, dx, dsc, rows, dim); });
-  }
-  void gelu_backward(const float* x, float* d, int64_t n) override {
-    time("gelu_backward", [&] { in_.gelu_backward(x, d, n); });
-  }
-  void softmax_backward(const float* p, float* d, int64_t rows, int64_t cols) override {
-    time("softmax_backward", [&] { in_.softmax_backward(p, d, rows, cols); });
-  }
-  void route_backward(const int32_t* e, const float* dw, float* dp, int64_t N, int64_t cl) override {
-    time("route_backward", [&] { in_.route_backward(e, dw, dp, N, cl); });
-  }
-  void cca_conv_backward(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw, float* dw_grp,
-                         float* db_grp) override {
-    time("cca_conv_backward", [&] { in_.cca_conv_backward(a, dz, du, dw_dw, db_dw, dw_grp, db_grp); });
-  }
-  void cca_qk_backward(const CcaQkArgs& a, const float* dq, const float* dk, float* dz, float* du,
-                       float* dtemp) override {
-    time("cca_qk_backward", [&] { in_.cca_qk_backward(a, dq, dk, dz, du, dtemp); });
-  }
-  void cca_values_backward(const float* dv, float* dvc, float* dvd, int64_t B, int64_t T, int64_t half) override {
-    time("cca_values_backward", [&] { in_.cca_values_backward(dv, dvc, dvd, B, T, half); });
-  }
-  void attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) override {
-    time("attention_backward", [&] { in_.attention_backward(a, dout, dq, dk, dv); });
-  }
-  void moe_backward(const MoeArgs& a, const float* dout, float* dx, float* dweight, float* dgu,
-                    float* ddown) override {
-    time("moe_backward", [&] { in_.moe_backward(a, dout, dx, dweight, dgu, ddown); });
-  }
-  double lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N, int64_t D,
-                      int64_t V, float scale, float* dy, float* dw, float* dbias) override {
-    double r = 0;
-    time("lm_head_loss", [&] { r = in_.lm_head_loss(y, w, bias, target, N, D, V, scale, dy, dw, dbias); });
-    return r;
-  }
-  void newton_schulz(float* x, int64_t rows, int64_t cols, int steps) override {
-    time("newton_schulz", [&] { in_.newton_schulz(x, rows, cols, steps); });
-  }
-  void muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, bool nesterov) override {
-    time("muon_momentum", [&] { in_.muon_momentum(m, g, u, n, mu, nesterov); });
-  }
-  void muon_update(float* w, const float* x, int64_t n, float lr, float scale, float wd) override {
-    time("muon_update", [&] { in_.muon_update(w, x, n, lr, scale, wd); });
-  }
-  void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, float lr, float b1, float b2, float eps,
-                    float wd, int64_t t) override {
-    time("adamw_update", [&] { in_.adamw_update(w, g, m, v, n, lr, b1, b2, eps, wd, t); });
-  }
-  double sum_squares(const float* x, int64_t n) override {
-    double r = 0;
-    time("sum_squares", [&] { r = in_.sum_squares(x, n); });
-    return r;
-  }
-  void scale_inplace(float* x, float s, int64_t n) override {
-    time("scale_inplace", [&] { in_.scale_inplace(x, s, n); });
-  }
-  void copy(float* d, const float* s, int64_t n) override {
-    time("copy", [&] { in_.copy(d, s, n); });
-  }
-  void fill(float* d, float v, int64_t n) override {
-    time("fill", [&] { in_.fill(d, v, n); });
-  }
-  void to_host(void* h, const void* s, int64_t bytes) override {
-    time("to_host", [&] { in_.to_host(h, s, bytes); });
-  }
-  void from_host(void* d, const void* h, int64_t bytes) override {
-    time("from_host", [&] { in_.from_host(d, h, bytes); });
-  }
-
- private:
-  template <class F>
-  void time(const std::string& nm, F&& f) {
-    if (!enabled) {
-      f();
-      return;
-    }
-    auto t0 = Clock::now();
-    f();
-    Stat& s = stats[phase + nm];
-    s.seconds += seconds_since(t0);
-    s.calls += 1;
-  }
-  Backend& in_;
-};
-
-void name_weights(TimedBackend& tb, const Model& m) {
-  const ModelWeights& w = m.weights();
-  for (const BlockWeights& b : w.blocks) {
-    tb.weight_names[b.attn.q_proj] = "q_proj";
-    tb.weight_names[b.attn.k_proj] = "k_proj";
-    tb.weight_names[b.attn.v_current] = "v_current";
-    tb.weight_names[b.attn.v_delayed] = "v_delayed";
-    tb.weight_names[b.attn.o_proj] = "o_proj";
-    tb.weight_names[b.router.down_w] = "router.down";
-    tb.weight_names[b.router.fc1_w] = "router.fc1";
-    tb.weight_names[b.router.fc2_w] = "router.fc2";
-    tb.weight_names[b.router.out_w] = "router.out";
-  }
-  tb.weight_names[w.lm_head] = "lm_head";
-}
 
 std::vector<int32_t> random_ids(int64_t n, int64_t V, uint64_t seed) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
