@@ -16,6 +16,19 @@ const ParamSpec& ParamLayout::at(const std::string& name) const {
   return *p;
 }
 
+void ParamLayout::add(const std::string& name, std::vector<int64_t> shape, ParamKind kind) {
+  ParamSpec p;
+  p.name = name;
+  p.shape = std::move(shape);
+  p.kind = kind;
+  p.numel = 1;
+  for (int64_t d : p.shape) p.numel *= d;
+  p.offset = total;
+  total += (p.numel + 15) / 16 * 16;
+  index[p.name] = params.size();
+  params.push_back(std::move(p));
+}
+
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
@@ -27,16 +40,7 @@ ParamLayout build_param_layout(const ModelConfig& c) {
   const int64_t D = c.hidden_size, R = c.router_hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
   const int64_t C = c.conv_channels(), dh = c.head_dim;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamKind kind) {
-    ParamSpec p;
-    p.name = name;
-    p.shape = std::move(shape);
-    p.kind = kind;
-    p.numel = 1;
-    for (int64_t d : p.shape) p.numel *= d;
-    p.offset = L.total;
-    L.total += (p.numel + 15) / 16 * 16;
-    L.index[p.name] = L.params.size();
-    L.params.push_back(std::move(p));
+    L.add(name, std::move(shape), kind);
   };
   auto res_scale = [&](const std::string& prefix) {
     for (const char* n : {"hidden_states_scale", "hidden_states_bias", "residual_scale", "residual_bias"})

@@ -34,6 +34,8 @@ struct ParamLayout {
   int64_t total = 0;  // floats, including alignment padding
   const ParamSpec* find(const std::string& name) const;
   const ParamSpec& at(const std::string& name) const;  // throws naming the tensor
+  // Appends a tensor at the next 16-float aligned offset (also used by tests to build layouts).
+  void add(const std::string& name, std::vector<int64_t> shape, ParamKind kind);
 };
 
 ParamLayout build_param_layout(const ModelConfig& c);

@@ -20,16 +20,7 @@ namespace zaya {
 namespace {
 
 void add_param(ParamLayout& L, const std::string& name, std::vector<int64_t> shape, ParamKind kind) {
-  ParamSpec p;
-  p.name = name;
-  p.shape = std::move(shape);
-  p.kind = kind;
-  p.numel = 1;
-  for (int64_t d : p.shape) p.numel *= d;
-  p.offset = L.total;
-  L.total += (p.numel + 15) / 16 * 16;
-  L.index[p.name] = L.params.size();
-  L.params.push_back(std::move(p));
+  L.add(name, std::move(shape), kind);
 }
 
 // L layers of [E+1] biases with an unrelated tensor in between, as in a real layout.

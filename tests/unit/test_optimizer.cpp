@@ -24,18 +24,8 @@
 namespace zaya {
 namespace {
 
-// Appends a tensor to a hand-built layout the way build_param_layout does (16-float aligned).
 void add_param(ParamLayout& L, const std::string& name, std::vector<int64_t> shape, ParamKind kind) {
-  ParamSpec p;
-  p.name = name;
-  p.shape = std::move(shape);
-  p.kind = kind;
-  p.numel = 1;
-  for (int64_t d : p.shape) p.numel *= d;
-  p.offset = L.total;
-  L.total += (p.numel + 15) / 16 * 16;
-  L.index[p.name] = L.params.size();
-  L.params.push_back(std::move(p));
+  L.add(name, std::move(shape), kind);
 }
 
 double max_abs_diff(const float* a, const float* b, int64_t n) {
