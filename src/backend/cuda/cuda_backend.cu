@@ -1,0 +1,169 @@
+// GPU backend core: device selection and the warp-size check, the stream, the caching memory
+// pool behind alloc/free and every temporary, host<->device copies, bf16 operand staging, and
+// the factory. Not yet run on a GPU.
+#include "backend/cuda/cuda_backend.h"
+
+#include <string>
+
+namespace zaya {
+
+namespace {
+
+__global__ void k_report_warp_size(int* out) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) *out = GPU_WARP_SIZE;
+}
+
+int64_t round_bytes(int64_t bytes) {
+  if (bytes < 1) bytes = 1;
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(CudaBackend* be, int64_t bytes) : be_(be), p_(be->pool_get(bytes)) {}
+DeviceBuffer::~DeviceBuffer() {
+  if (p_) be_->pool_put(p_);
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) be_->pool_put(p_);
+    be_ = o.be_;
+    p_ = o.p_;
+    o.p_ = nullptr;
+  }
+  return *this;
+}
+
+CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) {
+  int count = 0;
+  if (gpuGetDeviceCount(&count) != gpuSuccess || count == 0)
+    fail("cuda", "no GPU device is available", "run on a machine with a GPU, or use the cpu backend");
+  if (options_.device < 0 || options_.device >= count)
+    fail("cuda", "device " + std::to_string(options_.device) + " does not exist (" + std::to_string(count) + " found)");
+  GPU_CHECK(gpuSetDevice(options_.device));
+  GPU_CHECK(gpuStreamCreate(&stream_));
+  // The kernels' compile-time warp size must match the device's (wave32 vs wave64 on AMD).
+  const int host_warp = gpu_device_warp_size(options_.device);
+  {
+    DeviceBuffer w(this, 4);
+    k_report_warp_size<<<1, 1, 0, stream_>>>(w.i());
+    GPU_LAUNCH_CHECK();
+    int dev_warp = 0;
+    GPU_CHECK(gpuMemcpyAsync(&dev_warp, w.i(), 4, gpuMemcpyDeviceToHost, stream_));
+    GPU_CHECK(gpuStreamSynchronize(stream_));
+    if (dev_warp != host_warp)
+      fail("cuda", "kernels were compiled for warp size " + std::to_string(dev_warp) + " but the device reports " +
+                       std::to_string(host_warp),
+           "rebuild for this device's architecture");
+  }
+  gemm_ = std::make_unique<GpuGemm>(stream_, options_.portable_gemm);
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) (void)gpuStreamSynchronize(stream_);
+  gemm_.reset();
+  for (auto& kv : live_) (void)gpuFree(kv.first);
+  for (auto& kv : free_) (void)gpuFree(kv.second);
+  if (stream_) (void)gpuStreamDestroy(stream_);
+}
+
+// ---- the caching pool: blocks are reused in stream order (one stream), never freed early ----
+
+void* CudaBackend::pool_get(int64_t bytes) {
+  bytes = round_bytes(bytes);
+  auto it = free_.lower_bound(bytes);
+  if (it != free_.end() && it->first <= 2 * bytes) {  // best fit, at most 2x waste
+    void* p = it->second;
+    live_[p] = it->first;
+    free_.erase(it);
+    return p;
+  }
+  void* p = nullptr;
+  if (gpuMalloc(&p, size_t(bytes)) != gpuSuccess) {
+    (void)gpuGetLastError();
+    release_free_blocks();
+    GPU_CHECK(gpuMalloc(&p, size_t(bytes)));
+  }
+  live_[p] = bytes;
+  return p;
+}
+
+void CudaBackend::pool_put(void* p) {
+  if (!p) return;
+  auto it = live_.find(p);
+  ZAYA_CHECK(it != live_.end(), "cuda free: pointer was not allocated by this backend");
+  free_.emplace(it->second, p);
+  live_.erase(it);
+}
+
+void CudaBackend::release_free_blocks() {
+  GPU_CHECK(gpuStreamSynchronize(stream_));
+  for (auto& kv : free_) GPU_CHECK(gpuFree(kv.second));
+  free_.clear();
+}
+
+float* CudaBackend::alloc(int64_t n) { return static_cast<float*>(pool_get(n * 4)); }
+void CudaBackend::free(void* p) { pool_put(p); }
+
+void CudaBackend::synchronize() { GPU_CHECK(gpuStreamSynchronize(stream_)); }
+
+DeviceBuffer CudaBackend::upload(const void* host, int64_t bytes) {
+  DeviceBuffer b(this, bytes);
+  if (bytes > 0) GPU_CHECK(gpuMemcpyAsync(b.f(), host, size_t(bytes), gpuMemcpyHostToDevice, stream_));
+#if defined(ZAYA_GPU_HIP)
+  synchronize();  // HIP's pageable async copies: do not rely on staging semantics
+#endif
+  return b;
+}
+
+void CudaBackend::copy(float* dst, const float* src, int64_t n) {
+  if (n > 0 && dst != src)
+    GPU_CHECK(gpuMemcpyAsync(dst, src, size_t(n) * 4, gpuMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::fill(float* dst, float value, int64_t n) { gpu_fill(stream_, dst, value, n); }
+
+void CudaBackend::to_host(void* host, const void* src, int64_t bytes) {
+  if (bytes > 0) GPU_CHECK(gpuMemcpyAsync(host, src, size_t(bytes), gpuMemcpyDeviceToHost, stream_));
+  synchronize();
+}
+
+void CudaBackend::from_host(void* dst, const void* host, int64_t bytes) {
+  if (bytes > 0) GPU_CHECK(gpuMemcpyAsync(dst, host, size_t(bytes), gpuMemcpyHostToDevice, stream_));
+#if defined(ZAYA_GPU_HIP)
+  synchronize();
+#endif
+}
+
+GemmOperand CudaBackend::operand(const float* p, int64_t rows, int64_t cols, int64_t ld, bool trans, bool bf16,
+                                 DeviceBuffer& holder) {
+  GemmOperand o;
+  o.trans = trans;
+  if (!bf16) {
+    o.ptr = p;
+    o.type = GemmType::F32;
+    o.ld = ld;
+    return o;
+  }
+  holder = DeviceBuffer(this, rows * cols * 2);
+  gpu_to_bf16(stream_, p, rows, cols, ld, holder.h());
+  o.ptr = holder.h();
+  o.type = GemmType::BF16;
+  o.ld = cols;
+  return o;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
+}
+
+int cuda_device_count() {
+  int count = 0;
+  if (gpuGetDeviceCount(&count) != gpuSuccess) {
+    (void)gpuGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+}  // namespace zaya

@@ -1,0 +1,154 @@
+// The GPU backend class (CUDA or HIP through gpu_runtime.h). One stream; every op is enqueued
+// on it, so buffers returned to the caching pool can be reused by later ops without waits.
+// to_host synchronises. Host-memory arguments of the interface (positions, pos0, seg_start)
+// are uploaded per call. Op implementations are split by family across ops_*.cu, mirroring
+// backend/cpu. NOTHING here has been run on a GPU yet: see docs/gpu.md.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <unordered_map>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_factory.h"
+#include "backend/cuda/gpu_device.h"
+#include "backend/cuda/gpu_gemm.h"
+
+namespace zaya {
+
+class CudaBackend;
+
+// A device buffer from the backend's pool, returned to it when the object goes out of scope.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(CudaBackend* be, int64_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : be_(o.be_), p_(o.p_) { o.p_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  float* f() const { return static_cast<float*>(p_); }
+  double* d() const { return static_cast<double*>(p_); }
+  int32_t* i() const { return static_cast<int32_t*>(p_); }
+  int64_t* l() const { return static_cast<int64_t*>(p_); }
+  bf16_t* h() const { return static_cast<bf16_t*>(p_); }
+
+ private:
+  CudaBackend* be_ = nullptr;
+  void* p_ = nullptr;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  float* alloc(int64_t n) override;
+  void free(void* p) override;
+
+  void linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
+              bool accumulate, int64_t ldy) override;
+  void embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) override;
+  void rmsnorm(const float* x, const float* w, float eps, float* y, int64_t rows, int64_t dim) override;
+  void affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) override;
+  void residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
+                      const float* rb, int64_t rows, int64_t dim) override;
+  void scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) override;
+  void gelu(float* x, int64_t n) override;
+  void softmax(float* x, int64_t rows, int64_t cols) override;
+  void route_select(const float* probs, const float* bias, int32_t* expert, float* weight, int64_t N,
+                    int64_t classes) override;
+  void cca_conv(const CcaConvArgs& a) override;
+  void cca_qk(const CcaQkArgs& a) override;
+  void cca_values(const CcaValueArgs& a) override;
+  void cache_write(const float* src, float* cache, const int64_t* pos0, int64_t B, int64_t T, int64_t S,
+                   int64_t W) override;
+  void attention(const AttentionArgs& a) override;
+  void moe(const MoeArgs& a) override;
+  void cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) override;
+  void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t M,
+                       int64_t K, int64_t N, bool accumulate_dx, int64_t lddy) override;
+  void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t D) override;
+  void rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* dw,
+                        int64_t rows, int64_t dim, bool accumulate_dx) override;
+  void affine_backward(const float* x, const float* scale, const float* bias, float* d, float* dscale, float* dbias,
+                       int64_t rows, int64_t dim) override;
+  void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb, const float* rs,
+                               const float* rb, float* dr, float* dh, float* dhs, float* dhb, float* drs, float* drb,
+                               int64_t rows, int64_t dim) override;
+  void scaled_add_backward(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
+                           int64_t rows, int64_t dim) override;
+  void gelu_backward(const float* x, float* d, int64_t n) override;
+  void softmax_backward(const float* p, float* d, int64_t rows, int64_t cols) override;
+  void route_backward(const int32_t* expert, const float* dweight, float* dprobs, int64_t N, int64_t classes) override;
+  void cca_conv_backward(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw, float* dw_grp,
+                         float* db_grp) override;
+  void cca_qk_backward(const CcaQkArgs& a, const float* dq, const float* dk, float* dz, float* du,
+                       float* dtemp) override;
+  void cca_values_backward(const float* dv, float* dv_cur, float* dv_del, int64_t B, int64_t T, int64_t half,
+                           const int32_t* seg_start) override;
+  void attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) override;
+  void moe_backward(const MoeArgs& a, const float* dout, float* dx, float* dweight, float* dgate_up,
+                    float* ddown) override;
+  double lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N, int64_t D,
+                      int64_t V, float scale, float* dy, float* dw, float* dbias) override;
+  void newton_schulz(float* x, int64_t rows, int64_t cols, int steps) override;
+  void muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, bool nesterov) override;
+  void muon_update(float* w, const float* x, int64_t n, float lr, float scale, float wd) override;
+  void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                    float eps, float wd, int64_t t) override;
+  double sum_squares(const float* x, int64_t n) override;
+  void scale_inplace(float* x, float s, int64_t n) override;
+  void copy(float* dst, const float* src, int64_t n) override;
+  void fill(float* dst, float value, int64_t n) override;
+  void to_host(void* host, const void* src, int64_t bytes) override;
+  void from_host(void* dst, const void* host, int64_t bytes) override;
+
+  // ---- internals shared by the ops_*.cu files ----
+  gpuStream_t stream() const { return stream_; }
+  void* pool_get(int64_t bytes);
+  void pool_put(void* p);
+  // Copies a small host array to a fresh device buffer (safe to reuse the host array at once).
+  DeviceBuffer upload(const void* host, int64_t bytes);
+  void synchronize();
+  // A GEMM operand for a row-major [rows, cols] fp32 matrix (row stride ld): the matrix itself,
+  // or (bf16 = true) a packed bf16 copy made in `holder`.
+  GemmOperand operand(const float* p, int64_t rows, int64_t cols, int64_t ld, bool trans, bool bf16,
+                      DeviceBuffer& holder);
+  void gemm(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
+            float* C, int64_t ldc) {
+    gemm_->run(M, N, K, alpha, A, B, beta, C, ldc);
+  }
+  bool bf16_matmul() const { return options_.bf16_matmul; }
+  // linear / linear_backward with an explicit operand precision (the LM head stays fp32).
+  void linear_impl(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
+                   bool accumulate, int64_t ldy, bool bf16);
+  void linear_backward_impl(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                            int64_t M, int64_t K, int64_t N, bool accumulate_dx, int64_t lddy, bool bf16);
+  void cca_conv_rows(const CcaConvArgs& a);  // ops_cca.cu: no segments
+  void cca_conv_backward_rows(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,
+                              float* dw_grp, float* db_grp);
+
+ private:
+  CudaBackendOptions options_;
+  gpuStream_t stream_ = nullptr;
+  std::unique_ptr<GpuGemm> gemm_;
+  std::unordered_map<void*, int64_t> live_;  // pool block -> its size in bytes
+  std::multimap<int64_t, void*> free_;       // reusable blocks by size
+  void release_free_blocks();
+};
+
+// ---- launch helpers shared by the ops files (gpu_common.cu) ----
+// out[j] += sum_r a[r*lda + j] * (b ? b[r*dim + j] + (c ? c[j] : 0) : 1) * (v ? v[j] : 1) * (rv ? rv[r] : 1)
+// summed in double, in a fixed order (deterministic).
+void gpu_column_sums(CudaBackend& be, int64_t rows, int64_t dim, float* out, const float* a, int64_t lda,
+                     const float* b, const float* c, const float* v, const float* rv);
+// dst[r*cols + j] = bf16(src[r*ld + j]).
+void gpu_to_bf16(gpuStream_t s, const float* src, int64_t rows, int64_t cols, int64_t ld, bf16_t* dst);
+void gpu_fill(gpuStream_t s, float* dst, float value, int64_t n);
+// Sum of squares of x[0..n) in double, left on the device in *out (deterministic).
+void gpu_sum_squares(CudaBackend& be, const float* x, int64_t n, double* out);
+
+}  // namespace zaya

@@ -1,0 +1,83 @@
+// Vendor-neutral device helpers shared by the GPU kernels: bf16 storage and conversions,
+// launch-size helpers, and block/warp reductions that work for any warp size (32 or 64).
+// Block reductions go through shared memory in a fixed tree order, so they are deterministic.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/gpu_runtime.h"
+
+namespace zaya {
+
+// bf16 as raw storage: the upper 16 bits of an IEEE float.
+using bf16_t = uint16_t;
+
+// Threads per block for element-wise and row kernels: a multiple of 32 and of 64.
+constexpr int kGpuThreads = 256;
+
+inline unsigned gpu_blocks(int64_t n, int threads = kGpuThreads) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > 65535LL * 16) b = 65535LL * 16;  // grid-stride loops cover the rest
+  return unsigned(b);
+}
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+
+// Round-to-nearest-even float -> bf16 (NaN stays NaN), identical to __float2bfloat16_rn.
+__device__ inline bf16_t f32_to_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16_t(u >> 16);
+}
+
+__device__ inline float bf16_to_f32(bf16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+
+// Sum over the block; `sh` holds blockDim.x entries; blockDim.x must be a power of two.
+// Every thread gets the result.
+__device__ inline double block_sum(double v, double* sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+    __syncthreads();
+  }
+  const double r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+__device__ inline float block_sum(float v, float* sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+    __syncthreads();
+  }
+  const float r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+__device__ inline float block_max(float v, float* sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + s]);
+    __syncthreads();
+  }
+  const float r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+// Sum over one warp (GPU_WARP_SIZE lanes, 32 or 64); every lane gets the result.
+__device__ inline float warp_sum(float v) {
+  for (int m = GPU_WARP_SIZE / 2; m > 0; m /= 2) v += gpu_shfl_xor(v, m);
+  return v;
+}
+
+#endif
+
+}  // namespace zaya

@@ -1,0 +1,53 @@
+// The GPU backend's one internal GEMM: row-major C[M,N] = alpha * op(A) op(B) + beta * C with
+// fp32 or bf16 operands, fp32 accumulation and an fp32 C. cuBLASLt on CUDA, hipBLASLt on HIP
+// when found (ZAYA_HAVE_HIPBLASLT), otherwise (or when asked, `portable`) our own tiled kernel.
+// beta == 0 never reads C (outputs may hold NaN poison).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/gpu_runtime.h"
+
+namespace zaya {
+
+enum class GemmType { F32, BF16 };
+
+// One operand as stored: row-major with row stride ld (elements).
+//   A: op(A) is [M,K]; stored [M,K] (trans = false) or [K,M] (trans = true).
+//   B: op(B) is [K,N]; stored [K,N] (trans = false) or [N,K] (trans = true).
+struct GemmOperand {
+  const void* ptr = nullptr;
+  GemmType type = GemmType::F32;
+  int64_t ld = 0;
+  bool trans = false;
+};
+
+// The portable tiled kernel (gpu_gemm_tiled.cu), usable on any target.
+void gemm_tiled(gpuStream_t stream, int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A,
+                const GemmOperand& B, float beta, float* C, int64_t ldc);
+
+class GpuGemm {
+ public:
+  GpuGemm(gpuStream_t stream, bool portable);
+  ~GpuGemm();
+  GpuGemm(const GpuGemm&) = delete;
+  GpuGemm& operator=(const GpuGemm&) = delete;
+
+  // A and B must have the same type.
+  void run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
+           float* C, int64_t ldc);
+  // "cublaslt", "hipblaslt" or "tiled".
+  const char* engine() const;
+
+ private:
+  bool run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
+                  float beta, float* C, int64_t ldc);
+
+  gpuStream_t stream_;
+  bool portable_;
+  void* handle_ = nullptr;     // gpuBlasLtHandle_t when a BLASLt library is used
+  void* workspace_ = nullptr;  // BLASLt workspace
+  int64_t workspace_bytes_ = 0;
+};
+
+}  // namespace zaya

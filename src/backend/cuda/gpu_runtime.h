@@ -1,0 +1,185 @@
+// The one vendor header of the GPU backend: maps the runtime names our kernels use (streams,
+// memory, copies, events, errors, warp shuffles, the warp-size query) to CUDA or to HIP.
+// Everything else in src/backend/cuda/ includes this file and never a vendor header.
+//
+// HIP is selected by ZAYA_HIP (set by cmake/cuda.cmake for hipcc builds) or by hipcc's own
+// __HIP_PLATFORM_AMD__. bf16 is carried as raw 16-bit storage (bf16_t, see gpu_device.h), so
+// no vendor bf16 type is needed: BLAS libraries only see its bytes.
+//
+// Warp size: 32 on NVIDIA, 64 on CDNA (gfx90a). Device code uses GPU_WARP_SIZE (a compile-time
+// constant of the device target); host code asks the device (gpu_warp_size()) and the backend
+// checks at start-up that both agree. No kernel hard-codes 32.
+//
+// Status: compiled for sm_80/sm_90 (nvcc) and gfx90a (hipcc); NOT yet run on any GPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+
+#if defined(ZAYA_HIP) || defined(__HIP_PLATFORM_AMD__)
+#define ZAYA_GPU_HIP 1
+#include <hip/hip_runtime.h>
+
+using gpuError_t = hipError_t;
+using gpuStream_t = hipStream_t;
+using gpuEvent_t = hipEvent_t;
+#define gpuSuccess hipSuccess
+#define gpuGetErrorString hipGetErrorString
+#define gpuGetLastError hipGetLastError
+#define gpuGetDeviceCount hipGetDeviceCount
+#define gpuSetDevice hipSetDevice
+#define gpuGetDevice hipGetDevice
+#define gpuMalloc hipMalloc
+#define gpuFree hipFree
+#define gpuMemcpyAsync hipMemcpyAsync
+#define gpuMemsetAsync hipMemsetAsync
+#define gpuMemcpyHostToDevice hipMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice hipMemcpyDeviceToDevice
+#define gpuStreamCreate hipStreamCreate
+#define gpuStreamDestroy hipStreamDestroy
+#define gpuStreamSynchronize hipStreamSynchronize
+#define gpuEventCreate hipEventCreate
+#define gpuEventDestroy hipEventDestroy
+#define gpuEventRecord hipEventRecord
+#define gpuEventSynchronize hipEventSynchronize
+#define gpuEventElapsedTime hipEventElapsedTime
+
+inline int gpu_device_warp_size(int device) {
+  int v = 0;
+  if (hipDeviceGetAttribute(&v, hipDeviceAttributeWarpSize, device) != hipSuccess) return 0;
+  return v;
+}
+
+// Device-side warp size of the target being compiled (64 on gfx90a). The host pass of hipcc
+// does not define __AMDGCN_WAVEFRONT_SIZE; host code must use gpu_warp_size() instead.
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define GPU_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
+#else
+#define GPU_WARP_SIZE 64
+#endif
+#define gpu_shfl_xor(v, mask) __shfl_xor((v), (mask))
+
+#else  // CUDA
+#define ZAYA_GPU_CUDA 1
+#include <cuda_runtime.h>
+
+using gpuError_t = cudaError_t;
+using gpuStream_t = cudaStream_t;
+using gpuEvent_t = cudaEvent_t;
+#define gpuSuccess cudaSuccess
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetLastError cudaGetLastError
+#define gpuGetDeviceCount cudaGetDeviceCount
+#define gpuSetDevice cudaSetDevice
+#define gpuGetDevice cudaGetDevice
+#define gpuMalloc cudaMalloc
+#define gpuFree cudaFree
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemsetAsync cudaMemsetAsync
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define gpuStreamCreate cudaStreamCreate
+#define gpuStreamDestroy cudaStreamDestroy
+#define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuEventCreate cudaEventCreate
+#define gpuEventDestroy cudaEventDestroy
+#define gpuEventRecord cudaEventRecord
+#define gpuEventSynchronize cudaEventSynchronize
+#define gpuEventElapsedTime cudaEventElapsedTime
+
+inline int gpu_device_warp_size(int device) {
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrWarpSize, device) != cudaSuccess) return 0;
+  return v;
+}
+
+#define GPU_WARP_SIZE 32
+#define gpu_shfl_xor(v, mask) __shfl_xor_sync(0xffffffffu, (v), (mask))
+#endif
+
+// ---- BLASLt (cuBLASLt on CUDA; hipBLASLt on HIP when ZAYA_HAVE_HIPBLASLT is defined) ----
+// Without a BLASLt library the GEMM falls back to our own tiled kernel (gpu_gemm_tiled.cu).
+#if defined(ZAYA_GPU_CUDA)
+#define ZAYA_GPU_BLASLT 1
+#include <cublasLt.h>
+using gpuBlasLtHandle_t = cublasLtHandle_t;
+using gpuBlasLtMatmulDesc_t = cublasLtMatmulDesc_t;
+using gpuBlasLtMatrixLayout_t = cublasLtMatrixLayout_t;
+using gpuBlasLtPreference_t = cublasLtMatmulPreference_t;
+using gpuBlasLtHeuristic_t = cublasLtMatmulHeuristicResult_t;
+using gpuBlasStatus_t = cublasStatus_t;
+using gpuBlasOp_t = cublasOperation_t;
+#define GPU_BLAS_SUCCESS CUBLAS_STATUS_SUCCESS
+#define GPU_BLAS_OP_N CUBLAS_OP_N
+#define GPU_BLAS_OP_T CUBLAS_OP_T
+#define GPU_BLAS_COMPUTE_32F CUBLAS_COMPUTE_32F
+#define GPU_R_32F CUDA_R_32F
+#define GPU_R_16BF CUDA_R_16BF
+#define GPU_BLASLT_DESC_TRANSA CUBLASLT_MATMUL_DESC_TRANSA
+#define GPU_BLASLT_DESC_TRANSB CUBLASLT_MATMUL_DESC_TRANSB
+#define GPU_BLASLT_PREF_MAX_WORKSPACE CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+#define GPU_BLASLT_HAS_ALIGNMENT_PREFS 1
+#define gpuBlasLtCreate cublasLtCreate
+#define gpuBlasLtDestroy cublasLtDestroy
+#define gpuBlasLtMatmulDescCreate cublasLtMatmulDescCreate
+#define gpuBlasLtMatmulDescDestroy cublasLtMatmulDescDestroy
+#define gpuBlasLtMatmulDescSetAttribute cublasLtMatmulDescSetAttribute
+#define gpuBlasLtMatrixLayoutCreate cublasLtMatrixLayoutCreate
+#define gpuBlasLtMatrixLayoutDestroy cublasLtMatrixLayoutDestroy
+#define gpuBlasLtPreferenceCreate cublasLtMatmulPreferenceCreate
+#define gpuBlasLtPreferenceDestroy cublasLtMatmulPreferenceDestroy
+#define gpuBlasLtPreferenceSetAttribute cublasLtMatmulPreferenceSetAttribute
+#define gpuBlasLtAlgoGetHeuristic cublasLtMatmulAlgoGetHeuristic
+#define gpuBlasLtMatmul cublasLtMatmul
+#elif defined(ZAYA_HAVE_HIPBLASLT)
+// Written against the hipBLASLt API (ROCm >= 6); not compiled here (Debian has no hipBLASLt).
+#define ZAYA_GPU_BLASLT 1
+#include <hipblaslt/hipblaslt.h>
+using gpuBlasLtHandle_t = hipblasLtHandle_t;
+using gpuBlasLtMatmulDesc_t = hipblasLtMatmulDesc_t;
+using gpuBlasLtMatrixLayout_t = hipblasLtMatrixLayout_t;
+using gpuBlasLtPreference_t = hipblasLtMatmulPreference_t;
+using gpuBlasLtHeuristic_t = hipblasLtMatmulHeuristicResult_t;
+using gpuBlasStatus_t = hipblasStatus_t;
+using gpuBlasOp_t = hipblasOperation_t;
+#define GPU_BLAS_SUCCESS HIPBLAS_STATUS_SUCCESS
+#define GPU_BLAS_OP_N HIPBLAS_OP_N
+#define GPU_BLAS_OP_T HIPBLAS_OP_T
+#define GPU_BLAS_COMPUTE_32F HIPBLAS_COMPUTE_32F
+#define GPU_R_32F HIP_R_32F
+#define GPU_R_16BF HIP_R_16BF
+#define GPU_BLASLT_DESC_TRANSA HIPBLASLT_MATMUL_DESC_TRANSA
+#define GPU_BLASLT_DESC_TRANSB HIPBLASLT_MATMUL_DESC_TRANSB
+#define GPU_BLASLT_PREF_MAX_WORKSPACE HIPBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+#define gpuBlasLtCreate hipblasLtCreate
+#define gpuBlasLtDestroy hipblasLtDestroy
+#define gpuBlasLtMatmulDescCreate hipblasLtMatmulDescCreate
+#define gpuBlasLtMatmulDescDestroy hipblasLtMatmulDescDestroy
+#define gpuBlasLtMatmulDescSetAttribute hipblasLtMatmulDescSetAttribute
+#define gpuBlasLtMatrixLayoutCreate hipblasLtMatrixLayoutCreate
+#define gpuBlasLtMatrixLayoutDestroy hipblasLtMatrixLayoutDestroy
+#define gpuBlasLtPreferenceCreate hipblasLtMatmulPreferenceCreate
+#define gpuBlasLtPreferenceDestroy hipblasLtMatmulPreferenceDestroy
+#define gpuBlasLtPreferenceSetAttribute hipblasLtMatmulPreferenceSetAttribute
+#define gpuBlasLtAlgoGetHeuristic hipblasLtMatmulAlgoGetHeuristic
+#define gpuBlasLtMatmul hipblasLtMatmul
+#endif
+
+namespace zaya {
+
+// Throws zaya::Error("cuda", "<call> failed: <vendor error string> at file:line").
+inline void gpu_check(gpuError_t e, const char* call, const char* file, int line) {
+  if (e == gpuSuccess) return;
+  fail("cuda", std::string(call) + " failed: " + gpuGetErrorString(e) + " at " + file + ":" + std::to_string(line),
+       "check that a supported GPU is present and has enough free memory");
+}
+
+}  // namespace zaya
+
+#define GPU_CHECK(call) ::zaya::gpu_check((call), #call, __FILE__, __LINE__)
+// After every kernel launch: reports launch-configuration errors at the launch site.
+#define GPU_LAUNCH_CHECK() ::zaya::gpu_check(gpuGetLastError(), "kernel launch", __FILE__, __LINE__)

@@ -1,0 +1,198 @@
+// GPU dense ops: linear (internal GEMM, bf16 operands by policy), embedding, RMSNorm, affine
+// and residual scaling, EDA scaled-add, GELU, softmax, router selection, cross-entropy.
+// Everything except the GEMM operands is fp32 (spec A.11). Not yet run on a GPU.
+#include "backend/cuda/cuda_backend.h"
+
+namespace zaya {
+
+namespace {
+
+constexpr float kSqrtHalf = 0.70710678118654752440f;
+
+__global__ void k_set_rows(float* y, const float* bias, int64_t M, int64_t N, int64_t ldy) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x)
+    y[(i / N) * ldy + i % N] = bias[i % N];
+}
+
+__global__ void k_add_rows(float* y, const float* bias, int64_t M, int64_t N, int64_t ldy) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x)
+    y[(i / N) * ldy + i % N] += bias[i % N];
+}
+
+__global__ void k_embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N * D; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = table[int64_t(ids[i / D]) * D + i % D];
+}
+
+__global__ void k_rmsnorm(const float* x, const float* w, float eps, float* y, int64_t dim) {
+  __shared__ double sh[kGpuThreads];
+  const float* xr = x + int64_t(blockIdx.x) * dim;
+  float* yr = y + int64_t(blockIdx.x) * dim;
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += double(xr[i]) * xr[i];
+  ss = block_sum(ss, sh);
+  const float inv = float(1.0 / sqrt(ss / double(dim) + double(eps)));
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+}
+
+__global__ void k_affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % dim;
+    x[i] = (x[i] + bias[j]) * scale[j];
+  }
+}
+
+__global__ void k_residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
+                                 const float* rb, int64_t rows, int64_t dim) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % dim;
+    r[i] = (h[i] + hb[j]) * hs[j] + (r[i] + rb[j]) * rs[j];
+  }
+}
+
+__global__ void k_scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += scale[i % dim] * x[i];
+}
+
+__global__ void k_gelu(float* x, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * kSqrtHalf));
+}
+
+__global__ void k_softmax(float* x, int64_t cols) {
+  __shared__ float shf[kGpuThreads];
+  __shared__ double shd[kGpuThreads];
+  float* xr = x + int64_t(blockIdx.x) * cols;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) mx = fmaxf(mx, xr[i]);
+  mx = block_max(mx, shf);
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    xr[i] = expf(xr[i] - mx);
+    sum += xr[i];
+  }
+  sum = block_sum(sum, shd);
+  const float inv = float(1.0 / sum);
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) xr[i] *= inv;
+}
+
+__global__ void k_route_select(const float* probs, const float* bias, int32_t* expert, float* weight, int64_t N,
+                               int64_t classes) {
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const float* p = probs + n * classes;
+  int64_t best = 0;
+  float best_v = p[0] + bias[0];
+  for (int64_t e = 1; e < classes; ++e) {
+    const float v = p[e] + bias[e];
+    if (v > best_v) {
+      best_v = v;
+      best = e;
+    }
+  }
+  expert[n] = int32_t(best);
+  weight[n] = p[best];
+}
+
+__global__ void k_cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t V) {
+  __shared__ float shf[kGpuThreads];
+  __shared__ double shd[kGpuThreads];
+  const int64_t n = blockIdx.x;
+  const float* l = logits + n * V;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);
+  mx = block_max(mx, shf);
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) sum += exp(double(l[i] - mx));
+  sum = block_sum(sum, shd);
+  if (threadIdx.x == 0) loss[n] = float(log(sum) + mx - l[target[n]]);
+}
+
+}  // namespace
+
+void CudaBackend::linear_impl(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K,
+                              int64_t N, bool accumulate, int64_t ldy, bool bf16) {
+  if (M == 0 || N == 0) return;
+  if (ldy == 0) ldy = N;
+  DeviceBuffer hx, hw;
+  const GemmOperand A = operand(x, M, K, K, false, bf16, hx);
+  const GemmOperand B = operand(w, N, K, K, true, bf16, hw);
+  if (bias && !accumulate) {
+    k_set_rows<<<gpu_blocks(M * N), kGpuThreads, 0, stream_>>>(y, bias, M, N, ldy);
+    GPU_LAUNCH_CHECK();
+    gemm(M, N, K, 1.0f, A, B, 1.0f, y, ldy);
+    return;
+  }
+  gemm(M, N, K, 1.0f, A, B, accumulate ? 1.0f : 0.0f, y, ldy);
+  if (bias) {
+    k_add_rows<<<gpu_blocks(M * N), kGpuThreads, 0, stream_>>>(y, bias, M, N, ldy);
+    GPU_LAUNCH_CHECK();
+  }
+}
+
+void CudaBackend::linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K,
+                         int64_t N, bool accumulate, int64_t ldy) {
+  linear_impl(x, w, bias, y, M, K, N, accumulate, ldy, options_.bf16_matmul);
+}
+
+void CudaBackend::embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) {
+  if (N * D == 0) return;
+  k_embedding<<<gpu_blocks(N * D), kGpuThreads, 0, stream_>>>(table, ids, out, N, D);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::rmsnorm(const float* x, const float* w, float eps, float* y, int64_t rows, int64_t dim) {
+  if (rows == 0) return;
+  k_rmsnorm<<<unsigned(rows), kGpuThreads, 0, stream_>>>(x, w, eps, y, dim);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) {
+  if (rows * dim == 0) return;
+  k_affine<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(x, scale, bias, rows, dim);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
+                                 const float* rb, int64_t rows, int64_t dim) {
+  if (rows * dim == 0) return;
+  k_residual_scale<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(r, h, hs, hb, rs, rb, rows, dim);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) {
+  if (rows * dim == 0) return;
+  k_scaled_add<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(y, x, scale, rows, dim);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::gelu(float* x, int64_t n) {
+  if (n == 0) return;
+  k_gelu<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(x, n);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::softmax(float* x, int64_t rows, int64_t cols) {
+  if (rows == 0) return;
+  k_softmax<<<unsigned(rows), kGpuThreads, 0, stream_>>>(x, cols);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::route_select(const float* probs, const float* bias, int32_t* expert, float* weight, int64_t N,
+                               int64_t classes) {
+  if (N == 0) return;
+  k_route_select<<<gpu_blocks(N), kGpuThreads, 0, stream_>>>(probs, bias, expert, weight, N, classes);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) {
+  if (N == 0) return;
+  k_cross_entropy<<<unsigned(N), kGpuThreads, 0, stream_>>>(logits, target, loss, V);
+  GPU_LAUNCH_CHECK();
+}
+
+}  // namespace zaya

@@ -1,0 +1,234 @@
+// GPU backward of the dense ops: linear (two GEMMs + a column sum), embedding (ordered, no
+// atomics), RMSNorm, affine and residual scaling, EDA scaled-add, GELU, softmax, routing, and
+// the fp32 LM head fused with cross-entropy in row chunks. Parameter gradients use the
+// deterministic column sums of gpu_common.cu. Not yet run on a GPU.
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+
+namespace zaya {
+
+namespace {
+
+constexpr float kSqrtHalf = 0.70710678118654752440f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+// One thread per column, rows in order: the same summation order as the CPU backend.
+__global__ void k_embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t D) {
+  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  for (int64_t n = 0; n < N; ++n) dtable[int64_t(ids[n]) * D + j] += dout[n * D + j];
+}
+
+__global__ void k_rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* inv,
+                                   int64_t dim, int accumulate_dx) {
+  __shared__ double sh[kGpuThreads];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * dim;
+  const float* dyr = dy + r * dim;
+  float* dxr = dx + r * dim;
+  double ss = 0, dot = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    ss += double(xr[i]) * xr[i];
+    dot += double(w[i]) * dyr[i] * xr[i];
+  }
+  ss = block_sum(ss, sh);
+  dot = block_sum(dot, sh);
+  const double iv = 1.0 / sqrt(ss / double(dim) + double(eps));
+  if (threadIdx.x == 0) inv[r] = float(iv);
+  const double c = dot * iv * iv * iv / double(dim);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float g = float(iv * w[i] * dyr[i] - c * xr[i]);
+    dxr[i] = accumulate_dx ? dxr[i] + g : g;
+  }
+}
+
+__global__ void k_scale_columns(float* d, const float* scale, int64_t rows, int64_t dim) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim;
+       i += int64_t(gridDim.x) * blockDim.x)
+    d[i] *= scale[i % dim];
+}
+
+__global__ void k_residual_split(float* dr, float* dh, const float* hs, const float* rs, int64_t rows, int64_t dim) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % dim;
+    const float g = dr[i];
+    dh[i] = g * hs[j];
+    dr[i] = g * rs[j];
+  }
+}
+
+__global__ void k_scaled_add_dx(const float* dy, const float* scale, float* dx, int64_t rows, int64_t dim) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dx[i] += dy[i] * scale[i % dim];
+}
+
+__global__ void k_gelu_backward(const float* x, float* d, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    const float cdf = 0.5f * (1.0f + erff(v * kSqrtHalf));
+    d[i] *= cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v);
+  }
+}
+
+__global__ void k_softmax_backward(const float* p, float* d, int64_t cols) {
+  __shared__ double sh[kGpuThreads];
+  const float* pr = p + int64_t(blockIdx.x) * cols;
+  float* dr = d + int64_t(blockIdx.x) * cols;
+  double dot = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dot += double(pr[c]) * dr[c];
+  dot = block_sum(dot, sh);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dr[c] = float(pr[c] * (dr[c] - dot));
+}
+
+__global__ void k_route_backward(const int32_t* expert, const float* dweight, float* dprobs, int64_t N,
+                                 int64_t classes) {
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n < N) dprobs[n * classes + expert[n]] = dweight[n];
+}
+
+// One block per row: loss and d(scale * loss)/d(logits) in place (zeros for target < 0).
+__global__ void k_loss_rows(float* logits, const int32_t* target, int64_t V, float scale, double* row_loss) {
+  __shared__ float shf[kGpuThreads];
+  __shared__ double shd[kGpuThreads];
+  const int64_t r = blockIdx.x;
+  float* l = logits + r * V;
+  const int32_t t = target[r];
+  if (t < 0) {
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) l[v] = 0.0f;
+    if (threadIdx.x == 0) row_loss[r] = 0.0;
+    return;
+  }
+  float mx = -INFINITY;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
+  mx = block_max(mx, shf);
+  double sum = 0;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += exp(double(l[v] - mx));
+  sum = block_sum(sum, shd);
+  const double lse = log(sum) + mx;
+  const float lt = l[t];
+  __syncthreads();  // every thread has read l[t] before it is overwritten
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) l[v] = float(exp(double(l[v]) - lse)) * scale;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    row_loss[r] = lse - lt;
+    l[t] -= scale;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::linear_backward_impl(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                                       float* db, int64_t M, int64_t K, int64_t N, bool accumulate_dx, int64_t lddy,
+                                       bool bf16) {
+  if (M == 0) return;
+  if (lddy == 0) lddy = N;
+  DeviceBuffer hdy, hw, hx;
+  GemmOperand dyo = operand(dy, M, N, lddy, false, bf16, hdy);
+  if (dx) {
+    const GemmOperand wo = operand(w, N, K, K, false, bf16, hw);  // op(B) = W [N, K]
+    gemm(M, K, N, 1.0f, dyo, wo, accumulate_dx ? 1.0f : 0.0f, dx, K);
+  }
+  if (dw) {
+    GemmOperand dyt = dyo;
+    dyt.trans = true;  // op(A) = dy^T [N, M]
+    const GemmOperand xo = operand(x, M, K, K, false, bf16, hx);
+    gemm(N, K, M, 1.0f, dyt, xo, 1.0f, dw, K);
+  }
+  if (db) gpu_column_sums(*this, M, N, db, dy, lddy, nullptr, nullptr, nullptr, nullptr);
+}
+
+void CudaBackend::linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                                  int64_t M, int64_t K, int64_t N, bool accumulate_dx, int64_t lddy) {
+  linear_backward_impl(x, w, dy, dx, dw, db, M, K, N, accumulate_dx, lddy, options_.bf16_matmul);
+}
+
+void CudaBackend::embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t D) {
+  if (N * D == 0) return;
+  k_embedding_backward<<<gpu_blocks(D), kGpuThreads, 0, stream_>>>(ids, dout, dtable, N, D);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* dw,
+                                   int64_t rows, int64_t dim, bool accumulate_dx) {
+  if (rows == 0) return;
+  DeviceBuffer inv(this, rows * 4);
+  k_rmsnorm_backward<<<unsigned(rows), kGpuThreads, 0, stream_>>>(x, w, dy, eps, dx, inv.f(), dim, accumulate_dx);
+  GPU_LAUNCH_CHECK();
+  gpu_column_sums(*this, rows, dim, dw, dy, dim, x, nullptr, nullptr, inv.f());
+}
+
+void CudaBackend::affine_backward(const float* x, const float* scale, const float* bias, float* d, float* dscale,
+                                  float* dbias, int64_t rows, int64_t dim) {
+  if (rows * dim == 0) return;
+  gpu_column_sums(*this, rows, dim, dscale, d, dim, x, bias, nullptr, nullptr);
+  gpu_column_sums(*this, rows, dim, dbias, d, dim, nullptr, nullptr, scale, nullptr);
+  k_scale_columns<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(d, scale, rows, dim);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb,
+                                          const float* rs, const float* rb, float* dr, float* dh, float* dhs,
+                                          float* dhb, float* drs, float* drb, int64_t rows, int64_t dim) {
+  if (rows * dim == 0) return;
+  gpu_column_sums(*this, rows, dim, dhs, dr, dim, h, hb, nullptr, nullptr);
+  gpu_column_sums(*this, rows, dim, dhb, dr, dim, nullptr, nullptr, hs, nullptr);
+  gpu_column_sums(*this, rows, dim, drs, dr, dim, r, rb, nullptr, nullptr);
+  gpu_column_sums(*this, rows, dim, drb, dr, dim, nullptr, nullptr, rs, nullptr);
+  k_residual_split<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(dr, dh, hs, rs, rows, dim);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::scaled_add_backward(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
+                                      int64_t rows, int64_t dim) {
+  if (rows * dim == 0) return;
+  gpu_column_sums(*this, rows, dim, dscale, dy, dim, x, nullptr, nullptr, nullptr);
+  k_scaled_add_dx<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(dy, scale, dx, rows, dim);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::gelu_backward(const float* x, float* d, int64_t n) {
+  if (n == 0) return;
+  k_gelu_backward<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(x, d, n);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::softmax_backward(const float* p, float* d, int64_t rows, int64_t cols) {
+  if (rows == 0) return;
+  k_softmax_backward<<<unsigned(rows), kGpuThreads, 0, stream_>>>(p, d, cols);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::route_backward(const int32_t* expert, const float* dweight, float* dprobs, int64_t N,
+                                 int64_t classes) {
+  if (N == 0) return;
+  fill(dprobs, 0.0f, N * classes);
+  k_route_backward<<<gpu_blocks(N), kGpuThreads, 0, stream_>>>(expert, dweight, dprobs, N, classes);
+  GPU_LAUNCH_CHECK();
+}
+
+double CudaBackend::lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N,
+                                 int64_t D, int64_t V, float scale, float* dy, float* dw, float* dbias) {
+  if (N == 0) return 0.0;
+  int64_t chunk = (int64_t(1) << 22) / V;
+  if (chunk > N) chunk = N;
+  if (chunk < 1) chunk = 1;
+  DeviceBuffer logits(this, chunk * V * 4), row_loss(this, N * 8);
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t rows = chunk < N - r0 ? chunk : N - r0;
+    // The LM head and the loss stay fp32 (spec A.11).
+    linear_impl(y + r0 * D, w, bias, logits.f(), rows, D, V, false, 0, /*bf16=*/false);
+    k_loss_rows<<<unsigned(rows), kGpuThreads, 0, stream_>>>(logits.f(), target + r0, V, scale, row_loss.d() + r0);
+    GPU_LAUNCH_CHECK();
+    linear_backward_impl(y + r0 * D, w, logits.f(), dy + r0 * D, dw, dbias, rows, D, V, false, 0, /*bf16=*/false);
+  }
+  std::vector<double> host(static_cast<size_t>(N));
+  to_host(host.data(), row_loss.d(), N * 8);
+  double total = 0;
+  for (double x : host) total += x;  // fixed order, as on the CPU
+  return total;
+}
+
+}  // namespace zaya
