@@ -143,8 +143,9 @@ class TimedBackend final : public Backend {
                        float* dtemp) override {
     time("cca_qk_backward", 0, [&] { in_.cca_qk_backward(a, dq, dk, dz, du, dtemp); });
   }
-  void cca_values_backward(const float* dv, float* dvc, float* dvd, int64_t B, int64_t T, int64_t half) override {
-    time("cca_values_backward", 0, [&] { in_.cca_values_backward(dv, dvc, dvd, B, T, half); });
+  void cca_values_backward(const float* dv, float* dvc, float* dvd, int64_t B, int64_t T, int64_t half,
+                           const int32_t* seg) override {
+    time("cca_values_backward", 0, [&] { in_.cca_values_backward(dv, dvc, dvd, B, T, half, seg); });
   }
   void attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) override {
     time("attention_backward", 0, [&] { in_.attention_backward(a, dout, dq, dk, dv); });

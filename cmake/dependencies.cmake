@@ -19,10 +19,12 @@ pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 find_package(ZLIB REQUIRED)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 find_package(spdlog REQUIRED)
+# Multi-process data parallelism (src/dist/comm_mpi.cpp): libopenmpi-dev, openmpi-bin for mpirun.
+find_package(MPI REQUIRED COMPONENTS CXX)
 
 add_library(zaya_deps INTERFACE)
 target_include_directories(zaya_deps INTERFACE ${CBLAS_INCLUDE_DIR})
 target_link_libraries(zaya_deps INTERFACE
   OpenMP::OpenMP_CXX Threads::Threads nlohmann_json::nlohmann_json
   ${BLAS_LIBRARIES} PkgConfig::SENTENCEPIECE spdlog::spdlog tomlplusplus::tomlplusplus
-  ZLIB::ZLIB PkgConfig::ZSTD)
+  ZLIB::ZLIB PkgConfig::ZSTD MPI::MPI_CXX)

@@ -19,6 +19,10 @@ struct CcaConvArgs {
   const float* b_grp = nullptr;  // [C]
   float* z = nullptr;            // [B, T, C] output
   int64_t B = 0, T = 0, C = 0, t0 = 2, t1 = 2, group = 0;
+  // Packed documents (reset_at_document_boundary): host [B*T], the index within its row of
+  // each token's document start. Raw rows before it count as zeros, as at a sequence start.
+  // nullptr = no resets. Only with fresh sequences (zero state).
+  const int32_t* seg_start = nullptr;
 };
 
 struct CcaQkArgs {
@@ -38,6 +42,7 @@ struct CcaValueArgs {
   float* v_state = nullptr;      // [B, half] Wv_del x of the token before the chunk (zeros at start); updated
   float* v = nullptr;            // [B, T, 2*half] concat(v_cur[t], v_del[t-1])
   int64_t B = 0, T = 0, half = 0;
+  const int32_t* seg_start = nullptr;  // as in CcaConvArgs: the delayed half is zero at a document start
 };
 
 struct AttentionArgs {
@@ -49,6 +54,9 @@ struct AttentionArgs {
   int64_t B = 0, T = 0, S = 0, Hq = 0, Hkv = 0, dh = 0;
   int64_t window = 0;  // > 0: key s visible from query t only if t - s < window
   float scale = 1.0f;
+  // As in CcaConvArgs (fresh sequences only): key s visible from query t only if
+  // s >= seg_start[b*T + t]. nullptr = no resets.
+  const int32_t* seg_start = nullptr;
 };
 
 struct MoeArgs {
@@ -139,9 +147,9 @@ class Backend {
   // From dq, dk: dz (overwritten), du (accumulated: mean paths), dtemp (accumulate).
   virtual void cca_qk_backward(const CcaQkArgs& a, const float* dq, const float* dk, float* dz, float* du,
                                float* dtemp) = 0;
-  // From dv: dv_cur, dv_del (overwritten).
+  // From dv: dv_cur, dv_del (overwritten). seg_start as in CcaValueArgs (nullptr = none).
   virtual void cca_values_backward(const float* dv, float* dv_cur, float* dv_del, int64_t B, int64_t T,
-                                   int64_t half) = 0;
+                                   int64_t half, const int32_t* seg_start) = 0;
   // From dout: dq, dk, dv (overwritten; k/v laid out like the caches with S = T, pos0 = 0).
   virtual void attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) = 0;
   // From dout: dx (accumulate), dweight (overwritten), dgate_up/ddown (accumulate).

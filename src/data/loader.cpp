@@ -79,15 +79,12 @@ void read_window(const Loader::Open& o, uint64_t start, int64_t L, bool check, u
 
 }  // namespace
 
-void segment_ids(const int32_t* starts, size_t count, int64_t seq_len, int32_t* out) {
-  int32_t seg = 0;
-  size_t k = 0;
+void document_segments(const int32_t* starts, size_t count, int64_t seq_len, int32_t* segment_start) {
+  size_t next = 0;
+  int32_t current = 0;
   for (int64_t t = 0; t < seq_len; ++t) {
-    while (k < count && starts[k] <= t) {
-      if (starts[k] == t && t > 0) ++seg;
-      ++k;
-    }
-    out[t] = seg;
+    while (next < count && starts[next] <= t) current = starts[next++];
+    segment_start[t] = current;
   }
 }
 

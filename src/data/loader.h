@@ -84,9 +84,10 @@ struct MicroBatchInfo {
   bool last_in_step() const { return micro + 1 == micro_batches; }
 };
 
-// Per-token segment ids [seq_len] from one row's document starts: 0 up to the first start > 0,
-// then +1 at each start (for reset_at_document_boundary).
-void segment_ids(const int32_t* starts, size_t count, int64_t seq_len, int32_t* out);
+// Per-token document starts [seq_len] of one row from its sorted document-start positions (as
+// in MicroBatchInfo): segment_start[t] = the largest start <= t, 0 before the first. This is
+// the table Model::forward_backward takes for reset_at_document_boundary.
+void document_segments(const int32_t* starts, size_t count, int64_t seq_len, int32_t* segment_start);
 
 class Loader {
  public:

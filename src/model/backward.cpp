@@ -13,7 +13,7 @@
 namespace zaya {
 
 StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, float* grads,
-                                  float loss_scale) {
+                                  float loss_scale, const int32_t* seg_start) {
   const ModelConfig& c = cfg_;
   const int64_t N = B * T, D = c.hidden_size, C = c.conv_channels(), Dq = c.q_dim(), Dk = c.kv_dim(),
                 R = c.router_hidden_size, E = c.num_experts, V = c.vocab_size, L = c.num_hidden_layers,
@@ -33,7 +33,8 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
   be_.from_host(d_ids, ids, N * 4);
   be_.from_host(d_targets, targets, N * 4);
   std::vector<int64_t> pos0(static_cast<size_t>(B), 0), positions(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = n % T;
+  if (seg_start) check_segments(seg_start, B, T);
+  for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = n % T - (seg_start ? seg_start[n] : 0);
 
   // ---- forward, keeping activations ----
   float* emb = s.f(N * D);
@@ -53,7 +54,7 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     a.probs = s.f(N * (E + 1)); a.expert = s.i(N); a.weight = s.f(N); a.h_moe = s.f(N * D);
     be_.fill(conv_state, 0.0f, B * P * C);
     be_.fill(vdel_state, 0.0f, B * Dk / 2);
-    BlockShape shape{B, T, pos0.data(), positions.data(), a.k, a.v, T, conv_state, vdel_state};
+    BlockShape shape{B, T, pos0.data(), positions.data(), a.k, a.v, T, conv_state, vdel_state, seg_start};
     forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, l > 0 ? acts[size_t(l - 1)].rh : nullptr, a);
   }
 
@@ -140,8 +141,9 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     aa.B = B; aa.T = T; aa.S = T; aa.Hq = c.num_attention_heads; aa.Hkv = c.num_key_value_heads; aa.dh = c.head_dim;
     aa.window = c.is_sliding(l) ? c.sliding_window : 0;
     aa.scale = 1.0f / std::sqrt(float(c.head_dim));
+    aa.seg_start = seg_start;
     be_.attention_backward(aa, datt, dq, dk, dv);
-    be_.cca_values_backward(dv, dvcur, dvdel, B, T, Dk / 2);
+    be_.cca_values_backward(dv, dvcur, dvdel, B, T, Dk / 2, seg_start);
     be_.linear_backward(a.x1, w.attn.v_current, dvcur, dx, gw.attn.v_current, nullptr, N, D, Dk / 2, false);
     be_.linear_backward(a.x1, w.attn.v_delayed, dvdel, dx, gw.attn.v_delayed, nullptr, N, D, Dk / 2, true);
     CcaQkArgs qa;
@@ -154,6 +156,7 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     ca.u = a.u; ca.state = nullptr; ca.w_dw = w.attn.conv_dw_w; ca.b_dw = w.attn.conv_dw_b;
     ca.w_grp = w.attn.conv_grp_w; ca.b_grp = w.attn.conv_grp_b; ca.z = a.z;
     ca.B = B; ca.T = T; ca.C = C; ca.t0 = c.cca_time0; ca.t1 = c.cca_time1; ca.group = c.head_dim;
+    ca.seg_start = seg_start;
     be_.cca_conv_backward(ca, dz, du, gw.attn.conv_dw_w, gw.attn.conv_dw_b, gw.attn.conv_grp_w, gw.attn.conv_grp_b);
     be_.linear_backward(a.x1, w.attn.q_proj, du, dx, gw.attn.q_proj, nullptr, N, D, Dq, true, C);
     be_.linear_backward(a.x1, w.attn.k_proj, du + Dq, dx, gw.attn.k_proj, nullptr, N, D, Dk, true, C);

@@ -21,6 +21,7 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   ca.u = a.u; ca.state = s.conv_state; ca.w_dw = w.attn.conv_dw_w; ca.b_dw = w.attn.conv_dw_b;
   ca.w_grp = w.attn.conv_grp_w; ca.b_grp = w.attn.conv_grp_b; ca.z = a.z;
   ca.B = s.B; ca.T = s.T; ca.C = C; ca.t0 = c.cca_time0; ca.t1 = c.cca_time1; ca.group = c.head_dim;
+  ca.seg_start = s.seg_start;
   be.cca_conv(ca);
   CcaQkArgs qa;
   qa.z = a.z; qa.u = a.u; qa.temp = w.attn.temp; qa.positions = s.positions; qa.q = a.q; qa.k = a.k;
@@ -31,6 +32,7 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   be.linear(a.x1, w.attn.v_delayed, nullptr, a.vdel, N, D, Dk / 2);
   CcaValueArgs va;
   va.v_cur = a.vcur; va.v_del = a.vdel; va.v_state = s.vdel_state; va.v = a.v; va.B = s.B; va.T = s.T; va.half = Dk / 2;
+  va.seg_start = s.seg_start;
   be.cca_values(va);
   be.cache_write(a.k, s.k_cache, s.pos0, s.B, s.T, s.S, Dk);
   be.cache_write(a.v, s.v_cache, s.pos0, s.B, s.T, s.S, Dk);
@@ -39,6 +41,7 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   aa.B = s.B; aa.T = s.T; aa.S = s.S; aa.Hq = c.num_attention_heads; aa.Hkv = c.num_key_value_heads; aa.dh = c.head_dim;
   aa.window = c.is_sliding(l) ? c.sliding_window : 0;
   aa.scale = 1.0f / std::sqrt(float(c.head_dim));
+  aa.seg_start = s.seg_start;
   be.attention(aa);
   be.linear(a.att, w.attn.o_proj, nullptr, a.h_attn, N, Dq, D);
   const ResidualScaleWeights& pa = w.post_attn_scale;

@@ -47,6 +47,7 @@ struct BlockShape {
   int64_t S;
   float* conv_state;         // [B,P,C]
   float* vdel_state;         // [B,kv/2]
+  const int32_t* seg_start = nullptr;  // [N] host, document starts (nullptr = no resets)
 };
 
 // Runs block l: r (the residual stream, [N,D]) is updated in place. rho_prev is the previous

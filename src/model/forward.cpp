@@ -13,7 +13,20 @@
 namespace zaya {
 
 
-void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state, const ForwardOutputs& out) {
+void check_segments(const int32_t* segment_start, int64_t B, int64_t T) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t s = segment_start[b * T + t];
+      const int32_t prev = t > 0 ? segment_start[b * T + t - 1] : 0;
+      if (s < 0 || s > t || (s != t && s != prev))
+        fail("model", "document start table: row " + std::to_string(b) + " position " + std::to_string(t) +
+                          " has start " + std::to_string(s),
+             "each entry must equal its own position (a document starts) or the previous entry");
+    }
+}
+
+void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state, const ForwardOutputs& out,
+                    const int32_t* segment_start) {
   const ModelConfig& c = cfg_;
   const int64_t N = B * T, D = c.hidden_size, C = c.conv_channels(), Dq = c.q_dim(), Dk = c.kv_dim(),
                 R = c.router_hidden_size, E = c.num_experts, V = c.vocab_size, L = c.num_hidden_layers;
@@ -23,6 +36,10 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
       fail("model", "token id " + std::to_string(ids[n]) + " at position " + std::to_string(n) +
                         " is outside the vocabulary [0, " + std::to_string(V) + ")");
 
+  if (segment_start) {
+    if (state) fail("model", "document resets (segment_start) apply to fresh sequences only, not to decoding");
+    check_segments(segment_start, B, T);
+  }
   std::unique_ptr<DecodeState> fresh;
   if (!state) {
     fresh = std::make_unique<DecodeState>(c, be_, B, T);
@@ -36,7 +53,8 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
       fail("model", "sequence " + std::to_string(b) + " would reach " + std::to_string(pos0[size_t(b)] + T) +
                         " tokens but the context holds " + std::to_string(state->capacity),
            "raise the context size (--ctx) or shorten the prompt");
-    for (int64_t t = 0; t < T; ++t) positions[size_t(b * T + t)] = pos0[size_t(b)] + t;
+    for (int64_t t = 0; t < T; ++t)
+      positions[size_t(b * T + t)] = pos0[size_t(b)] + t - (segment_start ? segment_start[b * T + t] : 0);
   }
 
   Scratch s(be_);
@@ -56,7 +74,7 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
 
   for (int64_t l = 0; l < L; ++l) {
     DecodeState::Layer& st = state->layers[size_t(l)];
-    BlockShape shape{B, T, pos0.data(), positions.data(), st.k, st.v, state->capacity, st.conv, st.vdel};
+    BlockShape shape{B, T, pos0.data(), positions.data(), st.k, st.v, state->capacity, st.conv, st.vdel, segment_start};
     forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, rho, a);
     be_.copy(rho, a.rh, N * R);
     if (out.experts) be_.to_host(out.experts + l * N, a.expert, N * 4);

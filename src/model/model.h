@@ -46,6 +46,10 @@ struct ForwardOutputs {
   float* router_probs = nullptr;  // host [L, B, T, E+1]
 };
 
+// Throws a clear error unless segment_start[B*T] is a valid per-row document-start table
+// (see Model::forward; data/loader.h document_segments builds one).
+void check_segments(const int32_t* segment_start, int64_t B, int64_t T);
+
 // What one training forward/backward saw: loss sum over counted targets and, per layer, how
 // many tokens chose each router class (int64; class E = skip).
 struct StepStats {
@@ -71,14 +75,18 @@ class Model {
   void init_random(uint64_t seed);
 
   // ids: host [B, T]. state == nullptr runs fresh sequences starting at position 0.
-  void forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state, const ForwardOutputs& out);
+  // segment_start (reset_at_document_boundary, spec decision 7): host [B, T], the index within
+  // its row of each token's document start; each document then runs as its own fresh sequence
+  // (CCA conv, delayed value, attention and RoPE positions restart). Fresh sequences only.
+  void forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state, const ForwardOutputs& out,
+               const int32_t* segment_start = nullptr);
 
   // Training step on fresh sequences: forward with saved activations, then the hand-written
   // backward. targets: host [B, T], -1 = not counted. Adds d(loss_scale * sum of token
   // losses)/d(param) into grads (backend memory with layout().total floats; the balancing
   // biases get none). Returns the loss sum and the routing statistics.
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, float* grads,
-                             float loss_scale);
+                             float loss_scale, const int32_t* segment_start = nullptr);
 
  private:
   ModelConfig cfg_;

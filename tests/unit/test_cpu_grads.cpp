@@ -367,7 +367,7 @@ TEST(CpuGrads, CcaValues) {
     return fd_dot(c, v);
   };
   auto dvc = nans(sz(n)), dvd = nans(sz(n));
-  be.cca_values_backward(c.data(), dvc.data(), dvd.data(), B, T, half);
+  be.cca_values_backward(c.data(), dvc.data(), dvd.data(), B, T, half, nullptr);
   EXPECT_TRUE(check_gradient("cca_values dv_cur", vc.data(), n, dvc.data(), loss, opts(1e-2, 100)));
   EXPECT_TRUE(check_gradient("cca_values dv_del", vd.data(), n, dvd.data(), loss, opts(1e-2, 100)));
 }

@@ -554,14 +554,16 @@ TEST_F(LoaderTest, EvalWindowsFromTheValSplit) {
   expect_error([&] { thin.fill(0, 4, 2, in.data(), tg.data()); }, {"eval windows [4, 6)", "'web' has 5"});
 }
 
-TEST(LoaderUnits, SegmentIdsAndPermutation) {
+TEST(LoaderUnits, DocumentSegmentsAndPermutation) {
   const int32_t starts[] = {0, 3, 7};
   int32_t seg[10];
-  zaya::segment_ids(starts, 3, 10, seg);
-  EXPECT_EQ(std::vector<int32_t>(seg, seg + 10), (std::vector<int32_t>{0, 0, 0, 1, 1, 1, 1, 2, 2, 2}));
+  zaya::document_segments(starts, 3, 10, seg);
+  EXPECT_EQ(std::vector<int32_t>(seg, seg + 10), (std::vector<int32_t>{0, 0, 0, 3, 3, 3, 3, 7, 7, 7}));
   const int32_t s2[] = {5};
-  zaya::segment_ids(s2, 1, 8, seg);
-  EXPECT_EQ(std::vector<int32_t>(seg, seg + 8), (std::vector<int32_t>{0, 0, 0, 0, 0, 1, 1, 1}));
+  zaya::document_segments(s2, 1, 8, seg);
+  EXPECT_EQ(std::vector<int32_t>(seg, seg + 8), (std::vector<int32_t>{0, 0, 0, 0, 0, 5, 5, 5}));
+  zaya::document_segments(s2, 0, 8, seg);
+  EXPECT_EQ(std::vector<int32_t>(seg, seg + 8), std::vector<int32_t>(8, 0));
   for (uint64_t n : {1ull, 2ull, 3ull, 17ull, 1000ull, 4097ull}) {
     std::vector<bool> seen(n);
     for (uint64_t i = 0; i < n; ++i) {

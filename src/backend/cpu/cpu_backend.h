@@ -52,7 +52,8 @@ class CpuBackend final : public Backend {
                          float* db_grp) override;
   void cca_qk_backward(const CcaQkArgs& a, const float* dq, const float* dk, float* dz, float* du,
                        float* dtemp) override;
-  void cca_values_backward(const float* dv, float* dv_cur, float* dv_del, int64_t B, int64_t T, int64_t half) override;
+  void cca_values_backward(const float* dv, float* dv_cur, float* dv_del, int64_t B, int64_t T, int64_t half,
+                           const int32_t* seg_start) override;
   void attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) override;
   void moe_backward(const MoeArgs& a, const float* dout, float* dx, float* dweight, float* dgate_up,
                     float* ddown) override;
@@ -69,6 +70,12 @@ class CpuBackend final : public Backend {
   void fill(float* dst, float value, int64_t n) override;
   void to_host(void* host, const void* src, int64_t bytes) override;
   void from_host(void* dst, const void* host, int64_t bytes) override;
+
+ private:
+  // Packed documents (CcaConvArgs::seg_start), ops_cca_segments.cpp.
+  void cca_conv_segmented(const CcaConvArgs& a);
+  void cca_conv_backward_segmented(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,
+                                   float* dw_grp, float* db_grp);
 };
 
 // Row-major GEMM helper shared by the CPU ops: C[M,N] = alpha * A[M,K] * op(B) + beta * C,

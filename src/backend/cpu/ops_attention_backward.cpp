@@ -38,9 +38,13 @@ void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, f
           const float* O = a.out + (b * T + t0) * qs + h * dh;
           const float* dO = dout + (b * T + t0) * qs + h * dh;
           float* dQ = dq + (b * T + t0) * qs + h * dh;
-          const int64_t s_begin = a.window > 0 ? std::max<int64_t>(0, t0 - a.window + 1) : 0;
+          int64_t s_begin = a.window > 0 ? std::max<int64_t>(0, t0 - a.window + 1) : 0;
+          const int32_t* seg = a.seg_start ? a.seg_start + b * T : nullptr;
+          if (seg) s_begin = std::max<int64_t>(s_begin, seg[t0]);
           const int64_t s_end = t0 + nq;
-          auto visible = [&](int64_t t, int64_t s) { return s <= t && (a.window <= 0 || t - s < a.window); };
+          auto visible = [&](int64_t t, int64_t s) {
+            return s <= t && (a.window <= 0 || t - s < a.window) && (!seg || s >= seg[t]);
+          };
           // Pass 1: row log-sum-exp over all visible keys; D = rowsum(dO * O).
           std::vector<double> m(static_cast<size_t>(nq), -INFINITY), l(static_cast<size_t>(nq), 0.0);
           for (int64_t s0 = s_begin; s0 < s_end; s0 += kKB) {

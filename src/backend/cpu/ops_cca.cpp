@@ -11,6 +11,7 @@
 namespace zaya {
 
 void CpuBackend::cca_conv(const CcaConvArgs& a) {
+  if (a.seg_start) return cca_conv_segmented(a);
   const int64_t C = a.C, T = a.T, P = (a.t0 - 1) + (a.t1 - 1), G = a.group, heads = C / G;
   const int64_t Ly = T + a.t1 - 1;  // depthwise outputs needed by the grouped conv
   // Long chunks: repack the grouped weight [C, G, t1] into one [C, G] matrix per tap for GEMMs.
@@ -125,6 +126,10 @@ void CpuBackend::cca_values(const CcaValueArgs& a) {
     for (int64_t t = 0; t < a.T; ++t) {
       float* v = a.v + (b * a.T + t) * W;
       std::memcpy(v, a.v_cur + (b * a.T + t) * h, size_t(h) * 4);
+      if (a.seg_start && t > 0 && a.seg_start[b * a.T + t] == t) {  // a document starts here
+        std::memset(v + h, 0, size_t(h) * 4);
+        continue;
+      }
       const float* prev = t == 0 ? state : a.v_del + (b * a.T + t - 1) * h;
       std::memcpy(v + h, prev, size_t(h) * 4);
     }

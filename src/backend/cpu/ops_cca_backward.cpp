@@ -12,6 +12,7 @@ namespace zaya {
 
 void CpuBackend::cca_conv_backward(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,
                                    float* dw_grp, float* db_grp) {
+  if (a.seg_start) return cca_conv_backward_segmented(a, dz, du, dw_dw, db_dw, dw_grp, db_grp);
   const int64_t C = a.C, T = a.T, P = (a.t0 - 1) + (a.t1 - 1), G = a.group, heads = C / G, t0 = a.t0, t1 = a.t1;
   const int64_t Ly = T + t1 - 1;
   std::vector<float> wtap(static_cast<size_t>(t1 * C * G)), dwtap(static_cast<size_t>(t1 * C * G), 0.0f);
@@ -153,12 +154,14 @@ void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const floa
 }
 
 void CpuBackend::cca_values_backward(const float* dv, float* dv_cur, float* dv_del, int64_t B, int64_t T,
-                                     int64_t half) {
+                                     int64_t half, const int32_t* seg_start) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       const float* d = dv + (b * T + t) * 2 * half;
       std::memcpy(dv_cur + (b * T + t) * half, d, size_t(half) * 4);
-      if (t > 0) std::memcpy(dv_del + (b * T + t - 1) * half, d + half, size_t(half) * 4);
+      const bool doc_start = seg_start && seg_start[b * T + t] == t;
+      if (t > 0 && doc_start) std::memset(dv_del + (b * T + t - 1) * half, 0, size_t(half) * 4);
+      if (t > 0 && !doc_start) std::memcpy(dv_del + (b * T + t - 1) * half, d + half, size_t(half) * 4);
       if (t == T - 1) std::memset(dv_del + (b * T + t) * half, 0, size_t(half) * 4);
     }
 }

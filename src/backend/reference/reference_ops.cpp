@@ -66,13 +66,16 @@ void cca_conv(const CcaConvArgs& a) {
     auto raw = [&](int64_t j, int64_t c) {  // row j of [state ; u]
       return j < P ? a.state[(b * P + j) * C + c] : a.u[(b * T + j - P) * C + c];
     };
+    int64_t first = 0;  // raw rows of earlier documents count as zeros (seg_start)
     auto depthwise = [&](int64_t s, int64_t c) {  // output s covers raw rows s .. s+t0-1
       double acc = a.b_dw[c];
-      for (int64_t i = 0; i < a.t0; ++i) acc += double(a.w_dw[c * a.t0 + i]) * raw(s + i, c);
+      for (int64_t i = 0; i < a.t0; ++i)
+        if (s + i - P >= first) acc += double(a.w_dw[c * a.t0 + i]) * raw(s + i, c);
       return acc;
     };
     for (int64_t t = 0; t < T; ++t)
       for (int64_t c = 0; c < C; ++c) {
+        first = a.seg_start ? a.seg_start[b * T + t] : -P;
         const int64_t g0 = (c / G) * G;
         double acc = a.b_grp[c];
         for (int64_t j = 0; j < a.t1; ++j)
@@ -127,8 +130,9 @@ void cca_values(const CcaValueArgs& a) {
     for (int64_t t = 0; t < a.T; ++t)
       for (int64_t i = 0; i < a.half; ++i) {
         a.v[(b * a.T + t) * 2 * a.half + i] = a.v_cur[(b * a.T + t) * a.half + i];
+        const bool doc_start = a.seg_start && t > 0 && a.seg_start[b * a.T + t] == t;
         a.v[(b * a.T + t) * 2 * a.half + a.half + i] =
-            t == 0 ? a.v_state[b * a.half + i] : a.v_del[(b * a.T + t - 1) * a.half + i];
+            doc_start ? 0.0f : t == 0 ? a.v_state[b * a.half + i] : a.v_del[(b * a.T + t - 1) * a.half + i];
       }
     for (int64_t i = 0; i < a.half; ++i) a.v_state[b * a.half + i] = a.v_del[(b * a.T + a.T - 1) * a.half + i];
   }
@@ -146,6 +150,7 @@ void attention(const AttentionArgs& a) {
         double mx = -INFINITY;
         for (int64_t s = 0; s <= p; ++s) {
           if (a.window > 0 && p - s >= a.window) continue;
+          if (a.seg_start && s < a.seg_start[b * a.T + t]) continue;
           const float* k = a.k_cache + ((b * a.S + s) * a.Hkv + g) * dh;
           double d = 0;
           for (int64_t i = 0; i < dh; ++i) d += double(q[i]) * k[i];
