@@ -55,6 +55,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
       fail("cuda", "kernels were compiled for warp size " + std::to_string(dev_warp) + " but the device reports " +
                        std::to_string(host_warp),
            "rebuild for this device's architecture");
+    warp_size_ = host_warp;
   }
   gemm_ = std::make_unique<GpuGemm>(stream_, options_.portable_gemm);
 }

@@ -133,6 +133,7 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackendOptions options_;
+  int warp_size_ = 32;  // the device's (checked equal to the kernels' GPU_WARP_SIZE)
   gpuStream_t stream_ = nullptr;
   std::unique_ptr<GpuGemm> gemm_;
   std::unordered_map<void*, int64_t> live_;  // pool block -> its size in bytes

@@ -1,0 +1,189 @@
+// GPU backward of causal GQA attention (training: pos0 = 0, S = T), flash-style recompute in
+// two kernels and no atomics:
+//   dQ kernel, one warp per query: D = rowsum(dO * O); pass 1 over keys for the row
+//     log-sum-exp; pass 2: P = exp(S - lse), dP = dO V^T, dS = P (dP - D) scale, dQ = dS K.
+//     Stores lse and D for the second kernel.
+//   dK/dV kernel, one warp per key: over the query heads of its KV group and the queries that
+//     can see it: dV += P dO, dK += dS Q.
+// fp32 throughout. Not yet run on a GPU.
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops_attention_common.h"
+
+namespace zaya {
+
+namespace {
+
+constexpr int kQueriesPerWarp = 4;
+constexpr int kKeysPerWarp = 4;
+
+__global__ void k_attention_dq(AttnParams p) {
+  __shared__ float sk[kAttnKeyTile * kAttnMaxDh];
+  __shared__ float sv[kAttnKeyTile * kAttnMaxDh];
+  const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warp = int(threadIdx.x) / GPU_WARP_SIZE;
+  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (p.Hq / p.Hkv), dh = p.dh;
+  const int64_t tile_q = int64_t(kAttnWarps) * kQueriesPerWarp;
+  const int64_t t_begin = int64_t(blockIdx.x) * tile_q;
+  const int64_t t_end = t_begin + tile_q < p.T ? t_begin + tile_q : p.T;
+  const int64_t p_first = p.pos0[b] + t_begin, p_last = p.pos0[b] + t_end - 1;
+  int64_t s_begin = p.window > 0 ? (p_first - p.window + 1 > 0 ? p_first - p.window + 1 : 0) : 0;
+  if (p.seg) s_begin = s_begin > p.seg[b * p.T + t_begin] ? s_begin : p.seg[b * p.T + t_begin];
+  const int64_t s_end = p_last + 1;
+
+  float qr[kQueriesPerWarp][kAttnMaxPerLane], dor[kQueriesPerWarp][kAttnMaxPerLane];
+  float dq[kQueriesPerWarp][kAttnMaxPerLane];
+  float m[kQueriesPerWarp], l[kQueriesPerWarp], drow[kQueriesPerWarp];
+  for (int i = 0; i < kQueriesPerWarp; ++i) {
+    const int64_t t = t_begin + warp * kQueriesPerWarp + i;
+    for (int e = 0; e < kAttnMaxPerLane; ++e) dq[i][e] = 0.0f;
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+    drow[i] = 0.0f;
+    if (t >= p.T) continue;
+    const int64_t row = ((b * p.T + t) * p.Hq + h) * dh;
+    lane_load(qr[i], p.q + row, lane, dh);
+    lane_load(dor[i], p.dout + row, lane, dh);
+    float o[kAttnMaxPerLane];
+    lane_load(o, p.o + row, lane, dh);
+    float part = 0.0f;
+    for (int e = 0; e < kAttnMaxPerLane; ++e) part += dor[i][e] * o[e];
+    drow[i] = warp_sum(part);
+  }
+  // Pass 1: row log-sum-exp.
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += kAttnKeyTile) {
+    const int64_t nk = s_end - s0 < kAttnKeyTile ? s_end - s0 : kAttnKeyTile;
+    stage_rows(sk, p.k, b, p.S, p.Hkv, g, dh, s0, nk);
+    __syncthreads();
+    for (int64_t j = 0; j < nk; ++j)
+      for (int i = 0; i < kQueriesPerWarp; ++i) {
+        const int64_t t = t_begin + warp * kQueriesPerWarp + i;
+        if (t >= p.T || !attn_visible(p, b, t, s0 + j)) continue;
+        const float sc = lane_dot(qr[i], sk + j * dh, lane, dh) * p.scale;
+        if (sc > m[i]) {
+          l[i] = l[i] * expf(m[i] - sc) + 1.0f;
+          m[i] = sc;
+        } else {
+          l[i] += expf(sc - m[i]);
+        }
+      }
+    __syncthreads();
+  }
+  float lse[kQueriesPerWarp];
+  for (int i = 0; i < kQueriesPerWarp; ++i) lse[i] = m[i] + logf(l[i]);
+  // Pass 2: dQ.
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += kAttnKeyTile) {
+    const int64_t nk = s_end - s0 < kAttnKeyTile ? s_end - s0 : kAttnKeyTile;
+    stage_rows(sk, p.k, b, p.S, p.Hkv, g, dh, s0, nk);
+    stage_rows(sv, p.v, b, p.S, p.Hkv, g, dh, s0, nk);
+    __syncthreads();
+    for (int64_t j = 0; j < nk; ++j)
+      for (int i = 0; i < kQueriesPerWarp; ++i) {
+        const int64_t t = t_begin + warp * kQueriesPerWarp + i;
+        if (t >= p.T || !attn_visible(p, b, t, s0 + j)) continue;
+        const float pr = expf(lane_dot(qr[i], sk + j * dh, lane, dh) * p.scale - lse[i]);
+        const float dp = lane_dot(dor[i], sv + j * dh, lane, dh);
+        const float ds = pr * (dp - drow[i]) * p.scale;
+        for (int e = 0; e < kAttnMaxPerLane; ++e) {
+          const int64_t d = lane + int64_t(e) * GPU_WARP_SIZE;
+          if (d < dh) dq[i][e] += ds * sk[j * dh + d];
+        }
+      }
+    __syncthreads();
+  }
+  for (int i = 0; i < kQueriesPerWarp; ++i) {
+    const int64_t t = t_begin + warp * kQueriesPerWarp + i;
+    if (t >= p.T) continue;
+    const int64_t r = (b * p.T + t) * p.Hq + h;
+    lane_store(dq[i], p.dq + r * dh, lane, dh);
+    if (lane == 0) {
+      p.lse[r] = lse[i];
+      p.drow[r] = drow[i];
+    }
+  }
+}
+
+__global__ void k_attention_dkdv(AttnParams p) {
+  __shared__ float sq[kAttnQueryTile * kAttnMaxDh];
+  __shared__ float sdo[kAttnQueryTile * kAttnMaxDh];
+  const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warp = int(threadIdx.x) / GPU_WARP_SIZE;
+  const int64_t b = blockIdx.z, g = blockIdx.y, rep = p.Hq / p.Hkv, dh = p.dh;
+  const int64_t tile_k = int64_t(kAttnWarps) * kKeysPerWarp;
+  const int64_t s_lo = int64_t(blockIdx.x) * tile_k;
+  const int64_t s_hi = s_lo + tile_k < p.S ? s_lo + tile_k : p.S;  // exclusive
+  // Queries that can see any key of the tile (pos0 = 0 in training).
+  const int64_t t_lo = s_lo;
+  int64_t t_hi = p.T;
+  if (p.window > 0 && s_hi - 1 + p.window < t_hi) t_hi = s_hi - 1 + p.window;
+
+  float kr[kKeysPerWarp][kAttnMaxPerLane], vr[kKeysPerWarp][kAttnMaxPerLane];
+  float dk[kKeysPerWarp][kAttnMaxPerLane], dv[kKeysPerWarp][kAttnMaxPerLane];
+  for (int i = 0; i < kKeysPerWarp; ++i) {
+    const int64_t s = s_lo + warp * kKeysPerWarp + i;
+    for (int e = 0; e < kAttnMaxPerLane; ++e) {
+      dk[i][e] = 0.0f;
+      dv[i][e] = 0.0f;
+      kr[i][e] = 0.0f;
+      vr[i][e] = 0.0f;
+    }
+    if (s >= p.S) continue;
+    lane_load(kr[i], p.k + ((b * p.S + s) * p.Hkv + g) * dh, lane, dh);
+    lane_load(vr[i], p.v + ((b * p.S + s) * p.Hkv + g) * dh, lane, dh);
+  }
+  for (int64_t h = g * rep; h < (g + 1) * rep; ++h)
+    for (int64_t t0 = t_lo; t0 < t_hi; t0 += kAttnQueryTile) {
+      const int64_t nq = t_hi - t0 < kAttnQueryTile ? t_hi - t0 : kAttnQueryTile;
+      stage_rows(sq, p.q, b, p.T, p.Hq, h, dh, t0, nq);
+      stage_rows(sdo, p.dout, b, p.T, p.Hq, h, dh, t0, nq);
+      __syncthreads();
+      for (int64_t j = 0; j < nq; ++j) {
+        const int64_t t = t0 + j, r = (b * p.T + t) * p.Hq + h;
+        for (int i = 0; i < kKeysPerWarp; ++i) {
+          const int64_t s = s_lo + warp * kKeysPerWarp + i;
+          if (s >= p.S || !attn_visible(p, b, t, s)) continue;  // uniform across the warp
+          const float pr = expf(lane_dot(kr[i], sq + j * dh, lane, dh) * p.scale - p.lse[r]);
+          const float dp = lane_dot(vr[i], sdo + j * dh, lane, dh);
+          const float ds = pr * (dp - p.drow[r]) * p.scale;
+          for (int e = 0; e < kAttnMaxPerLane; ++e) {
+            const int64_t d = lane + int64_t(e) * GPU_WARP_SIZE;
+            if (d < dh) {
+              dv[i][e] += pr * sdo[j * dh + d];
+              dk[i][e] += ds * sq[j * dh + d];
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+  for (int i = 0; i < kKeysPerWarp; ++i) {
+    const int64_t s = s_lo + warp * kKeysPerWarp + i;
+    if (s >= p.S) continue;
+    lane_store(dk[i], p.dk + ((b * p.S + s) * p.Hkv + g) * dh, lane, dh);
+    lane_store(dv[i], p.dv + ((b * p.S + s) * p.Hkv + g) * dh, lane, dh);
+  }
+}
+
+}  // namespace
+
+void CudaBackend::attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) {
+  if (a.B * a.T == 0) return;
+  if (a.dh > kAttnMaxDh || a.dh > int64_t(kAttnMaxPerLane) * warp_size_)
+    fail("cuda", "attention_backward: head_dim " + std::to_string(a.dh) + " is not supported (at most 128)");
+  DeviceBuffer pos0 = upload(a.pos0, a.B * 8);
+  DeviceBuffer seg;
+  if (a.seg_start) seg = upload(a.seg_start, a.B * a.T * 4);
+  DeviceBuffer lse(this, a.B * a.T * a.Hq * 4), drow(this, a.B * a.T * a.Hq * 4);
+  AttnParams p;
+  p.q = a.q; p.k = a.k_cache; p.v = a.v_cache; p.o = a.out; p.dout = dout;
+  p.dq = dq; p.dk = dk; p.dv = dv; p.lse = lse.f(); p.drow = drow.f();
+  p.pos0 = pos0.l(); p.seg = a.seg_start ? seg.i() : nullptr;
+  p.B = a.B; p.T = a.T; p.S = a.S; p.Hq = a.Hq; p.Hkv = a.Hkv; p.dh = a.dh; p.window = a.window; p.scale = a.scale;
+  const unsigned threads = unsigned(kAttnWarps * warp_size_);
+  const int64_t tile_q = int64_t(kAttnWarps) * kQueriesPerWarp, tile_k = int64_t(kAttnWarps) * kKeysPerWarp;
+  dim3 grid_q(unsigned((a.T + tile_q - 1) / tile_q), unsigned(a.Hq), unsigned(a.B));
+  k_attention_dq<<<grid_q, threads, 0, stream_>>>(p);
+  GPU_LAUNCH_CHECK();
+  dim3 grid_k(unsigned((a.S + tile_k - 1) / tile_k), unsigned(a.Hkv), unsigned(a.B));
+  k_attention_dkdv<<<grid_k, threads, 0, stream_>>>(p);
+  GPU_LAUNCH_CHECK();
+}
+
+}  // namespace zaya

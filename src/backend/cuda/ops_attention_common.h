@@ -1,0 +1,80 @@
+// Shared by the GPU attention forward and backward: the kernel parameter block, the
+// visibility rule (causal, sliding window, packed-document start), and the lane layout of a
+// head vector inside one warp (element d = lane + e * GPU_WARP_SIZE, at most 4 per lane, so
+// head_dim <= 128 on 32-wide warps and on 64-wide wavefronts alike).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/gpu_device.h"
+
+namespace zaya {
+
+constexpr int kAttnWarps = 4;       // warps per block
+constexpr int kAttnMaxPerLane = 4;  // head_dim <= 4 * 32
+constexpr int kAttnKeyTile = 32;    // keys staged in shared memory per step (forward, dQ)
+constexpr int kAttnQueryTile = 32;  // queries staged per step (dK/dV)
+constexpr int kAttnMaxDh = 128;
+
+struct AttnParams {
+  const float* q = nullptr;     // [B, T, Hq, dh]
+  const float* k = nullptr;     // [B, S, Hkv, dh]
+  const float* v = nullptr;     // [B, S, Hkv, dh]
+  const float* o = nullptr;     // [B, T, Hq, dh] forward output (backward input)
+  const float* dout = nullptr;  // [B, T, Hq, dh]
+  float* out = nullptr;
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  float* lse = nullptr;   // [B, T, Hq] backward: row log-sum-exp
+  float* drow = nullptr;  // [B, T, Hq] backward: rowsum(dO * O)
+  const int64_t* pos0 = nullptr;  // [B] device
+  const int32_t* seg = nullptr;   // [B*T] device or null
+  int64_t B = 0, T = 0, S = 0, Hq = 0, Hkv = 0, dh = 0, window = 0;
+  float scale = 1.0f;
+};
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+__device__ inline bool attn_visible(const AttnParams& p, int64_t b, int64_t t, int64_t s) {
+  const int64_t pos = p.pos0[b] + t;
+  if (s > pos) return false;
+  if (p.window > 0 && pos - s >= p.window) return false;
+  if (p.seg && s < int64_t(p.seg[b * p.T + t])) return false;
+  return true;
+}
+
+// Dot product of a lane-distributed head vector with a row in shared memory, summed over the warp.
+__device__ inline float lane_dot(const float (&x)[kAttnMaxPerLane], const float* row, int lane, int64_t dh) {
+  float s = 0.0f;
+  for (int e = 0; e < kAttnMaxPerLane; ++e) {
+    const int64_t d = lane + int64_t(e) * GPU_WARP_SIZE;
+    if (d < dh) s += x[e] * row[d];
+  }
+  return warp_sum(s);
+}
+
+__device__ inline void lane_load(float (&x)[kAttnMaxPerLane], const float* src, int lane, int64_t dh) {
+  for (int e = 0; e < kAttnMaxPerLane; ++e) {
+    const int64_t d = lane + int64_t(e) * GPU_WARP_SIZE;
+    x[e] = d < dh ? src[d] : 0.0f;
+  }
+}
+
+__device__ inline void lane_store(const float (&x)[kAttnMaxPerLane], float* dst, int lane, int64_t dh) {
+  for (int e = 0; e < kAttnMaxPerLane; ++e) {
+    const int64_t d = lane + int64_t(e) * GPU_WARP_SIZE;
+    if (d < dh) dst[d] = x[e];
+  }
+}
+
+// Stages rows [r0, r0 + n) of a [.., H, dh] tensor (head hh of sequence b) into sh[n][dh].
+__device__ inline void stage_rows(float* sh, const float* src, int64_t b, int64_t rows_per_seq, int64_t H, int64_t hh,
+                                  int64_t dh, int64_t r0, int64_t n) {
+  for (int64_t i = threadIdx.x; i < n * dh; i += blockDim.x) {
+    const int64_t r = i / dh, d = i % dh;
+    sh[i] = src[((b * rows_per_seq + r0 + r) * H + hh) * dh + d];
+  }
+}
+#endif
+
+}  // namespace zaya

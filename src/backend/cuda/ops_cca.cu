@@ -1,0 +1,199 @@
+// GPU ops for Compressed Convolutional Attention (spec A.5-A.6): the two-stage causal conv
+// with carried state (and the packed-document variant, re-laid exactly as the CPU backend
+// does), the mean paths + QK-norm + key temperature + partial NeoX RoPE, the current/delayed
+// value heads, and KV-cache writes. All fp32 (spec A.11). Not yet run on a GPU.
+#include <cfloat>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops_cca_common.h"
+
+namespace zaya {
+
+namespace {
+
+__global__ void k_conv_grouped(const float* y, const float* w_grp, const float* b_grp, float* z, int64_t B, int64_t T,
+                               int64_t C, int64_t G, int64_t t1) {
+  const int64_t Ly = T + t1 - 1;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * T * C; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % C, t = (i / C) % T, b = i / (C * T);
+    const float* w = w_grp + c * G * t1;
+    const float* yg = y + (b * Ly + t) * C + (c / G) * G;
+    float acc = b_grp[c];
+    for (int64_t ci = 0; ci < G; ++ci)
+      for (int64_t j = 0; j < t1; ++j) acc += w[ci * t1 + j] * yg[j * C + ci];
+    z[i] = acc;
+  }
+}
+
+// new_state[b, p] = ext(b, T + p): written to a temporary, then copied over the state.
+__global__ void k_conv_new_state(const float* u, const float* state, float* out, int64_t B, int64_t T, int64_t C,
+                                 int64_t P) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * P * C; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % C, p = (i / C) % P, b = i / (C * P);
+    out[i] = conv_ext(u, state, b, T + p, c, T, C, P);
+  }
+}
+
+__global__ void k_rope_table(const int64_t* positions, int64_t N, int64_t half, int64_t rotary_dim, double theta,
+                             float* cs, float* sn) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N * half; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / half, k = i % half;
+    const double inv_freq = pow(theta, -2.0 * double(k) / double(rotary_dim));
+    const double ang = double(positions[n]) * inv_freq;
+    cs[i] = float(cos(ang));
+    sn[i] = float(sin(ang));
+  }
+}
+
+// Pre-norm value of element i of head `head` (q heads first, then kv heads) for token row z/u.
+__device__ inline float qk_value(const float* z, const float* u, int64_t head, int64_t i, int64_t Hq, int64_t dh,
+                                 int64_t rep) {
+  const int64_t Dq = Hq * dh;
+  if (head < Hq) {
+    const int64_t g = head / rep;
+    const float res = 0.5f * (u[head * dh + i] + u[Dq + g * dh + i]);
+    return z[head * dh + i] + res;
+  }
+  const int64_t g = head - Hq;
+  float kg = 0.0f;
+  for (int64_t r = 0; r < rep; ++r) kg += 0.5f * (u[(g * rep + r) * dh + i] + u[Dq + g * dh + i]);
+  return z[Dq + g * dh + i] + kg / float(rep);
+}
+
+// One thread per (token, head): normalise (x temperature for keys), then rotate the first
+// rotary_dim dims (NeoX rotate-half). Recomputes the pre-norm value instead of storing it.
+__global__ void k_cca_qk(const float* zz, const float* uu, const float* temp, const float* cs_t, const float* sn_t,
+                         float* q, float* k, int64_t N, int64_t Hq, int64_t Hkv, int64_t dh, int64_t half) {
+  const int64_t C = (Hq + Hkv) * dh, rep = Hq / Hkv;
+  const float scale = sqrtf(float(dh));
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < N * (Hq + Hkv);
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = idx / (Hq + Hkv), head = idx % (Hq + Hkv);
+    const float* z = zz + n * C;
+    const float* u = uu + n * C;
+    const float* cs = cs_t + n * half;
+    const float* sn = sn_t + n * half;
+    const float mult = head < Hq ? 1.0f : temp[head - Hq];
+    float* out = head < Hq ? q + (n * Hq + head) * dh : k + (n * Hkv + (head - Hq)) * dh;
+    double ss = 0;
+    for (int64_t i = 0; i < dh; ++i) {
+      const float v = qk_value(z, u, head, i, Hq, dh, rep);
+      ss += double(v) * v;
+    }
+    const float f = scale / fmaxf(float(sqrt(ss)), FLT_EPSILON) * mult;
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = qk_value(z, u, head, i, Hq, dh, rep) * f;
+      const float x2 = qk_value(z, u, head, i + half, Hq, dh, rep) * f;
+      out[i] = x1 * cs[i] - x2 * sn[i];
+      out[i + half] = x2 * cs[i] + x1 * sn[i];
+    }
+    for (int64_t i = 2 * half; i < dh; ++i) out[i] = qk_value(z, u, head, i, Hq, dh, rep) * f;
+  }
+}
+
+__global__ void k_cca_values(const float* v_cur, const float* v_del, const float* state, const int32_t* seg, float* v,
+                             int64_t B, int64_t T, int64_t h) {
+  const int64_t W = 2 * h;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * T * W; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % W, t = (i / W) % T, b = i / (W * T);
+    if (j < h) {
+      v[i] = v_cur[(b * T + t) * h + j];
+    } else if (seg && t > 0 && seg[b * T + t] == t) {
+      v[i] = 0.0f;  // a document starts here
+    } else {
+      v[i] = t == 0 ? state[b * h + (j - h)] : v_del[(b * T + t - 1) * h + (j - h)];
+    }
+  }
+}
+
+__global__ void k_values_state(const float* v_del, float* state, int64_t B, int64_t T, int64_t h) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * h; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = i / h, j = i % h;
+    state[i] = v_del[(b * T + T - 1) * h + j];
+  }
+}
+
+__global__ void k_cache_write(const float* src, float* cache, const int64_t* pos0, int64_t B, int64_t T, int64_t S,
+                              int64_t W) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * T * W; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t w = i % W, t = (i / W) % T, b = i / (W * T);
+    cache[(b * S + pos0[b] + t) * W + w] = src[i];
+  }
+}
+
+}  // namespace
+
+void CudaBackend::cca_conv_rows(const CcaConvArgs& a) {
+  const int64_t B = a.B, T = a.T, C = a.C, P = (a.t0 - 1) + (a.t1 - 1), Ly = T + a.t1 - 1;
+  if (B * T == 0) return;
+  DeviceBuffer y(this, B * Ly * C * 4);
+  launch_conv_depthwise(stream_, a.u, a.state, a.w_dw, a.b_dw, y.f(), B, T, C, P, a.t0, a.t1);
+  k_conv_grouped<<<gpu_blocks(B * T * C), kGpuThreads, 0, stream_>>>(y.f(), a.w_grp, a.b_grp, a.z, B, T, C, a.group,
+                                                                       a.t1);
+  GPU_LAUNCH_CHECK();
+  if (a.state && P > 0) {
+    DeviceBuffer ns(this, B * P * C * 4);
+    k_conv_new_state<<<gpu_blocks(B * P * C), kGpuThreads, 0, stream_>>>(a.u, a.state, ns.f(), B, T, C, P);
+    GPU_LAUNCH_CHECK();
+    copy(a.state, ns.f(), B * P * C);
+  }
+}
+
+void CudaBackend::cca_conv(const CcaConvArgs& a) {
+  if (!a.seg_start) return cca_conv_rows(a);
+  // Packed documents: per row, P zero rows before every document start after the first, then
+  // the ordinary convolution from a zero state (as backend/cpu/ops_cca_segments.cpp).
+  const int64_t C = a.C, T = a.T, P = (a.t0 - 1) + (a.t1 - 1);
+  for (int64_t b = 0; b < a.B; ++b) {
+    std::vector<int32_t> row_of;
+    const int64_t Te = expanded_rows(a.seg_start + b * T, T, P, row_of);
+    DeviceBuffer rows = upload(row_of.data(), T * 4);
+    DeviceBuffer ue(this, Te * C * 4), ze(this, Te * C * 4), state(this, (P > 0 ? P : 1) * C * 4);
+    fill(ue.f(), 0.0f, Te * C);
+    fill(state.f(), 0.0f, P * C);
+    launch_scatter_rows(stream_, a.u + b * T * C, rows.i(), T, C, ue.f(), false);
+    CcaConvArgs row = a;
+    row.seg_start = nullptr;
+    row.B = 1; row.T = Te; row.u = ue.f(); row.z = ze.f(); row.state = state.f();
+    cca_conv_rows(row);
+    launch_gather_rows(stream_, ze.f(), rows.i(), T, C, a.z + b * T * C, false);
+    if (a.state) copy(a.state + b * P * C, state.f(), P * C);
+  }
+}
+
+void CudaBackend::cca_qk(const CcaQkArgs& a) {
+  const int64_t N = a.N, half = a.rotary_dim / 2;
+  if (N == 0) return;
+  DeviceBuffer pos = upload(a.positions, N * 8);
+  DeviceBuffer cs(this, (half > 0 ? N * half : 1) * 4), sn(this, (half > 0 ? N * half : 1) * 4);
+  if (half > 0) {
+    k_rope_table<<<gpu_blocks(N * half), kGpuThreads, 0, stream_>>>(pos.l(), N, half, a.rotary_dim, a.theta, cs.f(),
+                                                                      sn.f());
+    GPU_LAUNCH_CHECK();
+  }
+  k_cca_qk<<<gpu_blocks(N * (a.Hq + a.Hkv)), kGpuThreads, 0, stream_>>>(a.z, a.u, a.temp, cs.f(), sn.f(), a.q, a.k, N,
+                                                                        a.Hq, a.Hkv, a.dh, half);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::cca_values(const CcaValueArgs& a) {
+  if (a.B * a.T == 0) return;
+  DeviceBuffer seg;
+  if (a.seg_start) seg = upload(a.seg_start, a.B * a.T * 4);
+  k_cca_values<<<gpu_blocks(a.B * a.T * 2 * a.half), kGpuThreads, 0, stream_>>>(
+      a.v_cur, a.v_del, a.v_state, a.seg_start ? seg.i() : nullptr, a.v, a.B, a.T, a.half);
+  GPU_LAUNCH_CHECK();
+  k_values_state<<<gpu_blocks(a.B * a.half), kGpuThreads, 0, stream_>>>(a.v_del, a.v_state, a.B, a.T, a.half);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::cache_write(const float* src, float* cache, const int64_t* pos0, int64_t B, int64_t T, int64_t S,
+                              int64_t W) {
+  if (src == cache || B * T * W == 0) return;  // training: the chunk is the whole cache
+  DeviceBuffer p = upload(pos0, B * 8);
+  k_cache_write<<<gpu_blocks(B * T * W), kGpuThreads, 0, stream_>>>(src, cache, p.l(), B, T, S, W);
+  GPU_LAUNCH_CHECK();
+}
+
+}  // namespace zaya

@@ -1,0 +1,257 @@
+// GPU backward of the CCA ops: the two causal convolutions (zero state: training runs fresh
+// sequences), the mean paths + QK-norm + temperature + RoPE (recomputed per token and group),
+// and the value shift. Weight gradients are reduced in a fixed order (no atomics). fp32
+// throughout. Not yet run on a GPU.
+#include <cfloat>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops_cca_common.h"
+
+namespace zaya {
+
+namespace {
+
+// dy[b, s, g*G + ci] = sum_j sum_co dz[b, s - j, g*G + co] * w_grp[g*G + co, ci, j]
+__global__ void k_conv_grouped_dy(const float* dz, const float* w_grp, float* dy, int64_t B, int64_t T, int64_t C,
+                                  int64_t G, int64_t t1) {
+  const int64_t Ly = T + t1 - 1;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * Ly * C; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t cc = i % C, s = (i / C) % Ly, b = i / (C * Ly);
+    const int64_t g = cc / G, ci = cc % G;
+    float acc = 0.0f;
+    for (int64_t j = 0; j < t1; ++j) {
+      const int64_t t = s - j;
+      if (t < 0 || t >= T) continue;
+      const float* dzt = dz + (b * T + t) * C + g * G;
+      for (int64_t co = 0; co < G; ++co) acc += dzt[co] * w_grp[((g * G + co) * G + ci) * t1 + j];
+    }
+    dy[i] = acc;
+  }
+}
+
+// dw_grp[c, ci, j] += sum_{b,t} dz[b, t, c] * y[b, t + j, (c / G) * G + ci]
+__global__ void k_conv_grouped_dw(const float* dz, const float* y, float* dw_grp, int64_t B, int64_t T, int64_t C,
+                                  int64_t G, int64_t t1) {
+  const int64_t Ly = T + t1 - 1;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < C * G * t1; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % t1, ci = (i / t1) % G, c = i / (t1 * G);
+    const int64_t col = (c / G) * G + ci;
+    double s = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) s += double(dz[(b * T + t) * C + c]) * y[(b * Ly + t + j) * C + col];
+    dw_grp[i] += float(s);
+  }
+}
+
+// du[b, t, c] += sum_k w_dw[c, k] * dy[b, t + P - k, c]   (ext row t + P is u row t)
+__global__ void k_conv_depthwise_du(const float* dy, const float* w_dw, float* du, int64_t B, int64_t T, int64_t C,
+                                    int64_t P, int64_t t0, int64_t Ly) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * T * C; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % C, t = (i / C) % T, b = i / (C * T);
+    float acc = 0.0f;
+    for (int64_t k = t0 - 1; k >= 0; --k) {
+      const int64_t s = t + P - k;
+      if (s >= 0 && s < Ly) acc += w_dw[c * t0 + k] * dy[(b * Ly + s) * C + c];
+    }
+    du[i] += acc;
+  }
+}
+
+// dw_dw[c, k] += sum_{b,s} dy[b, s, c] * ext(b, s + k, c)  (zero state)
+__global__ void k_conv_depthwise_dw(const float* dy, const float* u, float* dw_dw, int64_t B, int64_t T, int64_t C,
+                                    int64_t P, int64_t t0, int64_t Ly) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < C * t0; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i / t0, k = i % t0;
+    double s = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t r = 0; r < Ly; ++r) s += double(dy[(b * Ly + r) * C + c]) * conv_ext(u, nullptr, b, r + k, c, T, C, P);
+    dw_dw[i] += float(s);
+  }
+}
+
+__global__ void k_rope_table_b(const int64_t* positions, int64_t N, int64_t half, int64_t rotary_dim, double theta,
+                               float* cs, float* sn) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N * half; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / half, k = i % half;
+    const double ang = double(positions[n]) * pow(theta, -2.0 * double(k) / double(rotary_dim));
+    cs[i] = float(cos(ang));
+    sn[i] = float(sin(ang));
+  }
+}
+
+// d(pre-rotation) element i from d(out) (inverse NeoX rotation on the first 2*half dims).
+__device__ inline double unrotate(const float* dout, const float* cs, const float* sn, int64_t i, int64_t half) {
+  if (i < half) return double(dout[i]) * cs[i] + double(dout[i + half]) * sn[i];
+  if (i < 2 * half) return -double(dout[i - half]) * sn[i - half] + double(dout[i]) * cs[i - half];
+  return dout[i];
+}
+
+// Pre-norm values as the CPU backward recomputes them.
+__device__ inline float q_pre(const float* z, const float* u, int64_t h, int64_t g, int64_t i, int64_t dh,
+                              int64_t Dq) {
+  return z[h * dh + i] + 0.5f * (u[h * dh + i] + u[Dq + g * dh + i]);
+}
+__device__ inline float k_pre(const float* z, const float* u, int64_t g, int64_t i, int64_t dh, int64_t Dq,
+                              int64_t rep) {
+  float mq = 0.0f;
+  for (int64_t r = 0; r < rep; ++r) mq += u[(g * rep + r) * dh + i];
+  return z[Dq + g * dh + i] + 0.5f * mq / float(rep) + 0.5f * u[Dq + g * dh + i];
+}
+
+// One thread per (token, KV group): the group's query heads, then its key head. The thread
+// owns every du element it touches (its group's q heads and k head), so there are no races.
+__global__ void k_cca_qk_backward(const float* zz, const float* uu, const float* temp, const float* cs_t,
+                                  const float* sn_t, const float* dq, const float* dk, float* dzz, float* duu,
+                                  double* dtemp_tok, int64_t N, int64_t Hq, int64_t Hkv, int64_t dh, int64_t half) {
+  const int64_t C = (Hq + Hkv) * dh, Dq = Hq * dh, rep = Hq / Hkv;
+  const double sdh = sqrt(double(dh));
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < N * Hkv;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = idx / Hkv, g = idx % Hkv;
+    const float* z = zz + n * C;
+    const float* u = uu + n * C;
+    float* dz = dzz + n * C;
+    float* du = duu + n * C;
+    const float* cs = cs_t + n * half;
+    const float* sn = sn_t + n * half;
+    for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
+      const float* dout = dq + (n * Hq + h) * dh;
+      double ss = 0, vda = 0;
+      for (int64_t i = 0; i < dh; ++i) {
+        const double v = q_pre(z, u, h, g, i, dh, Dq);
+        ss += v * v;
+        vda += v * unrotate(dout, cs, sn, i, half);
+      }
+      const double nrm = sqrt(ss);
+      for (int64_t i = 0; i < dh; ++i) {
+        const double da = unrotate(dout, cs, sn, i, half);
+        const double dv = nrm > FLT_EPSILON ? sdh / nrm * (da - double(q_pre(z, u, h, g, i, dh, Dq)) * vda / ss)
+                                            : sdh / double(FLT_EPSILON) * da;
+        dz[h * dh + i] = float(dv);
+        du[h * dh + i] += float(0.5 * dv);
+        du[Dq + g * dh + i] += float(0.5 * dv);
+      }
+    }
+    const float* dout = dk + (n * Hkv + g) * dh;
+    const double mult = temp[g];
+    double ss = 0, vda = 0;
+    for (int64_t i = 0; i < dh; ++i) {
+      const double v = k_pre(z, u, g, i, dh, Dq, rep);
+      ss += v * v;
+      vda += v * unrotate(dout, cs, sn, i, half);
+    }
+    const double nrm = sqrt(ss);
+    dtemp_tok[n * Hkv + g] = vda * sdh / (nrm > double(FLT_EPSILON) ? nrm : double(FLT_EPSILON));
+    for (int64_t i = 0; i < dh; ++i) {
+      const double da = unrotate(dout, cs, sn, i, half);
+      const double dv = nrm > FLT_EPSILON
+                            ? sdh * mult / nrm * (da - double(k_pre(z, u, g, i, dh, Dq, rep)) * vda / ss)
+                            : sdh * mult / double(FLT_EPSILON) * da;
+      dz[Dq + g * dh + i] = float(dv);
+      du[Dq + g * dh + i] += float(0.5 * dv);
+      for (int64_t r = 0; r < rep; ++r) du[(g * rep + r) * dh + i] += float(0.5 * dv / double(rep));
+    }
+  }
+}
+
+__global__ void k_dtemp(const double* dtemp_tok, float* dtemp, int64_t N, int64_t Hkv) {
+  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= Hkv) return;
+  double s = 0;
+  for (int64_t n = 0; n < N; ++n) s += dtemp_tok[n * Hkv + g];
+  dtemp[g] += float(s);
+}
+
+__global__ void k_values_backward(const float* dv, float* dv_cur, float* dv_del, const int32_t* seg, int64_t B,
+                                  int64_t T, int64_t h) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * T * h; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % h, t = (i / h) % T, b = i / (h * T);
+    dv_cur[i] = dv[(b * T + t) * 2 * h + j];
+    // dv_del[t] comes from the delayed half of token t + 1 (none for the last token, none
+    // across a document start).
+    const bool has_next = t + 1 < T && !(seg && seg[b * T + t + 1] == t + 1);
+    dv_del[i] = has_next ? dv[(b * T + t + 1) * 2 * h + h + j] : 0.0f;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::cca_conv_backward_rows(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw,
+                                         float* db_dw, float* dw_grp, float* db_grp) {
+  const int64_t B = a.B, T = a.T, C = a.C, P = (a.t0 - 1) + (a.t1 - 1), G = a.group, Ly = T + a.t1 - 1;
+  if (B * T == 0) return;
+  DeviceBuffer y(this, B * Ly * C * 4), dy(this, B * Ly * C * 4);
+  launch_conv_depthwise(stream_, a.u, nullptr, a.w_dw, a.b_dw, y.f(), B, T, C, P, a.t0, a.t1);
+  k_conv_grouped_dy<<<gpu_blocks(B * Ly * C), kGpuThreads, 0, stream_>>>(dz, a.w_grp, dy.f(), B, T, C, G, a.t1);
+  GPU_LAUNCH_CHECK();
+  if (dw_grp) {
+    k_conv_grouped_dw<<<gpu_blocks(C * G * a.t1), kGpuThreads, 0, stream_>>>(dz, y.f(), dw_grp, B, T, C, G, a.t1);
+    GPU_LAUNCH_CHECK();
+  }
+  if (db_grp) gpu_column_sums(*this, B * T, C, db_grp, dz, C, nullptr, nullptr, nullptr, nullptr);
+  k_conv_depthwise_du<<<gpu_blocks(B * T * C), kGpuThreads, 0, stream_>>>(dy.f(), a.w_dw, du, B, T, C, P, a.t0, Ly);
+  GPU_LAUNCH_CHECK();
+  if (dw_dw) {
+    k_conv_depthwise_dw<<<gpu_blocks(C * a.t0), kGpuThreads, 0, stream_>>>(dy.f(), a.u, dw_dw, B, T, C, P, a.t0, Ly);
+    GPU_LAUNCH_CHECK();
+  }
+  if (db_dw) gpu_column_sums(*this, B * Ly, C, db_dw, dy.f(), C, nullptr, nullptr, nullptr, nullptr);
+}
+
+void CudaBackend::cca_conv_backward(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,
+                                    float* dw_grp, float* db_grp) {
+  if (!a.seg_start) return cca_conv_backward_rows(a, dz, du, dw_dw, db_dw, dw_grp, db_grp);
+  // Packed documents: the ordinary backward over the expanded rows (zero output gradient on
+  // the inserted ones), as backend/cpu/ops_cca_segments.cpp.
+  const int64_t C = a.C, T = a.T, P = (a.t0 - 1) + (a.t1 - 1);
+  for (int64_t b = 0; b < a.B; ++b) {
+    std::vector<int32_t> row_of;
+    const int64_t Te = expanded_rows(a.seg_start + b * T, T, P, row_of);
+    DeviceBuffer rows = upload(row_of.data(), T * 4);
+    DeviceBuffer ue(this, Te * C * 4), dze(this, Te * C * 4), due(this, Te * C * 4);
+    fill(ue.f(), 0.0f, Te * C);
+    fill(dze.f(), 0.0f, Te * C);
+    fill(due.f(), 0.0f, Te * C);
+    launch_scatter_rows(stream_, a.u + b * T * C, rows.i(), T, C, ue.f(), false);
+    launch_scatter_rows(stream_, dz + b * T * C, rows.i(), T, C, dze.f(), false);
+    CcaConvArgs row = a;
+    row.seg_start = nullptr;
+    row.B = 1; row.T = Te; row.u = ue.f(); row.z = nullptr; row.state = nullptr;
+    cca_conv_backward_rows(row, dze.f(), due.f(), dw_dw, db_dw, dw_grp, db_grp);
+    launch_gather_rows(stream_, due.f(), rows.i(), T, C, du + b * T * C, true);
+  }
+}
+
+void CudaBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const float* dk, float* dz, float* du,
+                                  float* dtemp) {
+  const int64_t N = a.N, half = a.rotary_dim / 2;
+  if (N == 0) return;
+  DeviceBuffer pos = upload(a.positions, N * 8);
+  DeviceBuffer cs(this, (half > 0 ? N * half : 1) * 4), sn(this, (half > 0 ? N * half : 1) * 4);
+  DeviceBuffer tok(this, N * a.Hkv * 8);
+  if (half > 0) {
+    k_rope_table_b<<<gpu_blocks(N * half), kGpuThreads, 0, stream_>>>(pos.l(), N, half, a.rotary_dim, a.theta, cs.f(),
+                                                                        sn.f());
+    GPU_LAUNCH_CHECK();
+  }
+  k_cca_qk_backward<<<gpu_blocks(N * a.Hkv), kGpuThreads, 0, stream_>>>(a.z, a.u, a.temp, cs.f(), sn.f(), dq, dk, dz,
+                                                                        du, tok.d(), N, a.Hq, a.Hkv, a.dh, half);
+  GPU_LAUNCH_CHECK();
+  if (dtemp) {
+    k_dtemp<<<1, kGpuThreads, 0, stream_>>>(tok.d(), dtemp, N, a.Hkv);
+    GPU_LAUNCH_CHECK();
+  }
+}
+
+void CudaBackend::cca_values_backward(const float* dv, float* dv_cur, float* dv_del, int64_t B, int64_t T,
+                                      int64_t half, const int32_t* seg_start) {
+  if (B * T * half == 0) return;
+  DeviceBuffer seg;
+  if (seg_start) seg = upload(seg_start, B * T * 4);
+  k_values_backward<<<gpu_blocks(B * T * half), kGpuThreads, 0, stream_>>>(dv, dv_cur, dv_del,
+                                                                           seg_start ? seg.i() : nullptr, B, T, half);
+  GPU_LAUNCH_CHECK();
+}
+
+}  // namespace zaya

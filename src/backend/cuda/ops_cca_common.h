@@ -1,0 +1,44 @@
+// Pieces shared by the CCA forward and backward on the GPU: the virtual "ext" rows (state
+// rows, then the chunk's raw q||k rows), the depthwise stage, and the packed-document row
+// expansion (the same re-layout as backend/cpu/ops_cca_segments.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cuda/gpu_runtime.h"
+
+namespace zaya {
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+// Row `row` of concat(state [P, C], u [T, C]) for sequence b; a null state reads as zeros.
+__device__ inline float conv_ext(const float* u, const float* state, int64_t b, int64_t row, int64_t c, int64_t T,
+                                 int64_t C, int64_t P) {
+  if (row < P) return state ? state[(b * P + row) * C + c] : 0.0f;
+  return u[(b * T + row - P) * C + c];
+}
+#endif
+
+// y[b, s, c] = b_dw[c] + sum_i w_dw[c, i] * ext(b, s + i, c) for s < T + t1 - 1.
+void launch_conv_depthwise(gpuStream_t s, const float* u, const float* state, const float* w_dw, const float* b_dw,
+                           float* y, int64_t B, int64_t T, int64_t C, int64_t P, int64_t t0, int64_t t1);
+// dst[rows[t], :] (+)= src[t, :] for t < T (rows of width C).
+void launch_scatter_rows(gpuStream_t s, const float* src, const int32_t* rows, int64_t T, int64_t C, float* dst,
+                         bool accumulate);
+// dst[t, :] (+)= src[rows[t], :] for t < T.
+void launch_gather_rows(gpuStream_t s, const float* src, const int32_t* rows, int64_t T, int64_t C, float* dst,
+                        bool accumulate);
+
+// Expanded row of every token of one packed row (P zero rows before each document start after
+// the first); returns the expanded length. seg_start is host memory.
+inline int64_t expanded_rows(const int32_t* seg_start, int64_t T, int64_t P, std::vector<int32_t>& row_of) {
+  row_of.resize(static_cast<size_t>(T));
+  int64_t inserted = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (t > 0 && seg_start[t] == t) inserted += P;
+    row_of[size_t(t)] = int32_t(t + inserted);
+  }
+  return T + inserted;
+}
+
+}  // namespace zaya
