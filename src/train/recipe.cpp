@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "train/recipe_phases.h"
 
 namespace zaya {
 namespace {
@@ -423,10 +424,7 @@ std::string unknown_key_hint(const std::string& section) {
 
 // ---- problems ------------------------------------------------------------------------------
 
-struct Problem {
-  uint32_t line = 0, column = 0;
-  std::string message, hint;
-};
+using recipe_detail::Problem;
 
 std::string at(const std::string& source, uint32_t line) {
   return "in " + source + (line ? " at line " + std::to_string(line) : "");
@@ -511,6 +509,7 @@ void cross_check(const Recipe& r, const std::string& source, std::vector<Problem
   if (r.stability.policy == "rollback" && r.checkpoint.every == 0)
     add("stability.policy", {"checkpoint.every"},
         "expected \"skip\" when checkpoint.every is 0 (a rollback needs a checkpoint), found \"rollback\"");
+  recipe_detail::check_phases(r, source, problems);
 }
 
 Recipe parse_impl(const std::string& text, const std::string& source) {
@@ -540,6 +539,10 @@ Recipe parse_impl(const std::string& text, const std::string& source) {
       }
       for (auto&& [k2, node2] : *table) {
         std::string key(k2.str());
+        if (name == "data" && key == "datasets") {
+          recipe_detail::read_datasets(node2, r.data.datasets, source, problems);
+          continue;
+        }
         const Field* f = find_field(name + "." + key);
         if (!f) {
           unknown_key(name, key, node2, source, problems);
@@ -548,6 +551,8 @@ Recipe parse_impl(const std::string& text, const std::string& source) {
         lines[f->name()] = node2.source().begin.line;
         read_field(*f, node2, r, source, problems);
       }
+    } else if (name == "phases") {
+      recipe_detail::read_phases(node, r.phases, source, problems);
     } else if (const Field* f = find_field(name); f && !*f->section) {
       lines[name] = node.source().begin.line;
       read_field(*f, node, r, source, problems);
@@ -602,6 +607,9 @@ void apply_override(Recipe& recipe, const std::string& assignment) {
   std::string name = trim(assignment.substr(0, eq));
   std::string value = trim(assignment.substr(eq + 1));
   const Field* f = find_field(name);
+  if (!f && (name.rfind("phases", 0) == 0 || name.rfind("data.datasets", 0) == 0))
+    fail("recipe", "'" + source + "': [[phases]] and [[data.datasets]] are set in the recipe file, not with --set",
+         "copy the recipe and edit its phases");
   if (!f) {
     if (is_section(name))
       fail("recipe", "'" + source + "': '" + name + "' is a section; expected section.key=value",
@@ -680,7 +688,7 @@ std::string recipe_to_toml(const Recipe& recipe) {
     }
     out += std::string(f.key) + " = " + value_text(f, recipe) + "\n";
   }
-  return out;
+  return out + recipe_detail::phases_to_toml(recipe);
 }
 
 const std::string& default_recipe_toml() {

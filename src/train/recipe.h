@@ -19,12 +19,38 @@ struct RecipeModel {
   bool operator==(const RecipeModel&) const = default;
 };
 
+// One shard dataset (`zaya data prepare` output), declared once and named by phase mixtures.
+struct RecipeDataset {
+  std::string name;
+  std::string dir;
+  bool operator==(const RecipeDataset&) const = default;
+};
+
+struct RecipeMixtureWeight {
+  std::string dataset;  // a RecipeDataset name
+  double weight = 1.0;  // relative, > 0
+  bool operator==(const RecipeMixtureWeight&) const = default;
+};
+
+// One training phase ([[phases]]): its token budget, sequence length and mixture, and
+// optionally a RoPE theta and a learning-rate scale that apply while it runs.
+struct RecipePhase {
+  std::string name;
+  int64_t tokens = 0;      // multiple of seq_len; 0 only for the last phase (= until the end)
+  int64_t seq_len = 0;
+  std::vector<RecipeMixtureWeight> mixture;  // sorted by dataset name
+  double rope_theta = 0;   // 0 = the model's own
+  double lr_scale = 1.0;   // multiplies the LR schedule
+  bool operator==(const RecipePhase&) const = default;
+};
+
 struct RecipeData {
   std::string train = "data/sotu/train.bin";
   std::string val = "data/sotu/val.bin";       // "" = no held-out loss
   std::string tokenizer = "data/sotu/tokenizer.model";  // "" only with model.init_from
   int64_t seq_len = 256;
   bool reset_at_document_boundary = false;
+  std::vector<RecipeDataset> datasets;  // [[data.datasets]]; used by [[phases]]
   bool operator==(const RecipeData&) const = default;
 };
 
@@ -110,6 +136,9 @@ struct Recipe {
   RecipeLogging logging;
   RecipeEval eval;
   RecipeStability stability;
+  // [[phases]]: a phased mixture of shard datasets (the data issue's curriculum). Empty = one
+  // phase reading data.train at data.seq_len.
+  std::vector<RecipePhase> phases;
   bool operator==(const Recipe&) const = default;
 };
 
