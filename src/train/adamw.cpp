@@ -11,7 +11,7 @@ void Optimizer::adamw_step(size_t i, float* params, const float* grads, float lr
   ZAYA_CHECK(r.kind == OptimKind::AdamW && r.moment2_offset >= 0, "adamw_step on a tensor AdamW does not own");
   const float wd = r.weight_decay ? float(cfg_.weight_decay) : 0.0f;
   const int64_t t = ++steps_[i];
-  be_.adamw_update(params + p.offset, grads + p.offset, m1_ + (p.offset - m1_base_), m2_ + r.moment2_offset, p.numel,
+  be_.adamw_update(params + p.offset, grads + p.offset, m1_ + r.moment1_offset, m2_ + r.moment2_offset, p.numel,
                    lr, float(cfg_.adam_beta1), float(cfg_.adam_beta2), float(cfg_.adam_eps), wd, t);
 }
 

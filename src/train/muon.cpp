@@ -19,7 +19,7 @@ void Optimizer::muon_step(size_t i, float* params, const float* grads, float lr)
   const float mu = float(cfg_.muon_momentum);
   for (int64_t e = 0; e < r.matrices; ++e) {
     const int64_t off = p.offset + e * n;
-    be_.muon_momentum(m1_ + (off - m1_base_), grads + off, work_, n, mu, cfg_.nesterov);
+    be_.muon_momentum(m1_ + r.moment1_offset + e * n, grads + off, work_, n, mu, cfg_.nesterov);
     be_.newton_schulz(work_, r.rows, r.cols, cfg_.ns_steps);
     ++ns_calls_[size_t(r.first_matrix + e)];
     be_.muon_update(params + off, work_, n, lr, scale, wd);

@@ -90,29 +90,26 @@ std::string route_name(const ParamSpec& p) {
   return optim_kind_name(r.kind);
 }
 
-Optimizer::Optimizer(const ParamLayout& layout, const OptimizerConfig& cfg, Backend& be, size_t first, int64_t last)
-    : layout_(layout), cfg_(cfg), be_(be) {
+Optimizer::Optimizer(const ParamLayout& layout, const OptimizerConfig& cfg, Backend& be, std::vector<bool> owned)
+    : layout_(layout), cfg_(cfg), be_(be), owned_(std::move(owned)) {
   validate_optimizer_config(cfg_);
   const size_t np = layout_.params.size();
-  first_ = first;
-  last_ = last < 0 ? np : size_t(last);
-  if (first_ > last_ || last_ > np)
-    fail("optimizer", "owned parameter range [" + std::to_string(first_) + ", " + std::to_string(last_) +
-                          ") is outside the layout's " + std::to_string(np) + " tensors");
+  if (owned_.empty()) owned_.assign(np, true);
+  if (owned_.size() != np)
+    fail("optimizer", "ownership mask has " + std::to_string(owned_.size()) + " entries for a layout of " +
+                          std::to_string(np) + " tensors");
   routes_.resize(np);
   steps_.assign(np, 0);
   for (size_t i = 0; i < np; ++i) routes_[i] = route_param(layout_.params[i]);
-
-  if (first_ < last_) {
-    const ParamSpec& a = layout_.params[first_];
-    const ParamSpec& b = layout_.params[last_ - 1];
-    m1_base_ = a.offset;
-    m1_size_ = b.offset + aligned16(b.numel) - a.offset;
-  }
   int64_t max_matrix = 0;
-  for (size_t i = first_; i < last_; ++i) {
+  for (size_t i = 0; i < np; ++i) {
+    if (!owned_[i]) continue;
     const ParamSpec& p = layout_.params[i];
     ParamRoute& r = routes_[i];
+    if (r.kind != OptimKind::None) {
+      r.moment1_offset = m1_size_;
+      m1_size_ += aligned16(p.numel);
+    }
     if (r.kind == OptimKind::Muon) {
       r.first_matrix = int64_t(muon_.size());
       for (int64_t e = 0; e < r.matrices; ++e) {
@@ -144,15 +141,17 @@ Optimizer::~Optimizer() {
   be_.free(work_);
 }
 
-void Optimizer::step(float* params, const float* grads, float lr) { step_range(first_, last_, params, grads, lr); }
+void Optimizer::step(float* params, const float* grads, float lr) {
+  step_range(0, layout_.params.size(), params, grads, lr);
+}
 
 void Optimizer::step_range(size_t first, size_t last, float* params, const float* grads, float lr) {
-  if (first > last || first < first_ || last > last_)
+  if (first > last || last > layout_.params.size())
     fail("optimizer", "step_range [" + std::to_string(first) + ", " + std::to_string(last) +
-                          ") is outside the owned range [" + std::to_string(first_) + ", " + std::to_string(last_) +
-                          ")");
+                          ") is outside the layout's " + std::to_string(layout_.params.size()) + " tensors");
   if (!std::isfinite(lr) || lr < 0) fail("optimizer", "learning rate " + fmt_g(lr) + " is not a finite value >= 0");
   for (size_t i = first; i < last; ++i) {
+    if (!owned_[i]) continue;
     switch (routes_[i].kind) {
       case OptimKind::Muon: muon_step(i, params, grads, lr); break;
       case OptimKind::AdamW: adamw_step(i, params, grads, lr); break;
@@ -208,7 +207,7 @@ float* Optimizer::muon_momentum(const std::string& name) {
   if (!p) return nullptr;
   size_t i = layout_.index.at(name);
   if (!owned(i) || routes_[i].kind != OptimKind::Muon) return nullptr;
-  return m1_ + (p->offset - m1_base_);
+  return m1_ + routes_[i].moment1_offset;
 }
 
 float* Optimizer::adam_m(const std::string& name) {
@@ -216,7 +215,7 @@ float* Optimizer::adam_m(const std::string& name) {
   if (!p) return nullptr;
   size_t i = layout_.index.at(name);
   if (!owned(i) || routes_[i].kind != OptimKind::AdamW) return nullptr;
-  return m1_ + (p->offset - m1_base_);
+  return m1_ + routes_[i].moment1_offset;
 }
 
 float* Optimizer::adam_v(const std::string& name) {
@@ -229,13 +228,14 @@ float* Optimizer::adam_v(const std::string& name) {
 
 std::vector<StateTensor> Optimizer::save_state() {
   std::vector<StateTensor> out;
-  for (size_t i = first_; i < last_; ++i) {
+  for (size_t i = 0; i < layout_.params.size(); ++i) {
+    if (!owned_[i]) continue;
     const ParamSpec& p = layout_.params[i];
     const ParamRoute& r = routes_[i];
     if (r.kind == OptimKind::Muon) {
-      out.push_back({"muon_momentum." + p.name, m1_ + (p.offset - m1_base_), p.numel, p.shape});
+      out.push_back({"muon_momentum." + p.name, m1_ + r.moment1_offset, p.numel, p.shape});
     } else if (r.kind == OptimKind::AdamW) {
-      out.push_back({"adam_m." + p.name, m1_ + (p.offset - m1_base_), p.numel, p.shape});
+      out.push_back({"adam_m." + p.name, m1_ + r.moment1_offset, p.numel, p.shape});
       out.push_back({"adam_v." + p.name, m2_ + r.moment2_offset, p.numel, p.shape});
     }
   }
@@ -264,8 +264,8 @@ void Optimizer::load_state(const std::vector<StateTensor>& in) {
 
 std::vector<StateCounter> Optimizer::save_counters() const {
   std::vector<StateCounter> out;
-  for (size_t i = first_; i < last_; ++i)
-    if (routes_[i].kind != OptimKind::None) out.push_back({"step." + layout_.params[i].name, steps_[i]});
+  for (size_t i = 0; i < layout_.params.size(); ++i)
+    if (owned_[i] && routes_[i].kind != OptimKind::None) out.push_back({"step." + layout_.params[i].name, steps_[i]});
   return out;
 }
 
@@ -284,8 +284,8 @@ void Optimizer::load_counters(const std::vector<StateCounter>& in) {
       if (!known) fail("optimizer", "checkpoint has optimizer counter '" + name + "' that this optimizer does not own");
     }
   }
-  for (size_t i = first_; i < last_; ++i) {
-    if (routes_[i].kind == OptimKind::None) continue;
+  for (size_t i = 0; i < layout_.params.size(); ++i) {
+    if (!owned_[i] || routes_[i].kind == OptimKind::None) continue;
     auto it = got.find("step." + layout_.params[i].name);
     if (it == got.end()) fail("optimizer", "checkpoint lacks optimizer counter 'step." + layout_.params[i].name + "'");
     steps_[i] = it->second;

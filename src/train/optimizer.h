@@ -7,13 +7,13 @@
 // All math runs through Backend ops (newton_schulz, muon_momentum, muon_update, adamw_update),
 // so params, grads and state are backend memory laid out by the ParamLayout.
 //
-// State layout (for ZeRO-1 sharding and checkpoints):
-//   moment1: one fp32 arena with the parameters' layout, covering the owned parameter range
-//            [first, last): element `p.offset + i` of the parameter arena is
-//            moment1[p.offset - moment1_base() + i]. Holds the Muon momentum of Muon tensors and
-//            AdamW's m of AdamW tensors (Buffer tensors' slots stay zero).
-//   moment2: AdamW's v, compact: only AdamW tensors, in layout order, each 16-float aligned
-//            (route(i).moment2_offset). Muon has no second moment.
+// State layout (for ZeRO-1 sharding and checkpoints). A ZeRO-1 rank owns an arbitrary set of
+// whole tensors (the owned mask; distributed Muon assigns them by bin packing on Newton-Schulz
+// cost) and holds state only for those:
+//   moment1: compact fp32 arena over the owned tensors in layout order, each 16-float aligned
+//            (route(i).moment1_offset). Holds the Muon momentum of Muon tensors and AdamW's m.
+//   moment2: AdamW's v, compact: only owned AdamW tensors, in layout order, each 16-float
+//            aligned (route(i).moment2_offset). Muon has no second moment.
 //   step counts: per tensor, the number of steps applied (AdamW bias correction uses it).
 #pragma once
 #include <cstdint>
@@ -49,7 +49,8 @@ struct ParamRoute {
   int64_t matrices = 0;         // Muon: number of independent matrices (E for stacked experts, else 1)
   int64_t rows = 0, cols = 0;   // Muon: shape of each matrix
   int64_t first_matrix = -1;    // Muon: index of its first matrix in muon_matrices()
-  int64_t moment2_offset = -1;  // AdamW: offset of its v in the moment2 arena
+  int64_t moment1_offset = -1;  // owned Muon/AdamW: offset of its momentum / m in the moment1 arena
+  int64_t moment2_offset = -1;  // owned AdamW: offset of its v in the moment2 arena
 };
 
 // Routing of one tensor by its ParamKind (decision 5). Matrix tensors must be 2-D or 3-D.
@@ -80,26 +81,24 @@ struct StateCounter {
 
 class Optimizer {
  public:
-  // Owns state for parameters [first, last) of the layout (last = -1: to the end); a ZeRO-1
-  // rank passes its whole-tensor shard. Allocates and zeroes the state arenas on `be`, which
-  // must outlive the optimizer. The layout is copied.
-  Optimizer(const ParamLayout& layout, const OptimizerConfig& cfg, Backend& be, size_t first = 0,
-            int64_t last = -1);
+  // Owns state for the tensors with owned[i] true (empty = every tensor); a ZeRO-1 rank passes
+  // its shard. Allocates and zeroes the state arenas on `be`, which must outlive the
+  // optimizer. The layout is copied.
+  Optimizer(const ParamLayout& layout, const OptimizerConfig& cfg, Backend& be, std::vector<bool> owned = {});
   ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
   // One step on every owned parameter. params/grads: full parameter arenas (layout().total
-  // floats, backend memory). lr: the scheduled LR for this step.
+  // floats, backend memory); only owned tensors' gradients are read. lr: the scheduled LR.
   void step(float* params, const float* grads, float lr);
-  // One step on owned parameters [first, last) only (indices into layout().params). Steps on
+  // One step on the owned tensors among [first, last) (indices into layout().params). Steps on
   // disjoint ranges compose to exactly one step(); the step counts are per tensor.
   void step_range(size_t first, size_t last, float* params, const float* grads, float lr);
 
   const ParamLayout& layout() const { return layout_; }
   const OptimizerConfig& config() const { return cfg_; }
-  size_t first_param() const { return first_; }
-  size_t last_param() const { return last_; }
+  bool owns(size_t i) const { return owned_[i]; }
   const ParamRoute& route(size_t i) const { return routes_[i]; }
 
   // name, shape, optimizer, weight decay per tensor, plus totals. Printed by the trainer.
@@ -110,10 +109,9 @@ class Optimizer {
   const std::vector<MuonMatrix>& muon_matrices() const { return muon_; }
   const std::vector<int64_t>& ns_calls() const { return ns_calls_; }
 
-  // State arenas (backend memory) and per-tensor step counts (0 outside the owned range).
+  // State arenas (backend memory) and per-tensor step counts (0 for tensors not owned).
   float* moment1() { return m1_; }
   int64_t moment1_size() const { return m1_size_; }
-  int64_t moment1_base() const { return m1_base_; }
   float* moment2() { return m2_; }
   int64_t moment2_size() const { return m2_size_; }
   const std::vector<int64_t>& step_counts() const { return steps_; }
@@ -123,7 +121,7 @@ class Optimizer {
   float* adam_m(const std::string& name);
   float* adam_v(const std::string& name);
 
-  // Checkpoint helpers. save_state() lists every state tensor of the owned range as views into
+  // Checkpoint helpers. save_state() lists every state tensor of the owned tensors as views into
   // the arenas (backend memory; copy them out with Backend::to_host). load_state() copies each
   // entry (data = HOST memory, via Backend::from_host) into the matching state tensor; every
   // owned state tensor must be present exactly once with the right numel, and no other,
@@ -136,12 +134,12 @@ class Optimizer {
  private:
   void muon_step(size_t i, float* params, const float* grads, float lr);   // muon.cpp
   void adamw_step(size_t i, float* params, const float* grads, float lr);  // adamw.cpp
-  bool owned(size_t i) const { return i >= first_ && i < last_; }
+  bool owned(size_t i) const { return owned_[i]; }
 
   ParamLayout layout_;
   OptimizerConfig cfg_;
   Backend& be_;
-  size_t first_ = 0, last_ = 0;
+  std::vector<bool> owned_;
   std::vector<ParamRoute> routes_;
   std::vector<MuonMatrix> muon_;
   std::vector<int64_t> ns_calls_;
@@ -149,7 +147,7 @@ class Optimizer {
   float* m1_ = nullptr;
   float* m2_ = nullptr;
   float* work_ = nullptr;  // NS input/output of the largest Muon matrix
-  int64_t m1_size_ = 0, m1_base_ = 0, m2_size_ = 0, work_size_ = 0;
+  int64_t m1_size_ = 0, m2_size_ = 0, work_size_ = 0;
 };
 
 }  // namespace zaya

@@ -411,20 +411,27 @@ TEST(Optimizer, ShardOwnsOnlyItsTensors) {
   const std::vector<float> before = p_full;
   const size_t n = L.params.size(), a = n / 4, b = 3 * n / 4;
   Optimizer full(L, OptimizerConfig{}, *be);
-  Optimizer shard(L, OptimizerConfig{}, *be, a, int64_t(b));
-  std::vector<float> p_shard = before;
   full.step(p_full.data(), g.data(), 1e-3f);
-  shard.step(p_shard.data(), g.data(), 1e-3f);
-  EXPECT_EQ(shard.moment1_base(), L.params[a].offset);
-  EXPECT_LT(shard.moment1_size(), full.moment1_size());
-  for (size_t i = 0; i < n; ++i) {
-    const ParamSpec& p = L.params[i];
-    const float* want = (i >= a && i < b ? p_full.data() : before.data()) + p.offset;
-    EXPECT_EQ(max_abs_diff(p_shard.data() + p.offset, want, p.numel), 0.0) << p.name;
+  // A contiguous ZeRO-1 shard and a scattered one (as bin packing assigns them).
+  std::vector<bool> range(n, false), scattered(n, false);
+  for (size_t i = a; i < b; ++i) range[i] = true;
+  for (size_t i = 0; i < n; i += 3) scattered[i] = true;
+  for (const std::vector<bool>& mine : {range, scattered}) {
+    Optimizer shard(L, OptimizerConfig{}, *be, mine);
+    std::vector<float> p_shard = before;
+    shard.step(p_shard.data(), g.data(), 1e-3f);
+    EXPECT_LT(shard.moment1_size(), full.moment1_size());
+    for (size_t i = 0; i < n; ++i) {
+      const ParamSpec& p = L.params[i];
+      const float* want = (mine[i] ? p_full.data() : before.data()) + p.offset;
+      EXPECT_EQ(max_abs_diff(p_shard.data() + p.offset, want, p.numel), 0.0) << p.name;
+      EXPECT_EQ(shard.owns(i), mine[i]);
+    }
+    for (const MuonMatrix& m : shard.muon_matrices()) EXPECT_TRUE(mine[m.param]);
+    EXPECT_THROW(shard.step_range(0, n + 1, p_shard.data(), g.data(), 1e-3f), Error);
+    if (!mine[0]) EXPECT_EQ(shard.adam_m(L.params[0].name), nullptr);
   }
-  for (const MuonMatrix& m : shard.muon_matrices()) EXPECT_TRUE(m.param >= a && m.param < b);
-  EXPECT_THROW(shard.step_range(0, b, p_shard.data(), g.data(), 1e-3f), Error);
-  EXPECT_EQ(shard.adam_m(L.params[0].name), nullptr);
+  EXPECT_THROW(Optimizer(L, OptimizerConfig{}, *be, std::vector<bool>(n + 1, true)), Error);
 }
 
 TEST(Optimizer, StateRoundTripResumesExactly) {
