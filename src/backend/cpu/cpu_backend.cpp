@@ -7,6 +7,9 @@
 #include <cstring>
 
 #include "core/error.h"
+#ifdef ZAYA_CUDA
+#include "backend/cuda/cuda_factory.h"
+#endif
 
 namespace zaya {
 
@@ -51,6 +54,13 @@ std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend
 
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "cpu") return make_cpu_backend();
+  if (name == "cuda") {
+#ifdef ZAYA_CUDA
+    return make_cuda_backend();
+#else
+    fail("backend", "zaya was built without CUDA; configure with -DZAYA_CUDA=ON");
+#endif
+  }
   fail("backend", "unknown backend '" + name + "'", "this build has: cpu");
 }
 
