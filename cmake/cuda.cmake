@@ -1,0 +1,69 @@
+# The GPU backend (src/backend/cuda/*.cu). Both options are OFF by default, and then nothing
+# here compiles anything: the normal CPU build is unchanged.
+#   -DZAYA_CUDA=ON  builds the .cu files with nvcc for CMAKE_CUDA_ARCHITECTURES (default 80;90)
+#                   into zaya_lib (compile definition ZAYA_CUDA, so make_backend("cuda") works),
+#                   linked with cuBLASLt, plus the GPU tests in tests/gpu.
+#   -DZAYA_HIP=ON   compiles the same .cu files with hipcc for ZAYA_HIP_ARCH (default gfx90a),
+#                   objects only (target zaya_hip_objects): a compile check, not a runnable build.
+# Included from the top-level CMakeLists.txt before zaya_lib exists, so the links into
+# zaya_lib and the tests are deferred to the end of the top-level directory.
+option(ZAYA_CUDA "Build the CUDA backend (needs nvcc and cuBLASLt)" OFF)
+option(ZAYA_HIP "Compile the GPU backend with hipcc for AMD GPUs (objects only)" OFF)
+set(ZAYA_HIP_ARCH "gfx90a" CACHE STRING "AMD offload architecture for ZAYA_HIP")
+
+file(GLOB ZAYA_GPU_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.cu)
+file(GLOB ZAYA_GPU_HEADERS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.h)
+
+if(ZAYA_CUDA)
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES "80;90")
+  endif()
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  # CMake 3.25 does not know nvcc 13's C++20 flag; zaya is C++20 throughout, so the CUDA
+  # dialect follows CMAKE_CXX_STANDARD and needs the flag spelled out.
+  if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
+
+  add_library(zaya_cuda OBJECT ${ZAYA_GPU_SOURCES})
+  target_include_directories(zaya_cuda PRIVATE ${CMAKE_SOURCE_DIR}/src)
+  target_compile_options(zaya_cuda PRIVATE -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter)
+  set_target_properties(zaya_cuda PROPERTIES CUDA_RUNTIME_LIBRARY Shared POSITION_INDEPENDENT_CODE ON)
+  target_link_libraries(zaya_cuda PUBLIC CUDA::cudart CUDA::cublasLt)
+
+  function(zaya_cuda_attach)
+    # The objects of zaya_cuda become part of zaya_lib; its usage requirements (cudart,
+    # cublasLt) propagate to everything that links zaya_lib.
+    target_link_libraries(zaya_lib PUBLIC zaya_cuda)
+    target_compile_definitions(zaya_lib PUBLIC ZAYA_CUDA)
+    if(ZAYA_BUILD_TESTS)
+      # include(), not add_subdirectory(): subdirectories cannot be added in deferred calls.
+      include(${CMAKE_SOURCE_DIR}/tests/gpu/CMakeLists.txt)
+    endif()
+  endfunction()
+  cmake_language(DEFER CALL zaya_cuda_attach)
+endif()
+
+if(ZAYA_HIP)
+  find_program(ZAYA_HIPCC hipcc REQUIRED)
+  set(ZAYA_HIP_OBJECTS)
+  foreach(src ${ZAYA_GPU_SOURCES})
+    get_filename_component(name ${src} NAME_WE)
+    set(obj ${CMAKE_BINARY_DIR}/hip/${name}.o)
+    add_custom_command(
+      OUTPUT ${obj}
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/hip
+      COMMAND ${ZAYA_HIPCC} --offload-arch=${ZAYA_HIP_ARCH} -std=c++20 -O2 -DZAYA_HIP -I${CMAKE_SOURCE_DIR}/src
+              -x hip -c ${src} -o ${obj}
+      DEPENDS ${src} ${ZAYA_GPU_HEADERS} ${CMAKE_SOURCE_DIR}/src/backend/backend.h
+      COMMENT "hipcc ${ZAYA_HIP_ARCH}: ${name}.cu"
+      VERBATIM)
+    list(APPEND ZAYA_HIP_OBJECTS ${obj})
+  endforeach()
+  add_custom_target(zaya_hip_objects ALL DEPENDS ${ZAYA_HIP_OBJECTS})
+endif()

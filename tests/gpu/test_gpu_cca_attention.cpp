@@ -1,0 +1,204 @@
+// CCA and attention ops of the GPU backend against the CPU backend (all fp32 paths, 1e-4):
+// the two-stage conv with carried state and with packed-document resets, QK-norm +
+// temperature + partial RoPE, the delayed values, cache writes, and causal GQA attention
+// (head_dim 16/64/128, sliding window, decode offsets, document starts), forward and
+// backward. Skipped ("skipped: no GPU") without a device. Not yet run on a GPU.
+#include "gpu_test_support.h"
+
+namespace zaya {
+namespace {
+
+using namespace gpu_test;
+
+class GpuCca : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+    gpu = make_cuda_backend({});
+  }
+  CpuBackend cpu;
+  std::unique_ptr<Backend> gpu;
+};
+
+// seg_start for B rows of T tokens with documents starting at the given positions of each row.
+std::vector<int32_t> segments(int64_t B, int64_t T, const std::vector<std::vector<int32_t>>& starts) {
+  std::vector<int32_t> seg(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t cur = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int32_t s : starts[size_t(b)])
+        if (s == t) cur = s;
+      seg[size_t(b * T + t)] = cur;
+    }
+  }
+  return seg;
+}
+
+TEST_F(GpuCca, Conv) {
+  const int64_t B = 2, T = 13, G = 16, C = 6 * G;
+  const auto seg = segments(B, T, {{0, 5, 9}, {0, 7}});
+  for (int64_t taps : {2, 3})
+    for (bool segmented : {false, true}) {
+      const int64_t P = 2 * (taps - 1);
+      auto u = rnd(size_t(B * T * C)), state0 = segmented ? std::vector<float>(size_t(B * P * C), 0.0f)
+                                                           : rnd(size_t(B * P * C));
+      auto w_dw = rnd(size_t(C * taps), 0.5), b_dw = rnd(size_t(C), 0.1), w_grp = rnd(size_t(C * G * taps), 0.2),
+           b_grp = rnd(size_t(C), 0.1);
+      std::vector<float> z(size_t(B * T * C)), state = state0;
+      CcaConvArgs a;
+      a.u = u.data(); a.state = state.data(); a.w_dw = w_dw.data(); a.b_dw = b_dw.data(); a.w_grp = w_grp.data();
+      a.b_grp = b_grp.data(); a.z = z.data(); a.B = B; a.T = T; a.C = C; a.t0 = taps; a.t1 = taps; a.group = G;
+      a.seg_start = segmented ? seg.data() : nullptr;
+      cpu.cca_conv(a);
+      DevBuf gu(*gpu, u), gs(*gpu, state0), gwd(*gpu, w_dw), gbd(*gpu, b_dw), gwg(*gpu, w_grp), gbg(*gpu, b_grp),
+          gz(*gpu, B * T * C);
+      CcaConvArgs g = a;
+      g.u = gu.f(); g.state = gs.f(); g.w_dw = gwd.f(); g.b_dw = gbd.f(); g.w_grp = gwg.f(); g.b_grp = gbg.f();
+      g.z = gz.f();
+      gpu->cca_conv(g);
+      const std::string what = "cca_conv taps " + std::to_string(taps) + (segmented ? " segmented" : "");
+      expect_close(gz.get(), z, kTolF32, what + " z");
+      expect_close(gs.get(), state, kTolF32, what + " state");
+
+      // Backward (zero state).
+      auto dz = rnd(size_t(B * T * C)), du0 = rnd(size_t(B * T * C)), dwd0 = rnd(size_t(C * taps)),
+           dbd0 = rnd(static_cast<size_t>(C)), dwg0 = rnd(size_t(C * G * taps)), dbg0 = rnd(static_cast<size_t>(C));
+      std::vector<float> du = du0, dwd = dwd0, dbd = dbd0, dwg = dwg0, dbg = dbg0;
+      CcaConvArgs ab = a;
+      ab.state = nullptr;
+      cpu.cca_conv_backward(ab, dz.data(), du.data(), dwd.data(), dbd.data(), dwg.data(), dbg.data());
+      DevBuf gdz(*gpu, dz), gdu(*gpu, du0), gdwd(*gpu, dwd0), gdbd(*gpu, dbd0), gdwg(*gpu, dwg0), gdbg(*gpu, dbg0);
+      CcaConvArgs gb = g;
+      gb.state = nullptr;
+      gpu->cca_conv_backward(gb, gdz.f(), gdu.f(), gdwd.f(), gdbd.f(), gdwg.f(), gdbg.f());
+      expect_close(gdu.get(), du, kTolF32, what + " du");
+      expect_close(gdwd.get(), dwd, kTolF32, what + " dw_dw");
+      expect_close(gdbd.get(), dbd, kTolF32, what + " db_dw");
+      expect_close(gdwg.get(), dwg, kTolF32, what + " dw_grp");
+      expect_close(gdbg.get(), dbg, kTolF32, what + " db_grp");
+    }
+}
+
+TEST_F(GpuCca, QkNormRopeAndBackward) {
+  const int64_t N = 23;
+  for (int64_t dh : {16, 64, 128})
+    for (int64_t Hq : {4, 8}) {
+      const int64_t Hkv = 2, C = (Hq + Hkv) * dh;
+      for (int64_t rotary : {dh, dh / 2}) {
+        auto z = rnd(size_t(N * C)), u = rnd(size_t(N * C)), temp = rnd_positive(size_t(Hkv), 0.5, 2.0);
+        std::vector<int64_t> positions(static_cast<size_t>(N));
+        for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = (n % 11) * 37 + 5;
+        std::vector<float> q(size_t(N * Hq * dh)), k(size_t(N * Hkv * dh));
+        CcaQkArgs a;
+        a.z = z.data(); a.u = u.data(); a.temp = temp.data(); a.positions = positions.data(); a.q = q.data();
+        a.k = k.data(); a.N = N; a.Hq = Hq; a.Hkv = Hkv; a.dh = dh; a.rotary_dim = rotary; a.theta = 1e4;
+        cpu.cca_qk(a);
+        DevBuf gz(*gpu, z), gu(*gpu, u), gt(*gpu, temp), gq(*gpu, N * Hq * dh), gk(*gpu, N * Hkv * dh);
+        CcaQkArgs g = a;
+        g.z = gz.f(); g.u = gu.f(); g.temp = gt.f(); g.q = gq.f(); g.k = gk.f();
+        gpu->cca_qk(g);
+        const std::string what = "cca_qk dh " + std::to_string(dh) + " Hq " + std::to_string(Hq) + " rotary " +
+                                 std::to_string(rotary);
+        expect_close(gq.get(), q, kTolF32, what + " q");
+        expect_close(gk.get(), k, kTolF32, what + " k");
+
+        auto dq = rnd(size_t(N * Hq * dh)), dk = rnd(size_t(N * Hkv * dh)), du0 = rnd(size_t(N * C)),
+             dt0 = rnd(static_cast<size_t>(Hkv));
+        std::vector<float> dz(size_t(N * C)), du = du0, dt = dt0;
+        cpu.cca_qk_backward(a, dq.data(), dk.data(), dz.data(), du.data(), dt.data());
+        DevBuf gdq(*gpu, dq), gdk(*gpu, dk), gdz(*gpu, N * C), gdu(*gpu, du0), gdt(*gpu, dt0);
+        gpu->cca_qk_backward(g, gdq.f(), gdk.f(), gdz.f(), gdu.f(), gdt.f());
+        expect_close(gdz.get(), dz, kTolF32, what + " dz");
+        expect_close(gdu.get(), du, kTolF32, what + " du");
+        expect_close(gdt.get(), dt, kTolF32, what + " dtemp");
+      }
+    }
+}
+
+TEST_F(GpuCca, ValuesAndCacheWrite) {
+  const int64_t B = 3, T = 9, half = 32;
+  const auto seg = segments(B, T, {{0}, {0, 4}, {0, 1, 8}});
+  for (bool segmented : {false, true}) {
+    auto vc = rnd(size_t(B * T * half)), vd = rnd(size_t(B * T * half));
+    auto st0 = segmented ? std::vector<float>(size_t(B * half), 0.0f) : rnd(size_t(B * half));
+    std::vector<float> v(size_t(B * T * 2 * half)), st = st0;
+    CcaValueArgs a;
+    a.v_cur = vc.data(); a.v_del = vd.data(); a.v_state = st.data(); a.v = v.data(); a.B = B; a.T = T; a.half = half;
+    a.seg_start = segmented ? seg.data() : nullptr;
+    cpu.cca_values(a);
+    DevBuf gvc(*gpu, vc), gvd(*gpu, vd), gst(*gpu, st0), gv(*gpu, B * T * 2 * half);
+    CcaValueArgs g = a;
+    g.v_cur = gvc.f(); g.v_del = gvd.f(); g.v_state = gst.f(); g.v = gv.f();
+    gpu->cca_values(g);
+    expect_close(gv.get(), v, kTolF32, segmented ? "cca_values segmented" : "cca_values");
+    expect_close(gst.get(), st, kTolF32, "cca_values state");
+    auto dv = rnd(size_t(B * T * 2 * half));
+    std::vector<float> dcur(size_t(B * T * half)), ddel(size_t(B * T * half));
+    cpu.cca_values_backward(dv.data(), dcur.data(), ddel.data(), B, T, half, a.seg_start);
+    DevBuf gdv(*gpu, dv), gdc(*gpu, B * T * half), gdd(*gpu, B * T * half);
+    gpu->cca_values_backward(gdv.f(), gdc.f(), gdd.f(), B, T, half, a.seg_start);
+    expect_close(gdc.get(), dcur, kTolF32, "cca_values_backward dv_cur");
+    expect_close(gdd.get(), ddel, kTolF32, "cca_values_backward dv_del");
+  }
+  const int64_t S = 20, W = 24, Tc = 5;
+  const std::vector<int64_t> pos0 = {3, 10, 15};
+  auto src = rnd(size_t(B * Tc * W)), cache0 = rnd(size_t(B * S * W));
+  std::vector<float> cache = cache0;
+  cpu.cache_write(src.data(), cache.data(), pos0.data(), B, Tc, S, W);
+  DevBuf gsrc(*gpu, src), gcache(*gpu, cache0);
+  gpu->cache_write(gsrc.f(), gcache.f(), pos0.data(), B, Tc, S, W);
+  expect_close(gcache.get(), cache, kTolF32, "cache_write");
+}
+
+struct AttnCase {
+  int64_t B, T, S, Hq, Hkv, dh, window;
+  std::vector<int64_t> pos0;
+  bool segmented;
+};
+
+TEST_F(GpuCca, Attention) {
+  std::vector<AttnCase> cases = {
+      {2, 37, 37, 4, 2, 16, 0, {0, 0}, false},     {2, 70, 70, 8, 2, 64, 0, {0, 0}, false},
+      {1, 45, 45, 4, 2, 128, 0, {0}, false},       {2, 50, 50, 4, 2, 64, 9, {0, 0}, false},
+      {2, 41, 41, 4, 2, 64, 0, {0, 0}, true},      {2, 33, 33, 8, 2, 128, 7, {0, 0}, true},
+      {2, 3, 40, 4, 2, 64, 0, {20, 36}, false},    {2, 1, 40, 8, 2, 128, 6, {12, 39}, false},
+  };
+  for (const AttnCase& c : cases) {
+    const std::string what = "attention T " + std::to_string(c.T) + " dh " + std::to_string(c.dh) + " Hq " +
+                             std::to_string(c.Hq) + " window " + std::to_string(c.window) +
+                             (c.segmented ? " segmented" : "") + (c.pos0[0] ? " decode" : "");
+    std::vector<int32_t> seg;
+    if (c.segmented) {
+      std::vector<std::vector<int32_t>> starts(static_cast<size_t>(c.B), std::vector<int32_t>{0, 11, 12, 30});
+      seg = segments(c.B, c.T, starts);
+    }
+    auto q = rnd(size_t(c.B * c.T * c.Hq * c.dh)), k = rnd(size_t(c.B * c.S * c.Hkv * c.dh)),
+         v = rnd(size_t(c.B * c.S * c.Hkv * c.dh));
+    std::vector<float> out(q.size());
+    AttentionArgs a;
+    a.q = q.data(); a.k_cache = k.data(); a.v_cache = v.data(); a.out = out.data(); a.pos0 = c.pos0.data();
+    a.B = c.B; a.T = c.T; a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.dh = c.dh; a.window = c.window;
+    a.scale = 1.0f / std::sqrt(float(c.dh));
+    a.seg_start = c.segmented ? seg.data() : nullptr;
+    cpu.attention(a);
+    DevBuf gq(*gpu, q), gk(*gpu, k), gv(*gpu, v), go(*gpu, int64_t(q.size()));
+    AttentionArgs g = a;
+    g.q = gq.f(); g.k_cache = gk.f(); g.v_cache = gv.f(); g.out = go.f();
+    gpu->attention(g);
+    expect_close(go.get(), out, kTolF32, what + " out");
+    if (c.pos0[0] != 0) continue;  // backward: training layout only (pos0 = 0, S = T)
+    auto dout = rnd(q.size());
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+    cpu.attention_backward(a, dout.data(), dq.data(), dk.data(), dv.data());
+    DevBuf gdo(*gpu, dout), gdq(*gpu, int64_t(q.size())), gdk(*gpu, int64_t(k.size())), gdv(*gpu, int64_t(v.size()));
+    DevBuf go2(*gpu, out);  // the backward reads the forward output (the CPU one, as the model would pass)
+    g.out = go2.f();
+    gpu->attention_backward(g, gdo.f(), gdq.f(), gdk.f(), gdv.f());
+    expect_close(gdq.get(), dq, kTolF32, what + " dq");
+    expect_close(gdk.get(), dk, kTolF32, what + " dk");
+    expect_close(gdv.get(), dv, kTolF32, what + " dv");
+  }
+}
+
+}  // namespace
+}  // namespace zaya

@@ -1,0 +1,237 @@
+// Dense ops of the GPU backend against the CPU backend, forward and backward, in every GEMM
+// mode (bf16 operands, fp32, our tiled kernel): linear, embedding, RMSNorm, affine, residual
+// scaling, scaled-add, GELU, softmax, routing, cross-entropy and the fused LM head + loss.
+// Skipped ("skipped: no GPU") without a device. Not yet run on a GPU.
+#include "gpu_test_support.h"
+
+namespace zaya {
+namespace {
+
+using namespace gpu_test;
+
+class GpuDense : public ::testing::TestWithParam<GemmMode> {
+ protected:
+  void SetUp() override {
+    if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+    gpu = make_gpu(GetParam());
+  }
+  double tol() const { return GetParam().tol; }
+  CpuBackend cpu;
+  std::unique_ptr<Backend> gpu;
+};
+
+// The [rows, cols] block of a row-major matrix with row stride ld.
+std::vector<float> block(const std::vector<float>& a, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out.push_back(a[size_t(r * ld + c)]);
+  return out;
+}
+
+TEST_P(GpuDense, Linear) {
+  const int64_t M = 37, K = 70, N = 45;
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool with_bias = variant & 1, accumulate = variant & 2;
+    const int64_t ldy = variant == 3 ? N + 7 : N;
+    auto x = rnd(size_t(M * K)), w = rnd(size_t(N * K), 0.2), bias = rnd(static_cast<size_t>(N)), y0 = rnd(size_t(M * ldy));
+    std::vector<float> y = y0;
+    cpu.linear(x.data(), w.data(), with_bias ? bias.data() : nullptr, y.data(), M, K, N, accumulate, ldy);
+    DevBuf dx(*gpu, x), dw(*gpu, w), db(*gpu, bias), dy(*gpu, M * ldy);
+    if (accumulate) dy.upload(y0);
+    gpu->linear(dx.f(), dw.f(), with_bias ? db.f() : nullptr, dy.f(), M, K, N, accumulate, ldy);
+    expect_close(block(dy.get(), M, N, ldy), block(y, M, N, ldy), tol(), "linear variant " + std::to_string(variant));
+  }
+  // One row (decode) and a large K.
+  auto x = rnd(3000), w = rnd(size_t(5 * 3000), 0.05);
+  std::vector<float> y(5);
+  cpu.linear(x.data(), w.data(), nullptr, y.data(), 1, 3000, 5, false, 0);
+  DevBuf dx(*gpu, x), dw(*gpu, w), dy(*gpu, 5);
+  gpu->linear(dx.f(), dw.f(), nullptr, dy.f(), 1, 3000, 5, false, 0);
+  expect_close(dy.get(), y, tol(), "linear M=1");
+}
+
+TEST_P(GpuDense, LinearBackward) {
+  const int64_t M = 41, K = 33, N = 29;
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool acc_dx = variant >= 1;
+    const int64_t lddy = variant == 2 ? N + 5 : N;
+    auto x = rnd(size_t(M * K)), w = rnd(size_t(N * K), 0.3), dyv = rnd(size_t(M * lddy));
+    auto dx0 = rnd(size_t(M * K)), dw0 = rnd(size_t(N * K)), db0 = rnd(static_cast<size_t>(N));
+    std::vector<float> dx = dx0, dw = dw0, db = db0;
+    cpu.linear_backward(x.data(), w.data(), dyv.data(), dx.data(), dw.data(), db.data(), M, K, N, acc_dx, lddy);
+    DevBuf gx(*gpu, x), gw(*gpu, w), gdy(*gpu, dyv), gdx(*gpu, M * K), gdw(*gpu, dw0), gdb(*gpu, db0);
+    if (acc_dx) gdx.upload(dx0);
+    gpu->linear_backward(gx.f(), gw.f(), gdy.f(), gdx.f(), gdw.f(), gdb.f(), M, K, N, acc_dx, lddy);
+    const std::string v = " variant " + std::to_string(variant);
+    expect_close(gdx.get(), dx, tol(), "dx" + v);
+    expect_close(gdw.get(), dw, tol(), "dw" + v);
+    expect_close(gdb.get(), db, kTolF32, "db" + v);  // column sums are fp32
+  }
+}
+
+TEST_P(GpuDense, ElementwiseAndRowOps) {
+  const int64_t R = 67, D = 300, V = 1000;
+  {  // embedding (+ backward with repeated ids)
+    auto table = rnd(size_t(V * D));
+    auto ids = rnd_ints(size_t(R), 50);
+    std::vector<float> out(size_t(R * D));
+    cpu.embedding(table.data(), ids.data(), out.data(), R, D);
+    DevBuf gt(*gpu, table), gi(*gpu, ids), go(*gpu, R * D);
+    gpu->embedding(gt.f(), gi.i(), go.f(), R, D);
+    expect_close(go.get(), out, kTolF32, "embedding");
+    auto dout = rnd(size_t(R * D));
+    auto dt0 = rnd(size_t(V * D));
+    std::vector<float> dt = dt0;
+    cpu.embedding_backward(ids.data(), dout.data(), dt.data(), R, D);
+    DevBuf gd(*gpu, dout), gdt(*gpu, dt0);
+    gpu->embedding_backward(gi.i(), gd.f(), gdt.f(), R, D);
+    expect_close(gdt.get(), dt, kTolF32, "embedding_backward");
+  }
+  {  // rmsnorm + backward
+    auto x = rnd(size_t(R * D)), w = rnd(static_cast<size_t>(D)), dy = rnd(size_t(R * D)), dx0 = rnd(size_t(R * D));
+    auto dw0 = rnd(static_cast<size_t>(D));
+    std::vector<float> y(size_t(R * D));
+    cpu.rmsnorm(x.data(), w.data(), 1e-6f, y.data(), R, D);
+    DevBuf gx(*gpu, x), gw(*gpu, w), gy(*gpu, R * D);
+    gpu->rmsnorm(gx.f(), gw.f(), 1e-6f, gy.f(), R, D);
+    expect_close(gy.get(), y, kTolF32, "rmsnorm");
+    for (bool acc : {false, true}) {
+      std::vector<float> dx = dx0, dw = dw0;
+      cpu.rmsnorm_backward(x.data(), w.data(), dy.data(), 1e-6f, dx.data(), dw.data(), R, D, acc);
+      DevBuf gdy(*gpu, dy), gdx(*gpu, R * D), gdw(*gpu, dw0);
+      if (acc) gdx.upload(dx0);
+      gpu->rmsnorm_backward(gx.f(), gw.f(), gdy.f(), 1e-6f, gdx.f(), gdw.f(), R, D, acc);
+      expect_close(gdx.get(), dx, kTolF32, "rmsnorm_backward dx");
+      expect_close(gdw.get(), dw, kTolF32, "rmsnorm_backward dw");
+    }
+  }
+  {  // affine + backward
+    auto x = rnd(size_t(R * D)), s = rnd(static_cast<size_t>(D)), b = rnd(static_cast<size_t>(D)), d = rnd(size_t(R * D));
+    auto ds0 = rnd(static_cast<size_t>(D)), db0 = rnd(static_cast<size_t>(D));
+    std::vector<float> xc = x;
+    cpu.affine(xc.data(), s.data(), b.data(), R, D);
+    DevBuf gx(*gpu, x), gs(*gpu, s), gb(*gpu, b);
+    gpu->affine(gx.f(), gs.f(), gb.f(), R, D);
+    expect_close(gx.get(), xc, kTolF32, "affine");
+    std::vector<float> dc = d, ds = ds0, db = db0;
+    cpu.affine_backward(x.data(), s.data(), b.data(), dc.data(), ds.data(), db.data(), R, D);
+    DevBuf gx2(*gpu, x), gd(*gpu, d), gds(*gpu, ds0), gdb(*gpu, db0);
+    gpu->affine_backward(gx2.f(), gs.f(), gb.f(), gd.f(), gds.f(), gdb.f(), R, D);
+    expect_close(gd.get(), dc, kTolF32, "affine_backward d");
+    expect_close(gds.get(), ds, kTolF32, "affine_backward dscale");
+    expect_close(gdb.get(), db, kTolF32, "affine_backward dbias");
+  }
+  {  // residual_scale + backward
+    auto r = rnd(size_t(R * D)), h = rnd(size_t(R * D)), hs = rnd(static_cast<size_t>(D)), hb = rnd(static_cast<size_t>(D)),
+         rs = rnd(static_cast<size_t>(D)), rb = rnd(static_cast<size_t>(D)), dr0 = rnd(size_t(R * D));
+    std::vector<float> rc = r;
+    cpu.residual_scale(rc.data(), h.data(), hs.data(), hb.data(), rs.data(), rb.data(), R, D);
+    DevBuf gr(*gpu, r), gh(*gpu, h), ghs(*gpu, hs), ghb(*gpu, hb), grs(*gpu, rs), grb(*gpu, rb);
+    gpu->residual_scale(gr.f(), gh.f(), ghs.f(), ghb.f(), grs.f(), grb.f(), R, D);
+    expect_close(gr.get(), rc, kTolF32, "residual_scale");
+    std::vector<float> g[4];
+    for (auto& v : g) v = rnd(static_cast<size_t>(D));
+    std::vector<float> dr = dr0, dh(size_t(R * D)), c0 = g[0], c1 = g[1], c2 = g[2], c3 = g[3];
+    cpu.residual_scale_backward(r.data(), h.data(), hs.data(), hb.data(), rs.data(), rb.data(), dr.data(), dh.data(),
+                                c0.data(), c1.data(), c2.data(), c3.data(), R, D);
+    DevBuf gr2(*gpu, r), gdr(*gpu, dr0), gdh(*gpu, R * D), g0(*gpu, g[0]), g1(*gpu, g[1]), g2(*gpu, g[2]),
+        g3(*gpu, g[3]);
+    gpu->residual_scale_backward(gr2.f(), gh.f(), ghs.f(), ghb.f(), grs.f(), grb.f(), gdr.f(), gdh.f(), g0.f(), g1.f(),
+                                 g2.f(), g3.f(), R, D);
+    expect_close(gdr.get(), dr, kTolF32, "residual_scale_backward dr");
+    expect_close(gdh.get(), dh, kTolF32, "residual_scale_backward dh");
+    expect_close(g0.get(), c0, kTolF32, "dhs");
+    expect_close(g1.get(), c1, kTolF32, "dhb");
+    expect_close(g2.get(), c2, kTolF32, "drs");
+    expect_close(g3.get(), c3, kTolF32, "drb");
+  }
+  {  // scaled_add + backward
+    auto y = rnd(size_t(R * D)), x = rnd(size_t(R * D)), s = rnd(static_cast<size_t>(D)), dy = rnd(size_t(R * D));
+    auto dx0 = rnd(size_t(R * D)), ds0 = rnd(static_cast<size_t>(D));
+    std::vector<float> yc = y;
+    cpu.scaled_add(yc.data(), x.data(), s.data(), R, D);
+    DevBuf gy(*gpu, y), gx(*gpu, x), gs(*gpu, s);
+    gpu->scaled_add(gy.f(), gx.f(), gs.f(), R, D);
+    expect_close(gy.get(), yc, kTolF32, "scaled_add");
+    std::vector<float> dx = dx0, ds = ds0;
+    cpu.scaled_add_backward(x.data(), s.data(), dy.data(), dx.data(), ds.data(), R, D);
+    DevBuf gdy(*gpu, dy), gdx(*gpu, dx0), gds(*gpu, ds0);
+    gpu->scaled_add_backward(gx.f(), gs.f(), gdy.f(), gdx.f(), gds.f(), R, D);
+    expect_close(gdx.get(), dx, kTolF32, "scaled_add_backward dx");
+    expect_close(gds.get(), ds, kTolF32, "scaled_add_backward dscale");
+  }
+  {  // gelu + backward
+    auto x = rnd(size_t(R * D), 2.0), d = rnd(size_t(R * D));
+    std::vector<float> xc = x, dc = d;
+    cpu.gelu(xc.data(), R * D);
+    cpu.gelu_backward(x.data(), dc.data(), R * D);
+    DevBuf gx(*gpu, x), gx2(*gpu, x), gd(*gpu, d);
+    gpu->gelu(gx.f(), R * D);
+    gpu->gelu_backward(gx2.f(), gd.f(), R * D);
+    expect_close(gx.get(), xc, kTolF32, "gelu");
+    expect_close(gd.get(), dc, kTolF32, "gelu_backward");
+  }
+  {  // softmax + backward, route_select + route_backward
+    const int64_t classes = 17;
+    auto s = rnd(size_t(R * classes), 3.0), d = rnd(size_t(R * classes)), bias = rnd(size_t(classes), 0.1);
+    std::vector<float> p = s;
+    cpu.softmax(p.data(), R, classes);
+    DevBuf gp(*gpu, s);
+    gpu->softmax(gp.f(), R, classes);
+    expect_close(gp.get(), p, kTolF32, "softmax");
+    std::vector<float> dc = d;
+    cpu.softmax_backward(p.data(), dc.data(), R, classes);
+    DevBuf gpp(*gpu, p), gd(*gpu, d);
+    gpu->softmax_backward(gpp.f(), gd.f(), R, classes);
+    expect_close(gd.get(), dc, kTolF32, "softmax_backward");
+    std::vector<int32_t> ex(static_cast<size_t>(R));
+    std::vector<float> wt(static_cast<size_t>(R));
+    cpu.route_select(p.data(), bias.data(), ex.data(), wt.data(), R, classes);
+    DevBuf gb(*gpu, bias), gex(*gpu, R), gwt(*gpu, R);
+    gpu->route_select(gpp.f(), gb.f(), gex.i(), gwt.f(), R, classes);
+    EXPECT_EQ(gex.get_i(), ex) << "route_select experts";
+    expect_close(gwt.get(), wt, kTolF32, "route_select weight");
+    auto dwt = rnd(static_cast<size_t>(R));
+    std::vector<float> dprobs(size_t(R * classes));
+    cpu.route_backward(ex.data(), dwt.data(), dprobs.data(), R, classes);
+    DevBuf gdw(*gpu, dwt), gdp(*gpu, R * classes);
+    gpu->route_backward(gex.i(), gdw.f(), gdp.f(), R, classes);
+    expect_close(gdp.get(), dprobs, kTolF32, "route_backward");
+  }
+  {  // cross_entropy
+    auto logits = rnd(size_t(R * V), 3.0);
+    auto target = rnd_ints(size_t(R), int32_t(V));
+    std::vector<float> loss(static_cast<size_t>(R));
+    cpu.cross_entropy(logits.data(), target.data(), loss.data(), R, V);
+    DevBuf gl(*gpu, logits), gt(*gpu, target), go(*gpu, R);
+    gpu->cross_entropy(gl.f(), gt.i(), go.f(), R, V);
+    expect_close(go.get(), loss, kTolF32, "cross_entropy");
+  }
+}
+
+TEST_P(GpuDense, LmHeadLoss) {
+  // The LM head stays fp32 in every mode (spec A.11). V large enough for several row chunks.
+  const int64_t N = 50, D = 48, V = 131072 + 11;
+  auto y = rnd(size_t(N * D)), w = rnd(size_t(V * D), 0.1), bias = rnd(size_t(V), 0.1);
+  auto target = rnd_ints(size_t(N), int32_t(V));
+  target[3] = -1;
+  target[17] = -1;
+  auto dw0 = rnd(size_t(V * D), 0.01), db0 = rnd(size_t(V), 0.01);
+  std::vector<float> dy(size_t(N * D)), dw = dw0, db = db0;
+  const float scale = 1.0f / 48.0f;
+  const double loss = cpu.lm_head_loss(y.data(), w.data(), bias.data(), target.data(), N, D, V, scale, dy.data(),
+                                       dw.data(), db.data());
+  DevBuf gy(*gpu, y), gw(*gpu, w), gb(*gpu, bias), gt(*gpu, target), gdy(*gpu, N * D), gdw(*gpu, dw0), gdb(*gpu, db0);
+  const double gloss =
+      gpu->lm_head_loss(gy.f(), gw.f(), gb.f(), gt.i(), N, D, V, scale, gdy.f(), gdw.f(), gdb.f());
+  EXPECT_NEAR(gloss, loss, kTolF32 * std::fabs(loss));
+  expect_close(gdy.get(), dy, kTolF32, "lm_head dy");
+  expect_close(gdw.get(), dw, kTolF32, "lm_head dw");
+  expect_close(gdb.get(), db, kTolF32, "lm_head dbias");
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GpuDense, ::testing::ValuesIn(gemm_modes()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace zaya

@@ -1,0 +1,147 @@
+// MoE, optimizer and memory ops of the GPU backend against the CPU backend: the routed
+// SwiGLU experts with both skip modes (forward and backward, every GEMM mode), Newton-Schulz
+// (wide, square, tall), Muon momentum/update, AdamW, sum of squares, scaling, copy/fill and
+// host transfers. Skipped ("skipped: no GPU") without a device. Not yet run on a GPU.
+#include <cstring>
+
+#include "gpu_test_support.h"
+
+namespace zaya {
+namespace {
+
+using namespace gpu_test;
+
+class GpuMoe : public ::testing::TestWithParam<GemmMode> {
+ protected:
+  void SetUp() override {
+    if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+    gpu = make_gpu(GetParam());
+  }
+  CpuBackend cpu;
+  std::unique_ptr<Backend> gpu;
+};
+
+TEST_P(GpuMoe, ForwardBackward) {
+  const int64_t N = 150, D = 64, I = 48, E = 5;
+  for (bool identity : {false, true}) {
+    auto x = rnd(size_t(N * D)), gu = rnd(size_t(E * 2 * I * D), 0.15), dn = rnd(size_t(E * D * I), 0.15);
+    auto expert = rnd_ints(size_t(N), int32_t(E + 1));
+    for (int64_t n = 0; n < 7; ++n) expert[size_t(n)] = int32_t(E);  // some skip tokens for sure
+    for (int64_t n = 7; n < N; ++n)
+      if (expert[size_t(n)] == 2) expert[size_t(n)] = 1;  // expert 2 gets no tokens
+    auto weight = rnd_positive(size_t(N), 0.05, 1.0);
+    std::vector<float> out(size_t(N * D));
+    MoeArgs a;
+    a.x = x.data(); a.expert = expert.data(); a.weight = weight.data(); a.gate_up = gu.data(); a.down = dn.data();
+    a.out = out.data(); a.N = N; a.D = D; a.I = I; a.E = E; a.skip_identity = identity;
+    cpu.moe(a);
+    DevBuf gx(*gpu, x), ge(*gpu, expert), gw(*gpu, weight), ggu(*gpu, gu), gdn(*gpu, dn), gout(*gpu, N * D);
+    MoeArgs g = a;
+    g.x = gx.f(); g.expert = ge.i(); g.weight = gw.f(); g.gate_up = ggu.f(); g.down = gdn.f(); g.out = gout.f();
+    gpu->moe(g);
+    const std::string what = identity ? "moe identity" : "moe zero";
+    expect_close(gout.get(), out, GetParam().tol, what + " out");
+
+    auto dout = rnd(size_t(N * D)), dx0 = rnd(size_t(N * D)), dgu0 = rnd(size_t(E * 2 * I * D)),
+         ddn0 = rnd(size_t(E * D * I));
+    std::vector<float> dx = dx0, dwt(static_cast<size_t>(N)), dgu = dgu0, ddn = ddn0;
+    cpu.moe_backward(a, dout.data(), dx.data(), dwt.data(), dgu.data(), ddn.data());
+    DevBuf gdo(*gpu, dout), gdx(*gpu, dx0), gdwt(*gpu, N), gdgu(*gpu, dgu0), gddn(*gpu, ddn0);
+    gpu->moe_backward(g, gdo.f(), gdx.f(), gdwt.f(), gdgu.f(), gddn.f());
+    expect_close(gdx.get(), dx, GetParam().tol, what + " dx");
+    expect_close(gdwt.get(), dwt, GetParam().tol, what + " dweight");
+    expect_close(gdgu.get(), dgu, GetParam().tol, what + " dgate_up");
+    expect_close(gddn.get(), ddn, GetParam().tol, what + " ddown");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GpuMoe, ::testing::ValuesIn(gemm_modes()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+class GpuOptim : public ::testing::TestWithParam<GemmMode> {
+ protected:
+  void SetUp() override {
+    if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+    gpu = make_gpu(GetParam());
+  }
+  CpuBackend cpu;
+  std::unique_ptr<Backend> gpu;
+};
+
+// The optimizer state is fp32 in every mode, so every check here is at the fp32 tolerance.
+TEST_P(GpuOptim, NewtonSchulz) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{32, 96}, {64, 64}, {130, 40}, {1, 17}};
+  for (auto [rows, cols] : shapes) {
+    auto x = rnd(size_t(rows * cols));
+    std::vector<float> xc = x;
+    cpu.newton_schulz(xc.data(), rows, cols, 5);
+    DevBuf gx(*gpu, x);
+    gpu->newton_schulz(gx.f(), rows, cols, 5);
+    expect_close(gx.get(), xc, kTolF32, "newton_schulz " + std::to_string(rows) + "x" + std::to_string(cols));
+  }
+  std::vector<float> zero(64, 0.0f);
+  DevBuf gz(*gpu, zero);
+  gpu->newton_schulz(gz.f(), 8, 8, 5);
+  EXPECT_EQ(gz.get(), zero) << "a zero matrix stays zero";
+}
+
+TEST_P(GpuOptim, ElementwiseUpdates) {
+  const int64_t n = 100003;
+  for (bool nesterov : {false, true}) {
+    auto m0 = rnd(static_cast<size_t>(n)), g = rnd(static_cast<size_t>(n));
+    std::vector<float> m = m0, u(static_cast<size_t>(n));
+    cpu.muon_momentum(m.data(), g.data(), u.data(), n, 0.95f, nesterov);
+    DevBuf gm(*gpu, m0), gg(*gpu, g), gu(*gpu, n);
+    gpu->muon_momentum(gm.f(), gg.f(), gu.f(), n, 0.95f, nesterov);
+    expect_close(gm.get(), m, kTolF32, "muon_momentum m");
+    expect_close(gu.get(), u, kTolF32, "muon_momentum u");
+  }
+  {
+    auto w0 = rnd(static_cast<size_t>(n)), x = rnd(static_cast<size_t>(n));
+    std::vector<float> w = w0;
+    cpu.muon_update(w.data(), x.data(), n, 0.02f, 1.6f, 0.1f);
+    DevBuf gw(*gpu, w0), gx(*gpu, x);
+    gpu->muon_update(gw.f(), gx.f(), n, 0.02f, 1.6f, 0.1f);
+    expect_close(gw.get(), w, kTolF32, "muon_update");
+  }
+  for (int64_t t : {1, 2, 50}) {
+    auto w0 = rnd(static_cast<size_t>(n)), g = rnd(static_cast<size_t>(n)), m0 = rnd(size_t(n), 0.1), v0 = rnd_positive(size_t(n), 0.0, 0.1);
+    std::vector<float> w = w0, m = m0, v = v0;
+    cpu.adamw_update(w.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    DevBuf gw(*gpu, w0), gg(*gpu, g), gm(*gpu, m0), gv(*gpu, v0);
+    gpu->adamw_update(gw.f(), gg.f(), gm.f(), gv.f(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    expect_close(gw.get(), w, kTolF32, "adamw w, t " + std::to_string(t));
+    expect_close(gm.get(), m, kTolF32, "adamw m");
+    expect_close(gv.get(), v, kTolF32, "adamw v");
+  }
+  {
+    auto x = rnd(static_cast<size_t>(n));
+    DevBuf gx(*gpu, x);
+    const double ref = cpu.sum_squares(x.data(), n);
+    EXPECT_NEAR(gpu->sum_squares(gx.f(), n), ref, 1e-10 * ref) << "sum_squares";
+    EXPECT_EQ(gpu->sum_squares(gx.f(), 0), 0.0);
+    std::vector<float> xc = x;
+    cpu.scale_inplace(xc.data(), 0.37f, n);
+    gpu->scale_inplace(gx.f(), 0.37f, n);
+    expect_close(gx.get(), xc, kTolF32, "scale_inplace");
+  }
+}
+
+TEST_P(GpuOptim, MemoryOps) {
+  const int64_t n = 12345;
+  auto x = rnd(static_cast<size_t>(n));
+  DevBuf a(*gpu, x), b(*gpu, n);
+  gpu->copy(b.f(), a.f(), n);
+  EXPECT_EQ(b.get(), x) << "copy";
+  gpu->fill(b.f(), 2.5f, n);
+  EXPECT_EQ(b.get(), std::vector<float>(size_t(n), 2.5f)) << "fill";
+  std::vector<float> back(static_cast<size_t>(n));
+  gpu->to_host(back.data(), a.f(), n * 4);
+  EXPECT_EQ(back, x) << "from_host / to_host round trip";
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GpuOptim, ::testing::ValuesIn(gemm_modes()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace zaya
