@@ -5,6 +5,8 @@
 #include "backend/cuda/gpu_device.h"
 #include "backend/cuda/gpu_gemm.h"
 
+#include <string>
+
 namespace zaya {
 
 namespace {
@@ -21,7 +23,8 @@ __global__ void k_gemm_tiled(int64_t M, int64_t N, int64_t K, float alpha, const
   __shared__ float As[kStep][kTile + 1];
   __shared__ float Bs[kStep][kTile + 1];
   const int tx = int(threadIdx.x) % 16, ty = int(threadIdx.x) / 16;
-  const int64_t m0 = int64_t(blockIdx.y) * kTile, n0 = int64_t(blockIdx.x) * kTile;
+  // Rows (often many tokens) on grid x (2^31 - 1 blocks), columns on grid y (65535).
+  const int64_t m0 = int64_t(blockIdx.x) * kTile, n0 = int64_t(blockIdx.y) * kTile;
   float acc[4][4];
   for (int r = 0; r < 4; ++r)
     for (int c = 0; c < 4; ++c) acc[r][c] = 0.0f;
@@ -65,7 +68,8 @@ __global__ void k_gemm_tiled(int64_t M, int64_t N, int64_t K, float alpha, const
 void gemm_tiled(gpuStream_t stream, int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A,
                 const GemmOperand& B, float beta, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
-  dim3 grid(unsigned((N + kTile - 1) / kTile), unsigned((M + kTile - 1) / kTile));
+  if ((N + kTile - 1) / kTile > 65535) fail("cuda", "gemm_tiled: N = " + std::to_string(N) + " is too large");
+  dim3 grid(unsigned((M + kTile - 1) / kTile), unsigned((N + kTile - 1) / kTile));
   k_gemm_tiled<<<grid, kThreadsGemm, 0, stream>>>(M, N, K, alpha, A.ptr, A.type == GemmType::BF16, A.ld, A.trans,
                                                   B.ptr, B.type == GemmType::BF16, B.ld, B.trans, beta, C, ldc);
   GPU_LAUNCH_CHECK();
