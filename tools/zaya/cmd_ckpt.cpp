@@ -1,10 +1,15 @@
 // `zaya ckpt inspect DIR`: prints a training checkpoint's manifest (step, meta summary, files,
-// tensors with shapes) and verifies every checksum; exits non-zero if anything is damaged.
-// DIR may also be a checkpoint root, in which case every step-* directory is verified.
+// tensors with shapes; for sharded checkpoints the world size and each tensor's pieces) and
+// verifies every checksum; exits non-zero if anything is damaged. DIR may also be a checkpoint
+// root, in which case every step-* directory is verified. Versions 1 and 2 are both handled.
+// `zaya ckpt reshape --in DIR --ranks M --out ROOT`: rewrites a checkpoint (version 1 or 2) as
+// a sharded checkpoint for M ranks (whole tensors, LPT on element counts; ckpt/ownership.h).
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/dist_checkpoint.h"
 #include "commands.h"
 #include "core/error.h"
 
@@ -32,17 +37,41 @@ std::string bytes_text(double b) {
 
 std::string dump(const nlohmann::json& v) { return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
+// "r0 [0, 853), r1 [853, 2560)" for a sharded tensor's pieces (the first few).
+std::string pieces_text(const nlohmann::json& pieces) {
+  std::string out;
+  size_t shown = 0;
+  for (const auto& p : pieces) {
+    if (!p.is_object()) continue;
+    if (shown == 6) {
+      out += ", ... (" + std::to_string(pieces.size()) + " pieces)";
+      break;
+    }
+    const double off = p.value("offset", 0.0), len = p.value("length", 0.0);
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%sr%s [%.0f, %.0f)", shown ? ", " : "", dump(p.value("rank", nlohmann::json())).c_str(),
+                  off, off + len);
+    out += buf;
+    ++shown;
+  }
+  return out;
+}
+
 // Prints one checkpoint; returns its problems.
 std::vector<std::string> inspect_one(const std::string& dir, bool list_tensors) {
-  CheckpointReport r = verify_checkpoint(dir);
+  const bool sharded = checkpoint_format_version(dir) == kDistCheckpointFormatVersion;
+  CheckpointReport r = sharded ? verify_dist_checkpoint(dir) : verify_checkpoint(dir);
   const nlohmann::json& m = r.manifest;
   std::printf("checkpoint  %s\n", dir.c_str());
   if (m.is_object()) {
     std::printf("step        %s\n", dump(m.value("step", nlohmann::json())).c_str());
-    std::printf("format      %s version %s, world size %s, %s checksums\n", m.value("format", "?").c_str(),
-                dump(m.value("version", nlohmann::json())).c_str(),
+    std::printf("format      %s version %s%s, world size %s, %s checksums\n", m.value("format", "?").c_str(),
+                dump(m.value("version", nlohmann::json())).c_str(), sharded ? " (sharded)" : "",
                 dump(m.value("world_size", nlohmann::json(1))).c_str(), m.value("checksum_algorithm", "?").c_str());
     std::printf("created     %s\n", m.value("created", "?").c_str());
+    if (m.contains("reshaped_from") && m["reshaped_from"].is_object())
+      std::printf("reshaped    from %s (world size %s)\n", m["reshaped_from"].value("dir", "?").c_str(),
+                  dump(m["reshaped_from"].value("world_size", nlohmann::json())).c_str());
     const nlohmann::json meta = m.value("meta", nlohmann::json::object());
     if (meta.is_object() && !meta.empty()) {
       std::printf("meta\n");
@@ -56,7 +85,8 @@ std::vector<std::string> inspect_one(const std::string& dir, bool list_tensors) 
       std::printf("files\n");
       for (const auto& f : m["files"])
         if (f.is_object())
-          std::printf("  %-32s %12s  crc32c %s\n", f.value("name", "?").c_str(),
+          std::printf("  %-32s rank %-4s %12s  crc32c %s\n", f.value("name", "?").c_str(),
+                      dump(f.value("rank", nlohmann::json())).c_str(),
                       f.contains("bytes") && f["bytes"].is_number()
                           ? bytes_text(f["bytes"].get<double>()).c_str()
                           : "?",
@@ -74,6 +104,12 @@ std::vector<std::string> inspect_one(const std::string& dir, bool list_tensors) 
       if (list_tensors)
         for (const auto& t : m["tensors"]) {
           if (!t.is_object()) continue;
+          if (sharded) {
+            std::printf("  %-48s %-14s %-10s %s\n", t.value("name", "?").c_str(),
+                        dump(t.value("shape", nlohmann::json())).c_str(), t.value("group", "?").c_str(),
+                        pieces_text(t.value("pieces", nlohmann::json::array())).c_str());
+            continue;
+          }
           std::string files;
           if (t.contains("pieces") && t["pieces"].is_array())
             for (const auto& p : t["pieces"])
@@ -85,7 +121,8 @@ std::vector<std::string> inspect_one(const std::string& dir, bool list_tensors) 
     }
   }
   if (r.ok()) {
-    std::printf("verify      OK: manifest, file sizes, headers and every checksum match\n");
+    std::printf(sharded ? "verify      OK: manifest, file sizes, and every file and piece checksum match\n"
+                        : "verify      OK: manifest, file sizes, headers and every checksum match\n");
   } else {
     std::printf("verify      DAMAGED: %zu problem(s)\n", r.problems.size());
     for (const auto& p : r.problems) std::printf("  - %s\n", p.c_str());
@@ -120,10 +157,31 @@ void run_inspect(const std::string& dir, bool list_tensors) {
   if (damaged) fail("ckpt", dir + ": " + std::to_string(damaged) + " of " + std::to_string(all.size()) + " checkpoints are damaged");
 }
 
+void run_reshape(const std::string& in, int ranks, const std::string& out, int keep_last) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(in, ec)) fail("ckpt", in + ": not a directory", "pass a step-* checkpoint directory or a checkpoint root");
+  std::optional<DistCheckpoint> ck;
+  if (fs::exists(fs::path(in) / "manifest.json", ec)) {
+    ck = open_dist_checkpoint(in);
+  } else {
+    ck = load_latest_dist_checkpoint(in);
+    if (!ck) fail("ckpt", in + ": no valid checkpoint here", "pass a step-* checkpoint directory or a root holding step-* directories");
+  }
+  DistReshapeOptions opts;
+  opts.keep_last = keep_last;
+  const std::string dir = reshape_dist_checkpoint(*ck, out, ranks, opts);
+  DistCheckpoint res = open_dist_checkpoint(dir);
+  std::printf("reshaped    %s (step %lld, %d rank%s) -> %s (%d rank%s)\n", ck->dir().c_str(), (long long)ck->step(),
+              ck->world_size(), ck->world_size() == 1 ? "" : "s", dir.c_str(), ranks, ranks == 1 ? "" : "s");
+  for (const auto& f : res.manifest()["files"])
+    std::printf("  %-20s %12s\n", f.value("name", "?").c_str(), bytes_text(f.value("bytes", 0.0)).c_str());
+}
+
 }  // namespace
 
 void add_ckpt(CLI::App& app) {
-  auto* cmd = app.add_subcommand("ckpt", "Inspect and verify training checkpoints");
+  auto* cmd = app.add_subcommand("ckpt", "Inspect, verify and reshape training checkpoints");
   cmd->require_subcommand(1);
   auto* inspect = cmd->add_subcommand("inspect", "Print a checkpoint's manifest and verify every checksum");
   static std::string dir;
@@ -131,6 +189,17 @@ void add_ckpt(CLI::App& app) {
   inspect->add_option("dir", dir, "A step-* checkpoint directory, or a root holding several")->required();
   inspect->add_flag("--no-tensors", no_tensors, "Do not list the tensors");
   inspect->callback([] { run_inspect(dir, !no_tensors); });
+
+  auto* reshape = cmd->add_subcommand(
+      "reshape", "Rewrite a checkpoint as a sharded checkpoint for another number of ranks");
+  static std::string in_dir, out_root;
+  static int ranks = 1, keep_last = 0;
+  reshape->add_option("--in", in_dir, "A step-* checkpoint directory (version 1 or 2), or a root (its latest valid one)")
+      ->required();
+  reshape->add_option("--ranks", ranks, "The new number of ranks")->required()->check(CLI::Range(1, 100000));
+  reshape->add_option("--out", out_root, "Checkpoint root to write step-<step>/ into (not the input's root)")->required();
+  reshape->add_option("--keep-last", keep_last, "Checkpoints to keep under --out (0: all)");
+  reshape->callback([] { run_reshape(in_dir, ranks, out_root, keep_last); });
 }
 
 }  // namespace zaya::cli
