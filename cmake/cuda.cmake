@@ -51,6 +51,14 @@ endif()
 
 if(ZAYA_HIP)
   find_program(ZAYA_HIPCC hipcc REQUIRED)
+  # hipBLASLt when installed (ROCm >= 6; Debian 12 has none): the BLASLt GEMM path, else our
+  # tiled GEMM kernel.
+  find_path(ZAYA_HIPBLASLT_INCLUDE hipblaslt/hipblaslt.h PATHS /opt/rocm/include)
+  set(ZAYA_HIP_DEFS -DZAYA_HIP)
+  if(ZAYA_HIPBLASLT_INCLUDE)
+    list(APPEND ZAYA_HIP_DEFS -DZAYA_HAVE_HIPBLASLT -I${ZAYA_HIPBLASLT_INCLUDE})
+  endif()
+  message(STATUS "zaya HIP: ${ZAYA_HIP_ARCH}, GEMM: ${ZAYA_HIPBLASLT_INCLUDE}")
   set(ZAYA_HIP_OBJECTS)
   foreach(src ${ZAYA_GPU_SOURCES})
     get_filename_component(name ${src} NAME_WE)
@@ -58,7 +66,7 @@ if(ZAYA_HIP)
     add_custom_command(
       OUTPUT ${obj}
       COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/hip
-      COMMAND ${ZAYA_HIPCC} --offload-arch=${ZAYA_HIP_ARCH} -std=c++20 -O2 -DZAYA_HIP -I${CMAKE_SOURCE_DIR}/src
+      COMMAND ${ZAYA_HIPCC} --offload-arch=${ZAYA_HIP_ARCH} -std=c++20 -O2 ${ZAYA_HIP_DEFS} -I${CMAKE_SOURCE_DIR}/src
               -x hip -c ${src} -o ${obj}
       DEPENDS ${src} ${ZAYA_GPU_HEADERS} ${CMAKE_SOURCE_DIR}/src/backend/backend.h
       COMMENT "hipcc ${ZAYA_HIP_ARCH}: ${name}.cu"

@@ -7,7 +7,7 @@
 // no vendor bf16 type is needed: BLAS libraries only see its bytes.
 //
 // Warp size: 32 on NVIDIA, 64 on CDNA (gfx90a). Device code uses GPU_WARP_SIZE (a compile-time
-// constant of the device target); host code asks the device (gpu_warp_size()) and the backend
+// constant of the device target); host code asks the device (gpu_device_warp_size()) and the backend
 // checks at start-up that both agree. No kernel hard-codes 32.
 //
 // Status: compiled for sm_80/sm_90 (nvcc) and gfx90a (hipcc); NOT yet run on any GPU.
@@ -54,7 +54,8 @@ inline int gpu_device_warp_size(int device) {
 }
 
 // Device-side warp size of the target being compiled (64 on gfx90a). The host pass of hipcc
-// does not define __AMDGCN_WAVEFRONT_SIZE; host code must use gpu_warp_size() instead.
+// does not define __AMDGCN_WAVEFRONT_SIZE; host code must use gpu_device_warp_size() instead.
+// (Newer ROCm deprecates the macro; the backend's start-up check catches any mismatch.)
 #if defined(__AMDGCN_WAVEFRONT_SIZE)
 #define GPU_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
 #else
