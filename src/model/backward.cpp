@@ -13,7 +13,8 @@
 namespace zaya {
 
 StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, float* grads,
-                                  float loss_scale, const int32_t* seg_start) {
+                                  float loss_scale, const int32_t* seg_start,
+                                  const std::function<void(int64_t)>& block_done) {
   const ModelConfig& c = cfg_;
   const int64_t N = B * T, D = c.hidden_size, C = c.conv_channels(), Dq = c.q_dim(), Dk = c.kv_dim(),
                 R = c.router_hidden_size, E = c.num_experts, V = c.vocab_size, L = c.num_hidden_layers,
@@ -162,6 +163,7 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     be_.linear_backward(a.x1, w.attn.k_proj, du + Dq, dx, gw.attn.k_proj, nullptr, N, D, Dk, true, C);
     be_.rmsnorm_backward(a.r_in, w.input_norm, dx, eps, dr, gw.input_norm, N, D, true);
     std::swap(drh, drho_prev);
+    if (block_done) block_done(l);
   }
   // input affine and embedding
   be_.affine_backward(emb, w_.input_scale, w_.input_bias, dr, g.input_scale, g.input_bias, N, D);

@@ -3,6 +3,7 @@
 // DecodeState (chunked prefill, then token-by-token decode). Every op goes through Backend.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -71,6 +72,13 @@ class Model {
   float* params() { return arena_; }
   const ModelWeights& weights() const { return w_; }
 
+  // Context extension (a training phase's rope_theta): the RoPE base of full-attention and
+  // sliding-window layers.
+  void set_rope_theta(double full, double sliding) {
+    cfg_.rope_hybrid.theta = full;
+    cfg_.rope_sliding.theta = sliding;
+  }
+
   // Spec C.5 initialisation (temp = 1, balancing biases 0 / -1 for skip). Deterministic.
   void init_random(uint64_t seed);
 
@@ -85,8 +93,11 @@ class Model {
   // backward. targets: host [B, T], -1 = not counted. Adds d(loss_scale * sum of token
   // losses)/d(param) into grads (backend memory with layout().total floats; the balancing
   // biases get none). Returns the loss sum and the routing statistics.
+  // block_done(l), when set, is called as soon as block l's parameter gradients are final
+  // (blocks finish from the last to the first; data parallelism starts reductions there).
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, float* grads,
-                             float loss_scale, const int32_t* segment_start = nullptr);
+                             float loss_scale, const int32_t* segment_start = nullptr,
+                             const std::function<void(int64_t block)>& block_done = {});
 
  private:
   ModelConfig cfg_;

@@ -37,12 +37,13 @@ double training_flops_per_token(const ModelConfig& c, int64_t T) {
   return 3.0 * (2.0 * matmul_params + attention);
 }
 
-double eval_loss_sum(Model& m, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t T, int64_t* count) {
+double eval_loss_sum(Model& m, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t T, int64_t* count,
+                     const int32_t* segment_start) {
   const int64_t V = m.config().vocab_size;
   std::vector<float> logits(static_cast<size_t>(B * T * V)), losses(static_cast<size_t>(B * T));
   ForwardOutputs out;
   out.logits = logits.data();
-  m.forward(inputs, B, T, nullptr, out);
+  m.forward(inputs, B, T, nullptr, out, segment_start);
   std::vector<int32_t> safe(targets, targets + B * T);
   for (auto& t : safe) t = std::max(t, 0);
   m.backend().cross_entropy(logits.data(), safe.data(), losses.data(), B * T, V);

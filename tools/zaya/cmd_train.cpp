@@ -1,12 +1,15 @@
 // `zaya train [--recipe FILE] [--set section.key=value ...]`: with no arguments it trains the
-// built-in default recipe (a small ZAYA model on the State of the Union demo corpus).
+// built-in default recipe (a small ZAYA model on the State of the Union demo corpus). Under
+// `mpirun -np N` every process is one data-parallel rank (ZeRO-1 over MPI).
 // `zaya export --checkpoint DIR --out HFDIR`: a training checkpoint to an HF model directory.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
-#include "ckpt/checkpoint.h"
+#include "ckpt/dist_checkpoint.h"
 #include "commands.h"
 #include "core/error.h"
+#include "dist/comm.h"
 #include "model/model_io.h"
 #include "train/trainer.h"
 
@@ -16,15 +19,39 @@ void add_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a ZAYA model (no arguments: the built-in default recipe)");
   static std::string recipe_path;
   static std::vector<std::string> overrides;
-  static int64_t stop_after = -1;
+  static int64_t stop_after = -1, bucket_mb = 32;
+  static double comm_timeout = 600;
   cmd->add_option("--recipe", recipe_path, "TOML recipe (default: the built-in recipe)");
   cmd->add_option("--set", overrides, "Override a recipe key: --set optimizer.lr=1e-3 (repeatable)");
   cmd->add_option("--stop-after", stop_after, "Stop after N steps of this process (checkpointed; rerun to resume)");
+  cmd->add_option("--bucket-mb", bucket_mb, "Data parallel: gradient reduce-scatter bucket size in MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
+  cmd->add_option("--comm-timeout", comm_timeout,
+                  "Data parallel: watchdog seconds per collective (0 = off; ZAYA_COMM_TIMEOUT overrides)")
+      ->capture_default_str();
   cmd->callback([] {
-    Recipe r = resolve_recipe(recipe_path, overrides);
-    TrainOptions opt;
-    opt.stop_after_steps = stop_after;
-    TrainSummary s = train(r, opt);
+    CommOptions co;
+    co.timeout_s = comm_timeout;
+    std::unique_ptr<Comm> comm = make_comm(co);
+    TrainSummary s;
+    try {
+      Recipe r = resolve_recipe(recipe_path, overrides);
+      TrainOptions opt;
+      opt.stop_after_steps = stop_after;
+      opt.comm = comm.get();
+      opt.bucket_bytes = bucket_mb << 20;
+      s = train(r, opt);
+    } catch (const Error& e) {
+      if (comm->size() == 1) throw;
+      // One rank failing must end the job at once, not leave the others in a collective.
+      std::fprintf(stderr, "zaya: rank %d of %d: %s error: %s%s%s\n", comm->rank(), comm->size(),
+                   e.component().c_str(), e.message().c_str(), e.hint().empty() ? "" : "\n  hint: ",
+                   e.hint().c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+    if (comm->rank() != 0) return;
     std::printf("\nrun directory     %s\n", s.run_dir.c_str());
     std::printf("steps             %lld (%lld tokens)\n", (long long)s.steps, (long long)s.tokens);
     std::printf("final train loss  %.4f nats/token\n", s.final_train_loss);
@@ -41,18 +68,18 @@ void add_export(CLI::App& app) {
   cmd->add_option("--out", out, "Output directory")->required();
   cmd->add_option("--dtype", dtype, "f32 or bf16")->capture_default_str();
   cmd->callback([] {
-    std::optional<LoadedCheckpoint> ck;
-    if (std::filesystem::exists(std::filesystem::path(ckpt) / "manifest.json")) ck = load_checkpoint(ckpt);
-    else ck = load_latest_checkpoint(ckpt);
+    std::optional<DistCheckpoint> ck;
+    if (std::filesystem::exists(std::filesystem::path(ckpt) / "manifest.json")) ck = open_dist_checkpoint(ckpt);
+    else ck = load_latest_dist_checkpoint(ckpt);
     if (!ck) fail("export", "no valid checkpoint under " + ckpt);
-    if (!ck->meta.contains("model_config")) fail("export", ck->dir + ": the manifest has no model_config");
-    ModelConfig c = config_from_json(ck->meta["model_config"], ck->dir + "/manifest.json");
+    if (!ck->meta().contains("model_config")) fail("export", ck->dir() + ": the manifest has no model_config");
+    ModelConfig c = config_from_json(ck->meta()["model_config"], ck->dir() + "/manifest.json");
     auto be = make_cpu_backend();
     Model m(c, *be);
     for (const ParamSpec& p : m.layout().params) ck->read(p.name, p.shape, m.params() + p.offset);
     if (dtype != "f32" && dtype != "bf16") fail("export", "--dtype must be f32 or bf16");
     save_model(m, out, dtype == "f32" ? DType::F32 : DType::BF16);
-    std::printf("exported %s (step %lld) to %s\n", ck->dir.c_str(), (long long)ck->step, out.c_str());
+    std::printf("exported %s (step %lld) to %s\n", ck->dir().c_str(), (long long)ck->step(), out.c_str());
   });
 }
 

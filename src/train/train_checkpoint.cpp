@@ -1,0 +1,63 @@
+// Trainer state <-> sharded checkpoints.
+#include "train/train_checkpoint.h"
+
+#include "core/error.h"
+
+namespace zaya {
+
+std::vector<DistPiece> owned_pieces(TrainState& s) {
+  std::vector<DistPiece> out;
+  const ParamLayout& L = s.model.layout();
+  for (size_t i = 0; i < L.params.size(); ++i)
+    if (s.dp.owns(i)) {
+      const ParamSpec& p = L.params[i];
+      out.push_back({p.name, p.shape, 0, uint64_t(p.numel), s.model.params() + p.offset, "params"});
+    }
+  for (const StateTensor& t : s.optim.save_state())
+    out.push_back({t.name, t.shape.empty() ? std::vector<int64_t>{t.numel} : t.shape, 0, uint64_t(t.numel), t.data,
+                   "optimizer"});
+  if (s.dp.rank() == 0)
+    for (const StateTensor& t : s.balancer.save_state())
+      out.push_back({t.name, t.shape.empty() ? std::vector<int64_t>{t.numel} : t.shape, 0, uint64_t(t.numel), t.data,
+                     "balancer"});
+  return out;
+}
+
+nlohmann::json all_counters(TrainState& s) {
+  const ParamLayout& L = s.model.layout();
+  std::vector<int64_t> steps(L.params.size(), 0);
+  for (size_t i = 0; i < L.params.size(); ++i)
+    if (s.dp.owns(i)) steps[i] = s.optim.step_counts()[i];
+  s.dp.sum(steps.data(), int64_t(steps.size()));
+  nlohmann::json out = nlohmann::json::object();
+  for (size_t i = 0; i < L.params.size(); ++i)
+    if (route_param(L.params[i]).kind != OptimKind::None) out["optimizer.step." + L.params[i].name] = steps[i];
+  for (const StateCounter& c : s.balancer.save_counters()) out["balancer." + c.name] = c.value;
+  return out;
+}
+
+void restore_state(TrainState& s, const DistCheckpoint& ck) {
+  const ParamLayout& L = s.model.layout();
+  for (const ParamSpec& p : L.params) ck.read(p.name, p.shape, s.model.params() + p.offset);
+  std::vector<StateTensor> os = s.optim.save_state();
+  std::vector<std::vector<float>> host(os.size());
+  for (size_t k = 0; k < os.size(); ++k) {
+    host[k].resize(size_t(os[k].numel));
+    ck.read(os[k].name, 0, uint64_t(os[k].numel), host[k].data());
+    os[k].data = host[k].data();
+  }
+  s.optim.load_state(os);
+  for (StateTensor& t : s.balancer.save_state()) ck.read(t.name, 0, uint64_t(t.numel), t.data);
+  const nlohmann::json& counters = ck.meta().at("counters");
+  auto counter = [&](const std::string& key) {
+    if (!counters.contains(key)) fail("checkpoint", ck.dir() + ": the run's counters lack '" + key + "'");
+    return counters.at(key).get<int64_t>();
+  };
+  std::vector<StateCounter> oc = s.optim.save_counters(), bc = s.balancer.save_counters();
+  for (StateCounter& c : oc) c.value = counter("optimizer." + c.name);
+  for (StateCounter& c : bc) c.value = counter("balancer." + c.name);
+  s.optim.load_counters(oc);
+  s.balancer.load_counters(bc);
+}
+
+}  // namespace zaya
