@@ -2,6 +2,7 @@
 # One idempotent setup step: installs the Debian packages zaya needs to build and test.
 # Safe to re-run; when everything is present it only checks and exits quickly.
 #   ZAYA_SETUP_TORCH=1  also installs python3-torch (the reference twin; not needed for CI)
+#   ZAYA_SETUP_HIP=1    also installs hipcc (compiles the GPU backend for AMD gfx90a; CI does)
 set -euo pipefail
 
 packages=(
@@ -18,6 +19,7 @@ packages=(
 # install Debian's only when absent.
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 if [ "${ZAYA_SETUP_TORCH:-0}" = "1" ]; then packages+=(python3-torch python3-numpy); fi
+if [ "${ZAYA_SETUP_HIP:-0}" = "1" ]; then packages+=(hipcc); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -2,8 +2,12 @@
 // built-in default recipe (a small ZAYA model on the State of the Union demo corpus). Under
 // `mpirun -np N` every process is one data-parallel rank (ZeRO-1 over MPI).
 // `zaya export --checkpoint DIR --out HFDIR`: a training checkpoint to an HF model directory.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
+
+#include <omp.h>
 #include <filesystem>
 
 #include "ckpt/dist_checkpoint.h"
@@ -34,6 +38,11 @@ void add_train(CLI::App& app) {
     CommOptions co;
     co.timeout_s = comm_timeout;
     std::unique_ptr<Comm> comm = make_comm(co);
+    // Ranks sharing a node split its cores, unless OMP_NUM_THREADS says otherwise.
+    if (comm->local_size() > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+      const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+      omp_set_num_threads(std::max(1, cores / comm->local_size()));
+    }
     TrainSummary s;
     try {
       Recipe r = resolve_recipe(recipe_path, overrides);
