@@ -27,19 +27,25 @@ bool is_shard_dir(const std::string& path) {
 
 }  // namespace
 
-TrainData::TrainData(const Recipe& r, int rank, int ranks, const BatchRamp& ramp)
-    : r_(r), rank_(rank), ranks_(ranks), micro_(r.batch.micro_batch), reset_docs_(r.data.reset_at_document_boundary) {
+std::vector<PhaseSpec> recipe_phases(const Recipe& r) {
+  std::vector<PhaseSpec> out;
   if (!r.phases.empty()) {
     std::map<std::string, std::string> dirs;
     for (const RecipeDataset& d : r.data.datasets) dirs[d.name] = d.dir;
     for (const RecipePhase& p : r.phases) {
       PhaseSpec ps{p.name, p.tokens, p.seq_len, {}, p.rope_theta, p.lr_scale};
       for (const RecipeMixtureWeight& w : p.mixture) ps.mixture.push_back({w.dataset, dirs.at(w.dataset), w.weight});
-      phases_.push_back(ps);
+      out.push_back(ps);
     }
   } else if (is_shard_dir(r.data.train)) {
-    phases_.push_back(PhaseSpec{"train", 0, r.data.seq_len, {{"train", r.data.train, 1.0}}, 0, 1});
+    out.push_back(PhaseSpec{"train", 0, r.data.seq_len, {{"train", r.data.train, 1.0}}, 0, 1});
   }
+  return out;
+}
+
+TrainData::TrainData(const Recipe& r, int rank, int ranks, const BatchRamp& ramp)
+    : r_(r), rank_(rank), ranks_(ranks), micro_(r.batch.micro_batch), reset_docs_(r.data.reset_at_document_boundary),
+      phases_(recipe_phases(r)) {
   if (!phases_.empty()) {
     LoaderOptions lo;
     lo.phases = phases_;

@@ -25,6 +25,10 @@ namespace zaya {
 
 class DataParallel;
 
+// The recipe's data as loader phases: its [[phases]] over [[data.datasets]], or one open-ended
+// phase over data.train when that is a shard directory; empty for a flat token file.
+std::vector<PhaseSpec> recipe_phases(const Recipe& r);
+
 // One micro-batch of this rank.
 struct TrainMicroBatch {
   int64_t rows = 0, seq_len = 0;

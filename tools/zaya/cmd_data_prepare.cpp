@@ -3,6 +3,8 @@
 // directory. The work lives in src/data (shard_writer, data_stats).
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,8 +14,11 @@
 #include "ckpt/checksum.h"
 #include "core/error.h"
 #include "data/data_stats.h"
+#include "data/phase_report.h"
 #include "data/shard_writer.h"
 #include "data/tokenizer.h"
+#include "train/recipe.h"
+#include "train/train_data.h"
 
 namespace zaya::cli {
 
@@ -81,13 +86,30 @@ void add_data_prepare(CLI::App* data) {
                   (unsigned long long)split.documents, (unsigned long long)split.tokens);
   });
 
-  auto* stats = data->add_subcommand("stats", "Token and document statistics of a shard directory");
-  static std::string dir, tokenizer;
+  auto* stats = data->add_subcommand(
+      "stats", "Token and document statistics of a shard directory, or a recipe's mixture-weighted totals per phase");
+  static std::string dir, tokenizer, recipe_path;
   static size_t top = 20;
-  stats->add_option("dir", dir, "Directory written by `zaya data prepare`")->required();
+  stats->add_option("dir", dir, "Directory written by `zaya data prepare`");
+  stats->add_option("--recipe", recipe_path, "Training recipe: tokens per phase and dataset ([[phases]])");
   stats->add_option("--tokenizer", tokenizer, "Tokenizer to decode the top tokens (default: the manifest's)");
   stats->add_option("--top", top, "How many top tokens to list")->capture_default_str();
   stats->callback([] {
+    if (dir.empty() && recipe_path.empty()) fail("data", "zaya data stats needs a shard directory or --recipe FILE");
+    if (!recipe_path.empty()) {
+      Recipe r = resolve_recipe(recipe_path, {});
+      std::vector<PhaseSpec> phases = recipe_phases(r);
+      if (phases.empty()) fail("data", recipe_path + ": the recipe reads a flat token file; no phases or shards to report");
+      // The open-ended last phase runs to the end of the schedule (batch ramp not counted).
+      int64_t steps_left = r.schedule.total_steps;
+      for (const PhaseSpec& p : phases)
+        if (p.tokens > 0) steps_left -= p.tokens / (r.batch.global_batch * p.seq_len);
+      const int64_t last = std::max<int64_t>(0, steps_left) * r.batch.global_batch * phases.back().seq_len;
+      std::printf("%s: %zu phase%s, global batch %lld sequences, %lld steps\n", recipe_path.c_str(), phases.size(),
+                  phases.size() == 1 ? "" : "s", (long long)r.batch.global_batch, (long long)r.schedule.total_steps);
+      std::fputs(format_phase_mixture(phases, phase_mixture(phases, last), last).c_str(), stdout);
+      if (dir.empty()) return;
+    }
     std::vector<SplitStats> s = compute_data_stats(dir, top);
     const Manifest m = read_manifest(dir);
     std::unique_ptr<Tokenizer> tok;
