@@ -429,7 +429,9 @@ TEST(Optimizer, ShardOwnsOnlyItsTensors) {
     }
     for (const MuonMatrix& m : shard.muon_matrices()) EXPECT_TRUE(mine[m.param]);
     EXPECT_THROW(shard.step_range(0, n + 1, p_shard.data(), g.data(), 1e-3f), Error);
-    if (!mine[0]) EXPECT_EQ(shard.adam_m(L.params[0].name), nullptr);
+    if (!mine[0]) {
+      EXPECT_EQ(shard.adam_m(L.params[0].name), nullptr);
+    }
   }
   EXPECT_THROW(Optimizer(L, OptimizerConfig{}, *be, std::vector<bool>(n + 1, true)), Error);
 }
