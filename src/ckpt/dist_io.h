@@ -1,53 +1,34 @@
-// Durable file-system primitives shared by the sharded (format version 2) checkpoint writer,
-// reader and reshaper: checked writes, fsync of files and directories, checkpoint directory
-// names, and removal that never leaves a damaged step-* directory behind. Internal to
-// src/ckpt/dist_*; every failure throws zaya::Error("checkpoint", ...) naming the path.
+// File-system helpers of the sharded (format version 2) checkpoint writer, reader and
+// reshaper: the rank data file name, and the durable primitives both formats share
+// (ckpt/file_io.h), named here so src/ckpt/dist_* can keep writing dist_io::. Internal to
+// src/ckpt/dist_*.
 #pragma once
-#include <cstddef>
-#include <cstdint>
 #include <string>
 
-#include "ckpt/checkpoint.h"
+#include "ckpt/file_io.h"
 
 namespace zaya::dist_io {
 
-constexpr const char* kComponent = "checkpoint";
-constexpr const char* kTmpPrefix = ".tmp-";
+using ckpt_io::kTmpPrefix;
 
-[[noreturn]] void fail_ckpt(const std::string& message, const std::string& hint = {});
-std::string errno_text();
-std::string join(const std::string& dir, const std::string& name);
+using ckpt_io::errno_text;
+using ckpt_io::fail_ckpt;
+using ckpt_io::join;
+using ckpt_io::step_dir_name;
 
-// "step-00000123" (8 digits minimum, like format version 1).
-std::string step_dir_name(int64_t step);
+using ckpt_io::fsync_dir;
+using ckpt_io::fsync_file;
+using ckpt_io::pwrite_all;
+using ckpt_io::read_small_file;
+using ckpt_io::write_file_durable;
+
+using ckpt_io::commit_rename;
+using ckpt_io::create_root;
+using ckpt_io::prune;
+using ckpt_io::remove_tmp_entries;
+using ckpt_io::warner;
+
 // "rank-00003.bin": the data file of one rank.
 std::string rank_file_name(int rank);
-
-// Writes all n bytes at `offset` (pwrite; safe from several threads on one descriptor).
-void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::string& path);
-// Reads up to n bytes at offset; returns the count read.
-size_t pread_some(int fd, void* buf, size_t n, uint64_t offset);
-void fsync_file(int fd, const std::string& path);
-// Creates `path` holding `text`, fsynced before returning.
-void write_file_durable(const std::string& path, const std::string& text);
-// fsync of a directory (tolerates file systems that do not support it).
-void fsync_dir(const std::string& dir);
-// Reads a whole small file; false (with *error set) when it cannot.
-bool read_small_file(const std::string& path, std::string* text, std::string* error);
-
-// Creates the checkpoint root (and makes its name durable, best effort).
-void create_root(const std::string& root);
-// Removes every .tmp-* entry of root except `keep` (crashed or abandoned saves).
-void remove_tmp_entries(const std::string& root, const std::string& keep, const CheckpointWarn& warn);
-// Renames root/name to a .tmp-delete-* name, then removes that tree.
-void remove_dir_safely(const std::string& root, const std::string& name, const CheckpointWarn& warn);
-// Renames tmp (a complete checkpoint) to final_dir; an existing final_dir is swapped out
-// atomically (RENAME_EXCHANGE) or moved aside first. fsyncs root afterwards.
-void commit_rename(const std::string& root, const std::string& tmp, const std::string& final_dir);
-// Keeps the keep_last highest steps (and always `just_saved`); keep_last <= 0 keeps all.
-// Warns when checkpoints of later steps than just_saved exist.
-void prune(const std::string& root, int64_t just_saved, int keep_last, const CheckpointWarn& warn);
-
-CheckpointWarn warner(const CheckpointWarn& w);
 
 }  // namespace zaya::dist_io

@@ -3,19 +3,12 @@
 #include "ckpt/dist_manifest.h"
 
 #include <algorithm>
-#include <cctype>
-#include <chrono>
-#include <cstring>
-#include <ctime>
-#include <filesystem>
 #include <map>
 #include <set>
 
 #include "ckpt/checksum.h"
 #include "ckpt/dist_io.h"
 #include "core/error.h"
-
-namespace fs = std::filesystem;
 
 namespace zaya::dist_manifest {
 
@@ -24,19 +17,7 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-constexpr const char* kManifestHead = "{\n  \"manifest_checksum\": \"";
-
-bool get_uint(const json& v, uint64_t* out) {
-  if (v.is_number_unsigned()) {
-    *out = v.get<uint64_t>();
-    return true;
-  }
-  if (v.is_number_integer() && v.get<int64_t>() >= 0) {
-    *out = uint64_t(v.get<int64_t>());
-    return true;
-  }
-  return false;
-}
+using manifest_common::get_uint;
 
 bool get_field_uint(const json& obj, const char* key, uint64_t* out) {
   return obj.is_object() && obj.contains(key) && get_uint(obj[key], out);
@@ -64,28 +45,6 @@ bool get_shape(const json& obj, std::vector<int64_t>* shape) {
   return true;
 }
 
-// "step-<digits>" -> step.
-bool parse_step_dir_name(const std::string& name, int64_t* step) {
-  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0 || name.size() > 5 + 18) return false;
-  int64_t v = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return false;
-    v = v * 10 + (name[i] - '0');
-  }
-  *step = v;
-  return true;
-}
-
-std::string utc_now_iso(int64_t* unix_seconds) {
-  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  *unix_seconds = int64_t(t);
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 ojson piece_json(const PieceRecord& p) {
   return {{"rank", p.rank},     {"file", p.file},     {"file_offset", p.file_offset},
           {"offset", p.offset}, {"length", p.length}, {"checksum", checksum_hex(p.crc)}};
@@ -106,34 +65,6 @@ std::string parse_piece(const json& j, PieceRecord* p) {
 }
 
 }  // namespace
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-bool shape_numel(const std::vector<int64_t>& shape, uint64_t* out) {
-  uint64_t n = 1;
-  for (int64_t d : shape)
-    if (d < 0 || __builtin_mul_overflow(n, uint64_t(d), &n) || n > (uint64_t(1) << 62)) return false;
-  *out = n;
-  return true;
-}
-
-bool valid_group(const std::string& g) {
-  if (g.empty() || g.size() > 64) return false;
-  for (char c : g)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
-  return true;
-}
-
-bool plain_file_name(const std::string& s) {
-  if (s.empty() || s == "." || s == ".." || s.size() > 255) return false;
-  for (char c : s)
-    if (c == '/' || c == '\\' || c == '\0') return false;
-  return true;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Rank tables
@@ -258,7 +189,7 @@ std::string assemble(const std::vector<RankTable>& tables, std::vector<TensorRec
 // Formatting
 
 std::string format_manifest(Manifest m) {
-  if (m.created.empty()) m.created = utc_now_iso(&m.created_unix);
+  if (m.created.empty()) m.created = manifest_common::utc_now_iso(&m.created_unix);
   ojson man = ojson::object();
   man["manifest_checksum"] = "00000000";
   man["format"] = kFormatName;
@@ -283,28 +214,7 @@ std::string format_manifest(Manifest m) {
         {{"name", t.name}, {"shape", t.shape}, {"dtype", "F32"}, {"group", t.group}, {"pieces", std::move(pieces)}});
   }
   man["tensors"] = std::move(tensors);
-
-  std::string out = "{\n";
-  bool first = true;
-  for (auto it = man.begin(); it != man.end(); ++it) {
-    out += first ? "" : ",\n";
-    first = false;
-    out += "  " + ojson(it.key()).dump() + ": ";
-    if (it->is_array() && (it.key() == "files" || it.key() == "tensors")) {
-      out += "[";
-      for (size_t i = 0; i < it->size(); ++i) out += (i ? ",\n    " : "\n    ") + (*it)[i].dump();
-      out += it->empty() ? "]" : "\n  ]";
-    } else {
-      std::string v = it->dump(2);
-      for (size_t pos = v.find('\n'); pos != std::string::npos; pos = v.find('\n', pos + 3)) v.insert(pos + 1, "  ");
-      out += v;
-    }
-  }
-  out += "\n}\n";
-  const size_t head = std::strlen(kManifestHead);
-  ZAYA_CHECK(out.compare(0, head, kManifestHead) == 0 && out.compare(head, 9, "00000000\"") == 0, "manifest layout");
-  out.replace(head, 8, checksum_hex(crc32c(out.data(), out.size())));
-  return out;
+  return manifest_common::format_manifest_text(man);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -331,17 +241,8 @@ bool read_manifest(const std::string& dir, Manifest* m, json* raw, std::vector<s
   };
   std::string text, err;
   if (!dist_io::read_small_file(path, &text, &err)) return problem(err + " (not a complete checkpoint)");
-  const size_t head = std::strlen(kManifestHead);
-  uint32_t stored = 0;
-  if (text.size() < head + 9 || text.compare(0, head, kManifestHead) != 0 || text[head + 8] != '"' ||
-      !parse_checksum_hex(text.substr(head, 8), &stored))
-    return problem("corrupt or truncated (does not start with the manifest_checksum field)");
-  std::string zeroed = text;
-  zeroed.replace(head, 8, "00000000");
-  const uint32_t actual = crc32c(zeroed.data(), zeroed.size());
-  if (actual != stored)
-    return problem("checksum mismatch (manifest says " + checksum_hex(stored) + ", contents give " +
-                   checksum_hex(actual) + "): the manifest is corrupt or truncated");
+  err = manifest_common::check_manifest_checksum(text);
+  if (!err.empty()) return problem(err);
   json j;
   try {
     j = json::parse(text);
@@ -363,11 +264,8 @@ bool read_manifest(const std::string& dir, Manifest* m, json* raw, std::vector<s
   if (!get_field_uint(j, "step", &step) || step > (uint64_t(1) << 62))
     return problem("field 'step' must be a non-negative integer");
   m->step = int64_t(step);
-  int64_t dir_step = 0;
-  std::string base = fs::path(dir).lexically_normal().filename().string();
-  if (base.empty()) base = fs::path(dir).lexically_normal().parent_path().filename().string();
-  if (parse_step_dir_name(base, &dir_step) && uint64_t(dir_step) != step)
-    return problem("field 'step' is " + std::to_string(step) + " but the directory is " + base);
+  err = manifest_common::check_step_matches_dir(dir, step);
+  if (!err.empty()) return problem(err);
   if (!get_field_uint(j, "world_size", &world) || world < 1 || world > 1000000)
     return problem("field 'world_size' must be a positive integer");
   m->world_size = int(world);

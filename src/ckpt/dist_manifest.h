@@ -9,10 +9,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/manifest_common.h"
+
 namespace zaya::dist_manifest {
 
-constexpr const char* kFormatName = "zaya-checkpoint";
-constexpr const char* kManifestName = "manifest.json";
+// Shared with format version 1 (ckpt/manifest_common.h).
+using manifest_common::kFormatName;
+using manifest_common::kManifestName;
+using manifest_common::plain_file_name;
+using manifest_common::shape_numel;
+using manifest_common::shape_text;
+using manifest_common::valid_group;
+
 constexpr int kVersion = 2;
 
 struct PieceRecord {
@@ -56,12 +64,6 @@ struct RankTable {
 // zaya::Error naming the rank when the text is malformed.
 std::string table_to_text(const RankTable& t);
 RankTable table_from_text(const std::string& text, int rank);
-
-std::string shape_text(const std::vector<int64_t>& shape);
-// numel of a shape; false for negative dimensions or more than 2^62 elements.
-bool shape_numel(const std::vector<int64_t>& shape, uint64_t* out);
-bool valid_group(const std::string& g);
-bool plain_file_name(const std::string& s);
 
 // Sorts t's pieces by offset and checks they cover [0, numel) exactly once (zero-length
 // pieces are allowed anywhere in range). Returns "" or a message naming the tensor and the

@@ -21,50 +21,27 @@
 
 #include "ckpt/dist_checkpoint.h"
 #include "core/error.h"
-#include "core/rng.h"
-#include "data/token_file.h"
 #include "dist/comm.h"
 #include "model/params.h"
 #include "train/trainer.h"
+
+#include "../common/synthetic_corpus.h"
 
 namespace fs = std::filesystem;
 using namespace zaya;
 
 namespace {
 
-void write_corpus(const std::string& path, size_t n, uint64_t seed) {
-  TokenFile f;
-  f.vocab_size = 64;
-  f.documents = 1;
-  Rng rng(seed);
-  uint32_t a = 3;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t next = rng.uniform() < 0.9 ? (a * 5 + 3) % 64 : uint32_t(rng.next_u64() % 64);
-    f.tokens.push_back(next);
-    a = next;
-  }
-  write_token_file(path, f);
-}
-
 Recipe recipe(const std::string& dir) {
-  Recipe r;
+  Recipe r = test::synthetic_recipe(dir);
   r.seed = 11;
-  r.run_dir = dir + "/run";
-  r.model.preset = "zaya-tiny";
-  r.data.train = dir + "/train.bin";
-  r.data.val = dir + "/val.bin";
-  r.data.tokenizer = "";
-  r.data.seq_len = 32;
   r.batch.micro_batch = 1;
   r.batch.global_batch = 6;
-  r.optimizer.lr = 1e-2;
-  r.schedule.warmup_steps = 2;
   r.schedule.total_steps = 20;
   r.checkpoint.every = 5;
   r.checkpoint.keep = 10;
   r.eval.every = 10;
   r.eval.batches = 3;
-  r.eval.sample_tokens = 0;
   r.logging.plot = false;
   return r;
 }
@@ -83,8 +60,8 @@ int train_cmd(const std::string& dir, int64_t stop_after) {
   auto comm = make_comm(CommOptions{});
   if (comm->rank() == 0 && !fs::exists(dir + "/train.bin")) {
     fs::create_directories(dir);
-    write_corpus(dir + "/train.bin", 20000, 1);
-    write_corpus(dir + "/val.bin", 4000, 2);
+    test::write_synthetic_corpus(dir + "/train.bin", 20000, 1);
+    test::write_synthetic_corpus(dir + "/val.bin", 4000, 2);
   }
   comm->barrier()->wait();
   TrainOptions opt;

@@ -5,12 +5,8 @@
 // within 5e-2 of the CPU's norm (argmax routing may flip on near-ties, spec A.11).
 // Skipped ("skipped: no GPU") without a device. Not yet run on a GPU: the tolerances are
 // the targets, to be confirmed on the first run.
-#include <filesystem>
-#include <fstream>
-
-#include <nlohmann/json.hpp>
-
 #include "gpu_test_support.h"
+#include "grad_fixtures.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "model/model_io.h"
@@ -20,15 +16,7 @@ namespace zaya {
 namespace {
 
 using namespace gpu_test;
-namespace fs = std::filesystem;
-
-std::vector<std::string> grad_cases() {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(test::source_path("tests/fixtures")))
-    if (fs::exists(e.path() / "grads.safetensors")) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using test::grad_cases;
 
 // ||a - b|| / ||b||
 double rel_l2(const float* a, const float* b, size_t n) {
@@ -64,20 +52,15 @@ class GpuModelGrads : public ::testing::TestWithParam<std::string> {};
 TEST_P(GpuModelGrads, EveryParameterGradientMatchesCpu) {
   if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
   const std::string dir = test::source_path("tests/fixtures/" + GetParam());
-  auto batch = nlohmann::json::parse(std::ifstream(dir + "/ids.json")).get<std::vector<std::vector<int32_t>>>();
-  const int64_t B = int64_t(batch.size()), T = int64_t(batch[0].size());
-  std::vector<int32_t> ids, targets;
-  for (auto& seq : batch) {
-    ids.insert(ids.end(), seq.begin(), seq.end());
-    for (int64_t t = 0; t < T; ++t) targets.push_back(t + 1 < T ? seq[size_t(t + 1)] : -1);
-  }
+  const test::FixtureBatch batch = test::load_fixture_batch(dir);
+  const int64_t B = batch.B, T = batch.T;
   auto cpu = make_cpu_backend();
   auto cpu_model = load_model(dir, *cpu);
-  const Step ref = train_step(*cpu_model, ids, targets, B, T);
+  const Step ref = train_step(*cpu_model, batch.ids, batch.targets, B, T);
   for (const GemmMode& mode : gemm_modes()) {
     auto gpu = make_gpu(mode);
     auto model = load_model(dir, *gpu);
-    const Step got = train_step(*model, ids, targets, B, T);
+    const Step got = train_step(*model, batch.ids, batch.targets, B, T);
     const double ref_loss = ref.stats.loss_sum / double(ref.stats.tokens);
     const double loss = got.stats.loss_sum / double(got.stats.tokens);
     if (mode.bf16) {

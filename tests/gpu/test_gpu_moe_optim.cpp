@@ -11,7 +11,8 @@ namespace {
 
 using namespace gpu_test;
 
-class GpuMoe : public ::testing::TestWithParam<GemmMode> {
+// A CPU backend and a GPU backend in the GEMM mode of the parameter (skips without a GPU).
+class GpuVsCpu : public ::testing::TestWithParam<GemmMode> {
  protected:
   void SetUp() override {
     if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
@@ -20,6 +21,8 @@ class GpuMoe : public ::testing::TestWithParam<GemmMode> {
   CpuBackend cpu;
   std::unique_ptr<Backend> gpu;
 };
+
+class GpuMoe : public GpuVsCpu {};
 
 TEST_P(GpuMoe, ForwardBackward) {
   const int64_t N = 150, D = 64, I = 48, E = 5;
@@ -58,15 +61,7 @@ TEST_P(GpuMoe, ForwardBackward) {
 INSTANTIATE_TEST_SUITE_P(Modes, GpuMoe, ::testing::ValuesIn(gemm_modes()),
                          [](const auto& info) { return std::string(info.param.name); });
 
-class GpuOptim : public ::testing::TestWithParam<GemmMode> {
- protected:
-  void SetUp() override {
-    if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
-    gpu = make_gpu(GetParam());
-  }
-  CpuBackend cpu;
-  std::unique_ptr<Backend> gpu;
-};
+class GpuOptim : public GpuVsCpu {};
 
 // The optimizer state is fp32 in every mode, so every check here is at the fp32 tolerance.
 TEST_P(GpuOptim, NewtonSchulz) {

@@ -25,18 +25,15 @@
 #include "dist/comm.h"
 #include "dist/comm_mpi.h"
 
+#include "rank_checks.h"
+
 using namespace zaya;
 
 namespace {
 
-int g_rank = 0;
-int g_failures = 0;
-
-void expect(bool ok, const std::string& what) {
-  if (ok) return;
-  ++g_failures;
-  std::fprintf(stderr, "comm_check: rank %d: FAILED: %s\n", g_rank, what.c_str());
-}
+using rank_checks::expect;
+using rank_checks::g_failures;
+using rank_checks::g_rank;
 
 template <class T>
 CommType type_of();
@@ -370,6 +367,7 @@ int run_watchdog_test() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rank_checks::g_program = "comm_check";
   try {
     if (argc > 1 && std::strcmp(argv[1], "--watchdog-test") == 0) return run_watchdog_test();
     if (argc > 1) {

@@ -27,7 +27,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -40,19 +39,18 @@
 #include "core/error.h"
 #include "dist/comm.h"
 
+#include "../common/error_of.h"
+#include "rank_checks.h"
+
 namespace fs = std::filesystem;
 using namespace zaya;
 
 namespace {
 
-int g_rank = 0;
-int g_failures = 0;
-
-void expect(bool ok, const std::string& what) {
-  if (ok) return;
-  ++g_failures;
-  std::fprintf(stderr, "dist_ckpt_check: rank %d: FAILED: %s\n", g_rank, what.c_str());
-}
+using rank_checks::expect;
+using rank_checks::g_failures;
+using rank_checks::g_rank;
+using test::error_of;
 
 uint64_t name_hash(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
@@ -176,15 +174,6 @@ void check_state(const DistCheckpoint& ck, int rank, int ranks, int64_t salt, co
     for (uint64_t i = 0; i < t.numel(); ++i) bad += got[i] != value(t.name, i, salt);
     expect(bad == 0, where + ": " + t.name + " has " + std::to_string(bad) + " wrong values");
   }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 DistWriterOptions small_staging() {
@@ -347,6 +336,7 @@ void run_big_verify(const std::string& root, int64_t step, uint64_t mib) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rank_checks::g_program = "dist_ckpt_check";
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() < 2) {
     std::fprintf(stderr, "usage: dist_ckpt_check save|load ROOT | big-save ROOT STEP MIB [PID_DIR] | "

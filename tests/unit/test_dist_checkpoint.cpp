@@ -16,7 +16,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -29,11 +28,15 @@
 #include "core/error.h"
 #include "dist/comm.h"
 
+#include "../common/error_of.h"
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace zaya;
 
 namespace {
+
+using test::error_of;
 
 struct TempDir {
   std::string path;
@@ -118,15 +121,6 @@ DistLoadOptions quiet_load(std::vector<std::string>* warnings = nullptr, DistVer
     if (warnings) warnings->push_back(w);
   };
   return o;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 struct ScopedEnv {

@@ -3,11 +3,7 @@
 // (max|a-b| / max|ref| per tensor), on every fixture configuration.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
-
-#include <nlohmann/json.hpp>
-
+#include "grad_fixtures.h"
 #include "io/safetensors.h"
 #include "model/model_io.h"
 #include "test_helpers.h"
@@ -15,15 +11,7 @@
 namespace zaya {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::vector<std::string> grad_cases() {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(test::source_path("tests/fixtures")))
-    if (fs::exists(e.path() / "grads.safetensors")) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using test::grad_cases;
 
 class GradFixture : public ::testing::TestWithParam<std::string> {};
 
@@ -34,15 +22,11 @@ TEST_P(GradFixture, EveryParameterGradientMatchesTwin) {
   auto be = make_cpu_backend();
   auto model = load_model(dir, *be);
   const ModelConfig& c = model->config();
-  auto batch = nlohmann::json::parse(std::ifstream(dir + "/ids.json")).get<std::vector<std::vector<int32_t>>>();
-  const int64_t B = int64_t(batch.size()), T = int64_t(batch[0].size());
-  std::vector<int32_t> ids, targets;
-  for (auto& seq : batch) {
-    ids.insert(ids.end(), seq.begin(), seq.end());
-    for (int64_t t = 0; t < T; ++t) targets.push_back(t + 1 < T ? seq[size_t(t + 1)] : -1);
-  }
+  const test::FixtureBatch batch = test::load_fixture_batch(dir);
+  const int64_t B = batch.B, T = batch.T;
   std::vector<float> grads(static_cast<size_t>(model->layout().total), 0.0f);
-  StepStats st = model->forward_backward(ids.data(), targets.data(), B, T, grads.data(), 1.0f / float(B * (T - 1)));
+  StepStats st = model->forward_backward(batch.ids.data(), batch.targets.data(), B, T, grads.data(),
+                                         1.0f / float(B * (T - 1)));
   EXPECT_EQ(st.tokens, B * (T - 1));
 
   SafeTensorsSet ref = SafeTensorsSet::open_file(dir + "/grads.safetensors");

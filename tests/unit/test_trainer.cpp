@@ -11,9 +11,10 @@
 #include "ckpt/dist_checkpoint.h"
 #include "core/rng.h"
 #include "data/shard_writer.h"
-#include "data/token_file.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
+
+#include "../common/synthetic_corpus.h"
 
 namespace zaya {
 namespace {
@@ -27,45 +28,20 @@ std::string temp_dir(const std::string& name) {
   return p.string();
 }
 
-// A learnable synthetic language: a noisy deterministic successor chain over 64 symbols
-// (unigram entropy ~ln 64, conditional entropy far lower).
-void write_corpus(const std::string& path, size_t n, uint64_t seed) {
-  TokenFile f;
-  f.vocab_size = 64;
-  f.documents = 1;
-  Rng rng(seed);
-  uint32_t a = 3;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t next = rng.uniform() < 0.9 ? (a * 5 + 3) % 64 : uint32_t(rng.next_u64() % 64);
-    f.tokens.push_back(next);
-    a = next;
-  }
-  write_token_file(path, f);
-}
-
 Recipe tiny_recipe(const std::string& dir) {
-  Recipe r;
+  Recipe r = test::synthetic_recipe(dir);
   r.seed = 7;
-  r.run_dir = dir + "/run";
-  r.model.preset = "zaya-tiny";
-  r.data.train = dir + "/train.bin";
-  r.data.val = dir + "/val.bin";
-  r.data.tokenizer = "";
-  r.data.seq_len = 32;
   r.batch.micro_batch = 4;
   r.batch.global_batch = 8;
-  r.optimizer.lr = 1e-2;
   r.schedule.kind = "wsd";
-  r.schedule.warmup_steps = 2;
   r.schedule.total_steps = 12;
   r.checkpoint.every = 3;
   r.checkpoint.keep = 5;
   r.eval.every = 6;
   r.eval.batches = 2;
-  r.eval.sample_tokens = 0;
   r.logging.plot = true;
-  write_corpus(r.data.train, 20000, 1);
-  write_corpus(r.data.val, 4000, 2);
+  test::write_synthetic_corpus(r.data.train, 20000, 1);
+  test::write_synthetic_corpus(r.data.val, 4000, 2);
   return r;
 }
 

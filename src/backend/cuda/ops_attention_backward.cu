@@ -20,20 +20,14 @@ __global__ void k_attention_dq(AttnParams p) {
   __shared__ float sk[kAttnKeyTile * kAttnMaxDh];
   __shared__ float sv[kAttnKeyTile * kAttnMaxDh];
   const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warp = int(threadIdx.x) / GPU_WARP_SIZE;
-  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (p.Hq / p.Hkv), dh = p.dh;
-  const int64_t tile_q = int64_t(kAttnWarps) * kQueriesPerWarp;
-  const int64_t t_begin = int64_t(blockIdx.x) * tile_q;
-  const int64_t t_end = t_begin + tile_q < p.T ? t_begin + tile_q : p.T;
-  const int64_t p_first = p.pos0[b] + t_begin, p_last = p.pos0[b] + t_end - 1;
-  int64_t s_begin = p.window > 0 ? (p_first - p.window + 1 > 0 ? p_first - p.window + 1 : 0) : 0;
-  if (p.seg) s_begin = s_begin > p.seg[b * p.T + t_begin] ? s_begin : p.seg[b * p.T + t_begin];
-  const int64_t s_end = p_last + 1;
+  const AttnQueryTile tile = attn_query_tile(p, kQueriesPerWarp);
+  const int64_t b = tile.b, h = tile.h, g = tile.g, dh = p.dh;
 
   float qr[kQueriesPerWarp][kAttnMaxPerLane], dor[kQueriesPerWarp][kAttnMaxPerLane];
   float dq[kQueriesPerWarp][kAttnMaxPerLane];
   float m[kQueriesPerWarp], l[kQueriesPerWarp], drow[kQueriesPerWarp];
   for (int i = 0; i < kQueriesPerWarp; ++i) {
-    const int64_t t = t_begin + warp * kQueriesPerWarp + i;
+    const int64_t t = tile.t_begin + warp * kQueriesPerWarp + i;
     for (int e = 0; e < kAttnMaxPerLane; ++e) dq[i][e] = 0.0f;
     m[i] = -INFINITY;
     l[i] = 0.0f;
@@ -49,13 +43,13 @@ __global__ void k_attention_dq(AttnParams p) {
     drow[i] = warp_sum(part);
   }
   // Pass 1: row log-sum-exp.
-  for (int64_t s0 = s_begin; s0 < s_end; s0 += kAttnKeyTile) {
-    const int64_t nk = s_end - s0 < kAttnKeyTile ? s_end - s0 : kAttnKeyTile;
+  for (int64_t s0 = tile.s_begin; s0 < tile.s_end; s0 += kAttnKeyTile) {
+    const int64_t nk = tile.s_end - s0 < kAttnKeyTile ? tile.s_end - s0 : kAttnKeyTile;
     stage_rows(sk, p.k, b, p.S, p.Hkv, g, dh, s0, nk);
     __syncthreads();
     for (int64_t j = 0; j < nk; ++j)
       for (int i = 0; i < kQueriesPerWarp; ++i) {
-        const int64_t t = t_begin + warp * kQueriesPerWarp + i;
+        const int64_t t = tile.t_begin + warp * kQueriesPerWarp + i;
         if (t >= p.T || !attn_visible(p, b, t, s0 + j)) continue;
         const float sc = lane_dot(qr[i], sk + j * dh, lane, dh) * p.scale;
         if (sc > m[i]) {
@@ -70,27 +64,24 @@ __global__ void k_attention_dq(AttnParams p) {
   float lse[kQueriesPerWarp];
   for (int i = 0; i < kQueriesPerWarp; ++i) lse[i] = m[i] + logf(l[i]);
   // Pass 2: dQ.
-  for (int64_t s0 = s_begin; s0 < s_end; s0 += kAttnKeyTile) {
-    const int64_t nk = s_end - s0 < kAttnKeyTile ? s_end - s0 : kAttnKeyTile;
+  for (int64_t s0 = tile.s_begin; s0 < tile.s_end; s0 += kAttnKeyTile) {
+    const int64_t nk = tile.s_end - s0 < kAttnKeyTile ? tile.s_end - s0 : kAttnKeyTile;
     stage_rows(sk, p.k, b, p.S, p.Hkv, g, dh, s0, nk);
     stage_rows(sv, p.v, b, p.S, p.Hkv, g, dh, s0, nk);
     __syncthreads();
     for (int64_t j = 0; j < nk; ++j)
       for (int i = 0; i < kQueriesPerWarp; ++i) {
-        const int64_t t = t_begin + warp * kQueriesPerWarp + i;
+        const int64_t t = tile.t_begin + warp * kQueriesPerWarp + i;
         if (t >= p.T || !attn_visible(p, b, t, s0 + j)) continue;
         const float pr = expf(lane_dot(qr[i], sk + j * dh, lane, dh) * p.scale - lse[i]);
         const float dp = lane_dot(dor[i], sv + j * dh, lane, dh);
         const float ds = pr * (dp - drow[i]) * p.scale;
-        for (int e = 0; e < kAttnMaxPerLane; ++e) {
-          const int64_t d = lane + int64_t(e) * GPU_WARP_SIZE;
-          if (d < dh) dq[i][e] += ds * sk[j * dh + d];
-        }
+        lane_axpy(dq[i], ds, sk + j * dh, lane, dh);
       }
     __syncthreads();
   }
   for (int i = 0; i < kQueriesPerWarp; ++i) {
-    const int64_t t = t_begin + warp * kQueriesPerWarp + i;
+    const int64_t t = tile.t_begin + warp * kQueriesPerWarp + i;
     if (t >= p.T) continue;
     const int64_t r = (b * p.T + t) * p.Hq + h;
     lane_store(dq[i], p.dq + r * dh, lane, dh);
@@ -142,13 +133,8 @@ __global__ void k_attention_dkdv(AttnParams p) {
           const float pr = expf(lane_dot(kr[i], sq + j * dh, lane, dh) * p.scale - p.lse[r]);
           const float dp = lane_dot(vr[i], sdo + j * dh, lane, dh);
           const float ds = pr * (dp - p.drow[r]) * p.scale;
-          for (int e = 0; e < kAttnMaxPerLane; ++e) {
-            const int64_t d = lane + int64_t(e) * GPU_WARP_SIZE;
-            if (d < dh) {
-              dv[i][e] += pr * sdo[j * dh + d];
-              dk[i][e] += ds * sq[j * dh + d];
-            }
-          }
+          lane_axpy(dv[i], pr, sdo + j * dh, lane, dh);
+          lane_axpy(dk[i], ds, sq + j * dh, lane, dh);
         }
       }
       __syncthreads();
@@ -165,17 +151,11 @@ __global__ void k_attention_dkdv(AttnParams p) {
 
 void CudaBackend::attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) {
   if (a.B * a.T == 0) return;
-  if (a.dh > kAttnMaxDh || a.dh > int64_t(kAttnMaxPerLane) * warp_size_)
-    fail("cuda", "attention_backward: head_dim " + std::to_string(a.dh) + " is not supported (at most 128)");
-  DeviceBuffer pos0 = upload(a.pos0, a.B * 8);
-  DeviceBuffer seg;
-  if (a.seg_start) seg = upload(a.seg_start, a.B * a.T * 4);
+  DeviceBuffer pos0, seg;
+  AttnParams p = attn_params(*this, a, warp_size_, "attention_backward", pos0, seg);
   DeviceBuffer lse(this, a.B * a.T * a.Hq * 4), drow(this, a.B * a.T * a.Hq * 4);
-  AttnParams p;
-  p.q = a.q; p.k = a.k_cache; p.v = a.v_cache; p.o = a.out; p.dout = dout;
+  p.o = a.out; p.dout = dout;
   p.dq = dq; p.dk = dk; p.dv = dv; p.lse = lse.f(); p.drow = drow.f();
-  p.pos0 = pos0.l(); p.seg = a.seg_start ? seg.i() : nullptr;
-  p.B = a.B; p.T = a.T; p.S = a.S; p.Hq = a.Hq; p.Hkv = a.Hkv; p.dh = a.dh; p.window = a.window; p.scale = a.scale;
   const unsigned threads = unsigned(kAttnWarps * warp_size_);
   const int64_t tile_q = int64_t(kAttnWarps) * kQueriesPerWarp, tile_k = int64_t(kAttnWarps) * kKeysPerWarp;
   dim3 grid_q(unsigned((a.T + tile_q - 1) / tile_q), unsigned(a.Hq), unsigned(a.B));

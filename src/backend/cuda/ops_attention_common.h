@@ -1,12 +1,16 @@
-// Shared by the GPU attention forward and backward: the kernel parameter block, the
-// visibility rule (causal, sliding window, packed-document start), and the lane layout of a
-// head vector inside one warp (element d = lane + e * GPU_WARP_SIZE, at most 4 per lane, so
-// head_dim <= 128 on 32-wide warps and on 64-wide wavefronts alike).
+// Shared by the GPU attention forward and backward: the kernel parameter block and its setup
+// from AttentionArgs, the visibility rule (causal, sliding window, packed-document start), the
+// query tile of a block, and the lane layout of a head vector inside one warp (element
+// d = lane + e * GPU_WARP_SIZE, at most 4 per lane, so head_dim <= 128 on 32-wide warps and on
+// 64-wide wavefronts alike).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gpu_device.h"
+#include "core/error.h"
 
 namespace zaya {
 
@@ -34,7 +38,45 @@ struct AttnParams {
   float scale = 1.0f;
 };
 
+// The inputs of `a` as kernel parameters (outputs left null): pos0 and seg_start are uploaded
+// into the two holders, which must outlive the launches. Fails unless the head dim fits the
+// lane layout of `warp_size`-wide warps. `op` names the operation in the message.
+inline AttnParams attn_params(CudaBackend& be, const AttentionArgs& a, int warp_size, const char* op,
+                              DeviceBuffer& pos0, DeviceBuffer& seg) {
+  if (a.dh > kAttnMaxDh || a.dh > int64_t(kAttnMaxPerLane) * warp_size)
+    fail("cuda", std::string(op) + ": head_dim " + std::to_string(a.dh) + " is not supported (at most 128)");
+  pos0 = be.upload(a.pos0, a.B * 8);
+  if (a.seg_start) seg = be.upload(a.seg_start, a.B * a.T * 4);
+  AttnParams p;
+  p.q = a.q; p.k = a.k_cache; p.v = a.v_cache;
+  p.pos0 = pos0.l(); p.seg = a.seg_start ? seg.i() : nullptr;
+  p.B = a.B; p.T = a.T; p.S = a.S; p.Hq = a.Hq; p.Hkv = a.Hkv; p.dh = a.dh; p.window = a.window; p.scale = a.scale;
+  return p;
+}
+
 #if defined(__CUDACC__) || defined(__HIPCC__)
+// The queries of one block of the forward and dQ kernels (grid: query tiles, heads, sequences):
+// rows [t_begin, t_begin + kAttnWarps * queries_per_warp) of head h (KV group g) of sequence b,
+// and the keys [s_begin, s_end) that any of them may see.
+struct AttnQueryTile {
+  int64_t b, h, g, t_begin, s_begin, s_end;
+};
+
+__device__ inline AttnQueryTile attn_query_tile(const AttnParams& p, int queries_per_warp) {
+  AttnQueryTile q;
+  q.b = blockIdx.z;
+  q.h = blockIdx.y;
+  q.g = q.h / (p.Hq / p.Hkv);
+  const int64_t tile_q = int64_t(kAttnWarps) * queries_per_warp;
+  q.t_begin = int64_t(blockIdx.x) * tile_q;
+  const int64_t t_end = q.t_begin + tile_q < p.T ? q.t_begin + tile_q : p.T;
+  const int64_t p_first = p.pos0[q.b] + q.t_begin, p_last = p.pos0[q.b] + t_end - 1;
+  q.s_begin = p.window > 0 ? (p_first - p.window + 1 > 0 ? p_first - p.window + 1 : 0) : 0;
+  if (p.seg) q.s_begin = q.s_begin > p.seg[q.b * p.T + q.t_begin] ? q.s_begin : p.seg[q.b * p.T + q.t_begin];
+  q.s_end = p_last + 1;
+  return q;
+}
+
 __device__ inline bool attn_visible(const AttnParams& p, int64_t b, int64_t t, int64_t s) {
   const int64_t pos = p.pos0[b] + t;
   if (s > pos) return false;
@@ -64,6 +106,14 @@ __device__ inline void lane_store(const float (&x)[kAttnMaxPerLane], float* dst,
   for (int e = 0; e < kAttnMaxPerLane; ++e) {
     const int64_t d = lane + int64_t(e) * GPU_WARP_SIZE;
     if (d < dh) dst[d] = x[e];
+  }
+}
+
+// x += w * row for a lane-distributed head vector x and a row in shared memory.
+__device__ inline void lane_axpy(float (&x)[kAttnMaxPerLane], float w, const float* row, int lane, int64_t dh) {
+  for (int e = 0; e < kAttnMaxPerLane; ++e) {
+    const int64_t d = lane + int64_t(e) * GPU_WARP_SIZE;
+    if (d < dh) x[e] += w * row[d];
   }
 }
 

@@ -28,8 +28,7 @@ void CudaBackend::moe(const MoeArgs& a) {
   if (N == 0) return;
   const bool bf16 = options_.bf16_matmul;
   GpuMoePlan plan = gpu_plan_moe(*this, a.expert, N, E);
-  const int64_t routed = plan.offsets[size_t(E)];
-  const int64_t R = routed > 0 ? routed : 1;
+  const int64_t routed = plan.routed, R = routed > 0 ? routed : 1;  // R: rows of the buffers
   DeviceBuffer xs(this, R * D * 4), hid(this, R * 2 * I * 4), act(this, R * I * 4), ys(this, R * D * 4);
   DeviceBuffer hx, hgu, hdn, hact;
   if (routed > 0) {
@@ -37,19 +36,11 @@ void CudaBackend::moe(const MoeArgs& a) {
     const GemmOperand xo = operand(xs.f(), routed, D, D, false, bf16, hx);
     const GemmOperand guo = operand(a.gate_up, E * 2 * I, D, D, true, bf16, hgu);  // each expert [2I, D]
     const GemmOperand dno = operand(a.down, E * D, I, I, true, bf16, hdn);         // each expert [D, I]
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = plan.offsets[size_t(e)], rows = plan.offsets[size_t(e + 1)] - r0;
-      if (rows == 0) continue;
-      gemm(rows, 2 * I, D, 1.0f, operand_rows(xo, r0), operand_rows(guo, e * 2 * I), 0.0f, hid.f() + r0 * 2 * I,
-           2 * I);
-    }
-    gpu_swiglu(stream_, hid.f(), act.f(), routed, I);
+    gpu_moe_gate_up(*this, plan, E, I, D, routed, xo, guo, hid.f(), act.f());
     const GemmOperand ao = operand(act.f(), routed, I, I, false, bf16, hact);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = plan.offsets[size_t(e)], rows = plan.offsets[size_t(e + 1)] - r0;
-      if (rows == 0) continue;
+    for_each_expert(plan, E, [&](int64_t e, int64_t r0, int64_t rows) {
       gemm(rows, D, I, 1.0f, operand_rows(ao, r0), operand_rows(dno, e * D), 0.0f, ys.f() + r0 * D, D);
-    }
+    });
   }
   k_moe_scatter<<<gpu_blocks(N * D), kGpuThreads, 0, stream_>>>(ys.f(), plan.perm.i(), a.weight, a.x, a.out, N,
                                                                 routed, D, a.skip_identity);

@@ -39,8 +39,7 @@ void CudaBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, f
   if (N == 0) return;
   const bool bf16 = options_.bf16_matmul;
   GpuMoePlan plan = gpu_plan_moe(*this, a.expert, N, E);
-  const int64_t routed = plan.offsets[size_t(E)];
-  const int64_t R = routed > 0 ? routed : 1;
+  const int64_t routed = plan.routed, R = routed > 0 ? routed : 1;  // R: rows of the buffers
   DeviceBuffer xs(this, R * D * 4), dys(this, R * D * 4), hid(this, R * 2 * I * 4), act(this, R * I * 4),
       ys(this, R * D * 4), dact(this, R * I * 4), dhid(this, R * 2 * I * 4), dxs(this, R * D * 4);
   DeviceBuffer hx, hdy, hgu, hdn, hact, hdhid;
@@ -52,39 +51,29 @@ void CudaBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, f
     GemmOperand guo = operand(a.gate_up, E * 2 * I, D, D, true, bf16, hgu);
     GemmOperand dno = operand(a.down, E * D, I, I, true, bf16, hdn);
     // Recompute: hid = xs GU^T, act = SwiGLU(hid), ys = act DN^T.
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = plan.offsets[size_t(e)], rows = plan.offsets[size_t(e + 1)] - r0;
-      if (rows == 0) continue;
-      gemm(rows, 2 * I, D, 1.0f, operand_rows(xo, r0), operand_rows(guo, e * 2 * I), 0.0f, hid.f() + r0 * 2 * I,
-           2 * I);
-    }
-    gpu_swiglu(stream_, hid.f(), act.f(), routed, I);
+    gpu_moe_gate_up(*this, plan, E, I, D, routed, xo, guo, hid.f(), act.f());
     const GemmOperand ao = operand(act.f(), routed, I, I, false, bf16, hact);
     GemmOperand dyt = dyo;
     dyt.trans = true;
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = plan.offsets[size_t(e)], rows = plan.offsets[size_t(e + 1)] - r0;
-      if (rows == 0) continue;
+    for_each_expert(plan, E, [&](int64_t e, int64_t r0, int64_t rows) {
       gemm(rows, D, I, 1.0f, operand_rows(ao, r0), operand_rows(dno, e * D), 0.0f, ys.f() + r0 * D, D);
       if (ddown)  // ddown[e] [D, I] += dys^T act
         gemm(D, I, rows, 1.0f, operand_rows(dyt, r0), operand_rows(ao, r0), 1.0f, ddown + e * D * I, I);
       GemmOperand dn_plain = operand_rows(dno, e * D);
       dn_plain.trans = false;  // dact = dys DN, DN stored [D, I] = [K, N]
       gemm(rows, I, D, 1.0f, operand_rows(dyo, r0), dn_plain, 0.0f, dact.f() + r0 * I, I);
-    }
+    });
     gpu_swiglu_backward(stream_, hid.f(), dact.f(), dhid.f(), routed, I);
     GemmOperand dho = operand(dhid.f(), routed, 2 * I, 2 * I, false, bf16, hdhid);
     GemmOperand dht = dho;
     dht.trans = true;
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = plan.offsets[size_t(e)], rows = plan.offsets[size_t(e + 1)] - r0;
-      if (rows == 0) continue;
+    for_each_expert(plan, E, [&](int64_t e, int64_t r0, int64_t rows) {
       if (dgate_up)  // dgate_up[e] [2I, D] += dhid^T xs
         gemm(2 * I, D, rows, 1.0f, operand_rows(dht, r0), operand_rows(xo, r0), 1.0f, dgate_up + e * 2 * I * D, D);
       GemmOperand gu_plain = operand_rows(guo, e * 2 * I);
       gu_plain.trans = false;  // dxs = dhid GU, GU stored [2I, D] = [K, N]
       gemm(rows, D, 2 * I, 1.0f, operand_rows(dho, r0), gu_plain, 0.0f, dxs.f() + r0 * D, D);
-    }
+    });
   }
   k_moe_finish<<<unsigned(N), kGpuThreads, 0, stream_>>>(dout, ys.f(), dxs.f(), plan.perm.i(), a.weight, a.x, dx,
                                                          dweight, routed, D, a.skip_identity);

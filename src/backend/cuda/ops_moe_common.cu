@@ -89,6 +89,7 @@ GpuMoePlan gpu_plan_moe(CudaBackend& be, const int32_t* expert, int64_t N, int64
   GPU_LAUNCH_CHECK();
   plan.offsets.resize(static_cast<size_t>(classes + 1));
   be.to_host(plan.offsets.data(), off.i(), (classes + 1) * 4);
+  plan.routed = plan.offsets[size_t(E)];
   return plan;
 }
 
@@ -109,6 +110,14 @@ void gpu_swiglu_backward(gpuStream_t s, const float* hid, const float* dact, flo
   if (rows * I == 0) return;
   k_swiglu_backward<<<gpu_blocks(rows * I), kGpuThreads, 0, s>>>(hid, dact, dhid, rows, I);
   GPU_LAUNCH_CHECK();
+}
+
+void gpu_moe_gate_up(CudaBackend& be, const GpuMoePlan& plan, int64_t E, int64_t I, int64_t D, int64_t routed,
+                     const GemmOperand& xo, const GemmOperand& guo, float* hid, float* act) {
+  for_each_expert(plan, E, [&](int64_t e, int64_t r0, int64_t rows) {
+    be.gemm(rows, 2 * I, D, 1.0f, operand_rows(xo, r0), operand_rows(guo, e * 2 * I), 0.0f, hid + r0 * 2 * I, 2 * I);
+  });
+  gpu_swiglu(be.stream(), hid, act, routed, I);
 }
 
 }  // namespace zaya

@@ -1,6 +1,7 @@
 // Shared by the GPU MoE forward and backward: the routing plan built on the device (class
 // histogram, offsets, a stable token permutation grouping tokens by class, class E = skip
-// last, identical to backend/cpu's plan_moe), row gathers, SwiGLU, and operand offsets.
+// last, identical to backend/cpu's plan_moe), row gathers, SwiGLU, operand offsets, the loop
+// over experts and the experts' gate_up half (forward, and recomputed in the backward).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@ namespace zaya {
 struct GpuMoePlan {
   DeviceBuffer perm;             // [N] int32: token of each grouped row
   std::vector<int32_t> offsets;  // host [E + 2]: class e owns grouped rows offsets[e]..offsets[e+1]
+  int64_t routed = 0;            // tokens sent to an expert: grouped rows [0, routed) (= offsets[E])
 };
 
 // Builds the plan on the device; copies the E + 2 offsets to the host (one synchronisation)
@@ -33,5 +35,20 @@ inline GemmOperand operand_rows(GemmOperand o, int64_t rows) {
   o.ptr = static_cast<const char*>(o.ptr) + rows * o.ld * elem;
   return o;
 }
+
+// Calls f(e, r0, rows) for each of the E experts that has tokens: grouped rows [r0, r0 + rows).
+template <class F>
+void for_each_expert(const GpuMoePlan& plan, int64_t E, F&& f) {
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = plan.offsets[size_t(e)], rows = plan.offsets[size_t(e + 1)] - r0;
+    if (rows > 0) f(e, r0, rows);
+  }
+}
+
+// The gate_up half of every expert over the `routed` grouped rows: hid [routed, 2I] = xs GU_e^T
+// per expert (xo: the gathered inputs [routed, D]; guo: all experts' gate_up, each [2I, D],
+// transposed), then act [routed, I] = SwiGLU(hid).
+void gpu_moe_gate_up(CudaBackend& be, const GpuMoePlan& plan, int64_t E, int64_t I, int64_t D, int64_t routed,
+                     const GemmOperand& xo, const GemmOperand& guo, float* hid, float* act);
 
 }  // namespace zaya

@@ -1,0 +1,48 @@
+// A learnable synthetic language for the training tests (tests/unit/test_trainer.cpp and the
+// data-parallel check tests/dp/dp_check.cpp): a noisy deterministic successor chain over 64
+// symbols (unigram entropy ~ln 64, conditional entropy far lower), written as one document;
+// and the base of their recipes, zaya-tiny on that corpus.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/rng.h"
+#include "data/token_file.h"
+#include "train/recipe.h"
+
+namespace zaya::test {
+
+// Writes n tokens drawn with `seed` to the token file at path.
+inline void write_synthetic_corpus(const std::string& path, size_t n, uint64_t seed) {
+  TokenFile f;
+  f.vocab_size = 64;
+  f.documents = 1;
+  Rng rng(seed);
+  uint32_t a = 3;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t next = rng.uniform() < 0.9 ? (a * 5 + 3) % 64 : uint32_t(rng.next_u64() % 64);
+    f.tokens.push_back(next);
+    a = next;
+  }
+  write_token_file(path, f);
+}
+
+// zaya-tiny trained on dir/train.bin, evaluated on dir/val.bin (no tokenizer, 32-token
+// sequences, no samples), run directory dir/run, lr 1e-2 with 2 warmup steps. The callers set
+// the seed, batch, length, checkpoint and eval cadence.
+inline Recipe synthetic_recipe(const std::string& dir) {
+  Recipe r;
+  r.run_dir = dir + "/run";
+  r.model.preset = "zaya-tiny";
+  r.data.train = dir + "/train.bin";
+  r.data.val = dir + "/val.bin";
+  r.data.tokenizer = "";
+  r.data.seq_len = 32;
+  r.optimizer.lr = 1e-2;
+  r.schedule.warmup_steps = 2;
+  r.eval.sample_tokens = 0;
+  return r;
+}
+
+}  // namespace zaya::test
