@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <set>
+#include <string>
 
 #include "backend/backend.h"
 #include "core/rng.h"
@@ -101,6 +103,56 @@ TEST(DataParallel, SingleProcessBucketsCoverTheLayoutAndKeepGradients) {
     for (int64_t i = 0; i < p.numel; ++i) ss += double(g[size_t(p.offset + i)]) * g[size_t(p.offset + i)];
   EXPECT_NEAR(dp.grad_sum_squares(*be, g.data()), ss, 1e-9 * ss);
   for (size_t i = 0; i < L.params.size(); ++i) EXPECT_TRUE(dp.owns(i));
+}
+
+// A communicator of one rank that records when reduce-scatters are issued, to see buckets
+// start during the backward (overlap) rather than all at the end.
+class RecordingComm : public Comm {
+ public:
+  std::string name() const override { return "recording"; }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::vector<int64_t> issued;  // floats per reduce-scatter, in issue order
+  CommHandle all_reduce(const void* s, void* r, int64_t n, CommType t, ReduceOp o) override {
+    return inner_->all_reduce(s, r, n, t, o);
+  }
+  CommHandle reduce_scatter(const void* s, void* r, const std::vector<int64_t>& c, CommType t, ReduceOp o) override {
+    issued.push_back(c[0]);
+    return inner_->reduce_scatter(s, r, c, t, o);
+  }
+  CommHandle all_gather(const void* s, void* r, const std::vector<int64_t>& c, CommType t) override {
+    return inner_->all_gather(s, r, c, t);
+  }
+  CommHandle broadcast(void* b, int64_t n, CommType t, int root) override { return inner_->broadcast(b, n, t, root); }
+  CommHandle barrier() override { return inner_->barrier(); }
+  CommHandle send(const void* b, int64_t n, CommType t, int p, int tag) override { return inner_->send(b, n, t, p, tag); }
+  CommHandle recv(void* b, int64_t n, CommType t, int p, int tag) override { return inner_->recv(b, n, t, p, tag); }
+
+ private:
+  std::unique_ptr<Comm> inner_ = make_single_comm();
+};
+
+TEST(DataParallel, BucketsStartDuringTheBackward) {
+  ModelConfig c = preset_config("zaya-tiny");
+  ParamLayout L = build_param_layout(c);
+  RecordingComm comm;
+  DataParallelOptions o;
+  o.bucket_bytes = 4;  // one bucket per block (each block is larger), plus the non-block tensors
+  DataParallel dp(comm, L, 5, o);
+  ASSERT_EQ(dp.buckets(), c.num_hidden_layers + 1);
+  std::vector<float> g(static_cast<size_t>(L.total), 1.0f);
+  dp.begin_step(g.data());
+  EXPECT_TRUE(comm.issued.empty());
+  dp.block_done(c.num_hidden_layers - 1);  // the last block finishes first
+  EXPECT_EQ(comm.issued.size(), 1u);
+  for (int64_t l = c.num_hidden_layers - 2; l >= 0; --l) dp.block_done(l);
+  EXPECT_EQ(int64_t(comm.issued.size()), c.num_hidden_layers);  // every block's bucket before the end
+  dp.finish_gradients();
+  EXPECT_EQ(int64_t(comm.issued.size()), c.num_hidden_layers + 1);
+  int64_t total = 0, params = 0;
+  for (int64_t n : comm.issued) total += n;
+  for (const ParamSpec& p : L.params) params += p.numel;
+  EXPECT_EQ(total, params);  // every tensor reduced exactly once
 }
 
 }  // namespace
