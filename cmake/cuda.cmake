@@ -2,17 +2,23 @@
 # here compiles anything: the normal CPU build is unchanged.
 #   -DZAYA_CUDA=ON  builds the .cu files with nvcc for CMAKE_CUDA_ARCHITECTURES (default 80;90)
 #                   into zaya_lib (compile definition ZAYA_CUDA, so make_backend("cuda") works),
-#                   linked with cuBLASLt, plus the GPU tests in tests/gpu.
+#                   linked with cuBLASLt, plus the GPU tests in tests/gpu. The NCCL communicator
+#                   (comm_nccl.cu) is built and libnccl linked when NCCL is found (next to the
+#                   CUDA toolkit, or under ZAYA_NCCL_ROOT); zaya_lib then has ZAYA_HAVE_NCCL.
 #   -DZAYA_HIP=ON   compiles the same .cu files with hipcc for ZAYA_HIP_ARCH (default gfx90a),
 #                   objects only (target zaya_hip_objects): a compile check, not a runnable build.
+#                   comm_nccl.cu only when RCCL is found (ZAYA_HAVE_RCCL; Debian has no RCCL).
 # Included from the top-level CMakeLists.txt before zaya_lib exists, so the links into
 # zaya_lib and the tests are deferred to the end of the top-level directory.
 option(ZAYA_CUDA "Build the CUDA backend (needs nvcc and cuBLASLt)" OFF)
 option(ZAYA_HIP "Compile the GPU backend with hipcc for AMD GPUs (objects only)" OFF)
 set(ZAYA_HIP_ARCH "gfx90a" CACHE STRING "AMD offload architecture for ZAYA_HIP")
 
+set(ZAYA_NCCL_ROOT "" CACHE PATH "Where NCCL is installed when it is not next to the CUDA toolkit")
 file(GLOB ZAYA_GPU_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.cu)
 file(GLOB ZAYA_GPU_HEADERS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.h)
+# The NCCL/RCCL communicator: compiled only where its collective library is found.
+set(ZAYA_GPU_COMM_SOURCE ${CMAKE_SOURCE_DIR}/src/backend/cuda/comm_nccl.cu)
 
 if(ZAYA_CUDA)
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
@@ -30,11 +36,29 @@ if(ZAYA_CUDA)
     set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
   endif()
 
-  add_library(zaya_cuda OBJECT ${ZAYA_GPU_SOURCES})
+  # NCCL: the communicator of multi-GPU data parallelism (src/backend/cuda/comm_nccl.cu).
+  find_path(ZAYA_NCCL_INCLUDE nccl.h HINTS ${ZAYA_NCCL_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(ZAYA_NCCL_LIBRARY nccl HINTS ${ZAYA_NCCL_ROOT}/lib ${ZAYA_NCCL_ROOT}/lib64 ${CUDAToolkit_LIBRARY_DIR})
+  set(ZAYA_CUDA_SOURCES ${ZAYA_GPU_SOURCES})
+  if(ZAYA_NCCL_INCLUDE AND ZAYA_NCCL_LIBRARY)
+    message(STATUS "zaya CUDA: NCCL communicator on (${ZAYA_NCCL_LIBRARY})")
+  else()
+    list(REMOVE_ITEM ZAYA_CUDA_SOURCES ${ZAYA_GPU_COMM_SOURCE})
+    message(STATUS "zaya CUDA: NCCL not found (nccl.h / libnccl; set ZAYA_NCCL_ROOT): the NCCL communicator "
+                   "(comm_nccl.cu) is left out")
+  endif()
+
+  add_library(zaya_cuda OBJECT ${ZAYA_CUDA_SOURCES})
   target_include_directories(zaya_cuda PRIVATE ${CMAKE_SOURCE_DIR}/src)
   target_compile_options(zaya_cuda PRIVATE -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter)
   set_target_properties(zaya_cuda PROPERTIES CUDA_RUNTIME_LIBRARY Shared POSITION_INDEPENDENT_CODE ON)
   target_link_libraries(zaya_cuda PUBLIC CUDA::cudart CUDA::cublasLt)
+  if(ZAYA_NCCL_INCLUDE AND ZAYA_NCCL_LIBRARY)
+    target_include_directories(zaya_cuda PRIVATE ${ZAYA_NCCL_INCLUDE})
+    target_link_libraries(zaya_cuda PUBLIC ${ZAYA_NCCL_LIBRARY})
+    # PUBLIC: zaya_lib (and so the tests) see ZAYA_HAVE_NCCL, i.e. make_nccl_comm is linked in.
+    target_compile_definitions(zaya_cuda PUBLIC ZAYA_HAVE_NCCL)
+  endif()
 
   function(zaya_cuda_attach)
     # The objects of zaya_cuda become part of zaya_lib; its usage requirements (cudart,
@@ -54,6 +78,8 @@ if(ZAYA_HIP)
   # hipBLASLt when installed (ROCm >= 6; Debian 12 has none): the BLASLt GEMM path, else our
   # tiled GEMM kernel.
   find_path(ZAYA_HIPBLASLT_INCLUDE hipblaslt/hipblaslt.h PATHS /opt/rocm/include)
+  # RCCL (NCCL's API for AMD GPUs): <rccl/rccl.h> from ROCm 5, <rccl.h> before. Debian has none.
+  find_path(ZAYA_RCCL_INCLUDE NAMES rccl/rccl.h rccl.h PATHS /opt/rocm/include)
   set(ZAYA_HIP_DEFS -DZAYA_HIP)
   if(ZAYA_HIPBLASLT_INCLUDE)
     list(APPEND ZAYA_HIP_DEFS -DZAYA_HAVE_HIPBLASLT -I${ZAYA_HIPBLASLT_INCLUDE})
@@ -63,8 +89,17 @@ if(ZAYA_HIP)
   else()
     message(STATUS "zaya HIP: ${ZAYA_HIP_ARCH}, GEMM: tiled kernel (no hipBLASLt found)")
   endif()
+  set(ZAYA_HIP_SOURCES ${ZAYA_GPU_SOURCES})
+  if(ZAYA_RCCL_INCLUDE)
+    list(APPEND ZAYA_HIP_DEFS -DZAYA_HAVE_RCCL -I${ZAYA_RCCL_INCLUDE})
+    message(STATUS "zaya HIP: RCCL communicator on (${ZAYA_RCCL_INCLUDE})")
+  else()
+    list(REMOVE_ITEM ZAYA_HIP_SOURCES ${ZAYA_GPU_COMM_SOURCE})
+    message(STATUS "zaya HIP: no RCCL found (rccl/rccl.h or rccl.h under /opt/rocm/include): the RCCL "
+                   "communicator (comm_nccl.cu) is left out")
+  endif()
   set(ZAYA_HIP_OBJECTS)
-  foreach(src ${ZAYA_GPU_SOURCES})
+  foreach(src ${ZAYA_HIP_SOURCES})
     get_filename_component(name ${src} NAME_WE)
     set(obj ${CMAKE_BINARY_DIR}/hip/${name}.o)
     add_custom_command(

@@ -3,6 +3,10 @@
 # file only, with nvcc for sm_80 and sm_90 and with hipcc for gfx90a (when hipcc is installed).
 # Exits non-zero on any compile error. A missing compiler is reported and skipped, unless
 # STRICT=1 (then it is an error). JOBS (default 1) compiles that many files at once.
+# The NCCL/RCCL communicator (comm_nccl.cu) needs the collective library's header: nccl.h for
+# nvcc (next to nvcc, under ZAYA_NCCL_ROOT, or in /usr/include; missing counts like a missing
+# compiler), rccl.h for hipcc (under ZAYA_RCCL_ROOT or /opt/rocm; Debian has no RCCL package, so
+# without it the file is skipped for hipcc with a "skipped" line, which is not an error).
 #   scripts/gpu_compile_check.sh            # objects go to a temporary directory, removed after
 #   OUT_DIR=/tmp/gpu_objs JOBS=4 scripts/gpu_compile_check.sh
 set -uo pipefail
@@ -26,15 +30,36 @@ fi
 hipcc="${HIPCC:-$(command -v hipcc || true)}"
 
 sources=("$root"/src/backend/cuda/*.cu)
+comm_source="$root/src/backend/cuda/comm_nccl.cu"
 failures=0
 missing=0
+compiled=0
 started=$(date +%s)
 
-run_all() {  # $1 = label, rest = compile command prefix; each file appends "-c src -o obj"
+# The first directory of "$@" that holds the header $1 (a relative path), or nothing.
+find_header() {
+  local header="$1" dir
+  shift
+  for dir in "$@"; do
+    if [ -n "$dir" ] && [ -f "$dir/$header" ]; then echo "$dir"; return; fi
+  done
+}
+
+# Sets srcs to every source, or every source but comm_nccl.cu when $1 is empty (no header).
+select_sources() {
+  srcs=()
+  local src
+  for src in "${sources[@]}"; do
+    if [ -z "$1" ] && [ "$src" = "$comm_source" ]; then continue; fi
+    srcs+=("$src")
+  done
+}
+
+run_all() {  # $1 = label, $2 = object dir, rest = compile command prefix; each file in srcs appends "-c src -o obj"
   local label="$1" dir="$2"
   shift 2
   local pids=() names=()
-  for src in "${sources[@]}"; do
+  for src in "${srcs[@]}"; do
     local name
     name="$(basename "$src" .cu)"
     ( "$@" -c "$src" -o "$out/$dir/$name.o" > "$out/$dir/$name.log" 2>&1 ) &
@@ -42,6 +67,7 @@ run_all() {  # $1 = label, rest = compile command prefix; each file appends "-c 
     names+=("$name")
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 0.2; done
   done
+  compiled=$((compiled + ${#pids[@]}))
   for i in "${!pids[@]}"; do
     if wait "${pids[$i]}"; then
       echo "ok    $label ${names[$i]}.cu"
@@ -54,7 +80,17 @@ run_all() {  # $1 = label, rest = compile command prefix; each file appends "-c 
 }
 
 if [ -n "$nvcc" ]; then
-  run_all "nvcc sm_80+sm_90" cuda "$nvcc" -std=c++20 -O2 -I"$root/src" \
+  nccl_inc="$(find_header nccl.h "${ZAYA_NCCL_ROOT:+$ZAYA_NCCL_ROOT/include}" "$(dirname "$nvcc")/../include" \
+    /usr/local/cuda/include /usr/include)"
+  nccl_flags=()
+  if [ -n "$nccl_inc" ]; then
+    nccl_flags=(-I"$nccl_inc")
+  else
+    echo "skip  nvcc sm_80+sm_90 comm_nccl.cu: skipped: no nccl.h (install NCCL or set ZAYA_NCCL_ROOT)"
+    missing=$((missing + 1))
+  fi
+  select_sources "$nccl_inc"
+  run_all "nvcc sm_80+sm_90" cuda "$nvcc" -std=c++20 -O2 -I"$root/src" "${nccl_flags[@]}" \
     -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
     -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter
 else
@@ -63,13 +99,22 @@ else
 fi
 
 if [ -n "$hipcc" ]; then
-  run_all "hipcc gfx90a" hip "$hipcc" --offload-arch=gfx90a -std=c++20 -O2 -DZAYA_HIP -I"$root/src" -x hip
+  rccl_inc="$(find_header rccl/rccl.h "${ZAYA_RCCL_ROOT:+$ZAYA_RCCL_ROOT/include}" /opt/rocm/include /usr/include)"
+  [ -n "$rccl_inc" ] || rccl_inc="$(find_header rccl.h "${ZAYA_RCCL_ROOT:+$ZAYA_RCCL_ROOT/include}" /opt/rocm/include /usr/include)"
+  rccl_flags=()
+  if [ -n "$rccl_inc" ]; then
+    rccl_flags=(-DZAYA_HAVE_RCCL -I"$rccl_inc")
+  else
+    echo "skip  hipcc gfx90a comm_nccl.cu: skipped: no rccl.h (Debian has no RCCL package; set ZAYA_RCCL_ROOT where it is installed)"
+  fi
+  select_sources "$rccl_inc"
+  run_all "hipcc gfx90a" hip "$hipcc" --offload-arch=gfx90a -std=c++20 -O2 -DZAYA_HIP -I"$root/src" "${rccl_flags[@]}" -x hip
 else
   echo "hipcc not found: HIP compile check skipped (Debian: apt-get install hipcc)"
   missing=$((missing + 1))
 fi
 
-echo "gpu compile check: ${#sources[@]} files, $failures failure(s), $(( $(date +%s) - started )) s"
+echo "gpu compile check: ${#sources[@]} files, $compiled compiles, $failures failure(s), $(( $(date +%s) - started )) s"
 [ "$keep" = 1 ] || rm -rf "$out"
 if [ "$failures" -gt 0 ]; then exit 1; fi
 if [ "$strict" = 1 ] && [ "$missing" -gt 0 ]; then exit 1; fi

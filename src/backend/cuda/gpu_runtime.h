@@ -1,5 +1,6 @@
 // The one vendor header of the GPU backend: maps the runtime names our kernels use (streams,
-// memory, copies, events, errors, warp shuffles, the warp-size query) to CUDA or to HIP.
+// memory, copies, events, errors, warp shuffles, the warp-size query) to CUDA or to HIP, and
+// selects the collective library (NCCL or RCCL) for the files that ask for it.
 // Everything else in src/backend/cuda/ includes this file and never a vendor header.
 //
 // HIP is selected by ZAYA_HIP (set by cmake/cuda.cmake for hipcc builds) or by hipcc's own
@@ -46,11 +47,36 @@ using gpuEvent_t = hipEvent_t;
 #define gpuEventRecord hipEventRecord
 #define gpuEventSynchronize hipEventSynchronize
 #define gpuEventElapsedTime hipEventElapsedTime
+#define gpuErrorNotReady hipErrorNotReady
+#define gpuStreamCreateWithFlags hipStreamCreateWithFlags
+#define gpuStreamNonBlocking hipStreamNonBlocking
+#define gpuStreamWaitEvent hipStreamWaitEvent
+#define gpuEventCreateWithFlags hipEventCreateWithFlags
+#define gpuEventDisableTiming hipEventDisableTiming
+#define gpuEventQuery hipEventQuery
+// The null stream: HIP gives it the legacy semantics (it orders with every blocking stream).
+#define gpuStreamLegacy (static_cast<hipStream_t>(nullptr))
 
 inline int gpu_device_warp_size(int device) {
   int v = 0;
   if (hipDeviceGetAttribute(&v, hipDeviceAttributeWarpSize, device) != hipSuccess) return 0;
   return v;
+}
+
+// Whether p is device (or managed) memory; *device is then the GPU it belongs to. Never throws.
+inline bool gpu_pointer_on_device(const void* p, int* device) {
+  hipPointerAttribute_t a{};
+  if (hipPointerGetAttributes(&a, p) != hipSuccess) {
+    (void)hipGetLastError();  // plain host memory is an error here, not a sticky one
+    return false;
+  }
+#if HIP_VERSION_MAJOR >= 6
+  const bool on_device = a.type == hipMemoryTypeDevice || a.type == hipMemoryTypeManaged;
+#else
+  const bool on_device = a.memoryType == hipMemoryTypeDevice || a.isManaged != 0;
+#endif
+  if (on_device) *device = a.device;
+  return on_device;
 }
 
 // Device-side warp size of the target being compiled (64 on gfx90a). The host pass of hipcc
@@ -91,11 +117,32 @@ using gpuEvent_t = cudaEvent_t;
 #define gpuEventRecord cudaEventRecord
 #define gpuEventSynchronize cudaEventSynchronize
 #define gpuEventElapsedTime cudaEventElapsedTime
+#define gpuErrorNotReady cudaErrorNotReady
+#define gpuStreamCreateWithFlags cudaStreamCreateWithFlags
+#define gpuStreamNonBlocking cudaStreamNonBlocking
+#define gpuStreamWaitEvent cudaStreamWaitEvent
+#define gpuEventCreateWithFlags cudaEventCreateWithFlags
+#define gpuEventDisableTiming cudaEventDisableTiming
+#define gpuEventQuery cudaEventQuery
+// The legacy default stream (orders with every blocking stream), even under per-thread default streams.
+#define gpuStreamLegacy cudaStreamLegacy
 
 inline int gpu_device_warp_size(int device) {
   int v = 0;
   if (cudaDeviceGetAttribute(&v, cudaDevAttrWarpSize, device) != cudaSuccess) return 0;
   return v;
+}
+
+// Whether p is device (or managed) memory; *device is then the GPU it belongs to. Never throws.
+inline bool gpu_pointer_on_device(const void* p, int* device) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const bool on_device = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  if (on_device) *device = a.device;
+  return on_device;
 }
 
 #define GPU_WARP_SIZE 32
@@ -168,6 +215,35 @@ using gpuBlasOp_t = hipblasOperation_t;
 #define gpuBlasLtPreferenceSetAttribute hipblasLtMatmulPreferenceSetAttribute
 #define gpuBlasLtAlgoGetHeuristic hipblasLtMatmulAlgoGetHeuristic
 #define gpuBlasLtMatmul hipblasLtMatmul
+#endif
+
+// ---- Collectives: NCCL on CUDA, RCCL on HIP (only where ZAYA_HAVE_RCCL is defined) ----
+// Opt-in: a file that needs them defines ZAYA_GPU_WANT_COLLECTIVES before including this header
+// (only comm_nccl.cu does), so the other kernels neither pull in nccl.h (and its fp16/bf16/fp8
+// headers) nor need NCCL installed. ZAYA_GPU_COLLECTIVES is then 1 when the library's header was
+// included. RCCL declares the nccl* API under the same names (ncclComm_t, ncclAllReduce, ...), so
+// the two differ only in the header. RCCL's header is <rccl/rccl.h> from ROCm 5.x on (older
+// releases: <rccl.h>). Debian has no RCCL package: the HIP side has only been compiled against a
+// stand-in (nccl.h's declarations with hipStream_t), never against RCCL's own header.
+#if defined(ZAYA_GPU_WANT_COLLECTIVES)
+#if defined(ZAYA_GPU_HIP)
+#if defined(ZAYA_HAVE_RCCL)
+#if __has_include(<rccl/rccl.h>)
+#include <rccl/rccl.h>
+#else
+#include <rccl.h>
+#endif
+#define ZAYA_GPU_COLLECTIVES 1
+#endif
+#else  // CUDA
+#include <nccl.h>
+#define ZAYA_GPU_COLLECTIVES 1
+#endif
+#if defined(ZAYA_GPU_COLLECTIVES) && defined(NCCL_VERSION_CODE) && defined(NCCL_VERSION)
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+#define ZAYA_GPU_NCCL_LAST_ERROR 1  // ncclGetLastError(comm): the library's detail on the last error
+#endif
+#endif
 #endif
 
 namespace zaya {

@@ -1,0 +1,1038 @@
+// The NCCL communicator (RCCL on HIP); the contract is in comm_nccl.h. Compiled, never run.
+//
+// Structure: every call checks its arguments (device memory of our GPU, counts, peers), builds
+// an NcclOp and publishes it to the watchdog's list before launching anything, so a launch that
+// blocks on the host (NCCL connects to peers lazily, inside the first operation that needs them)
+// is under the deadline too. Collectives are launched at once on the communication stream,
+// after the producer fence; sends and receives are queued and launched as one group at the next
+// flush (a collective, or wait()/test() on any request). Each launched operation records its own
+// event on the stream. Requests poll that event (wait() yields, then sleeps 20 us growing to
+// 500 us; it does not block in gpuEventSynchronize, so that a failure found by the watchdog
+// thread, which marks the operation done with an error, can wake it).
+//
+// The watchdog thread polls every published operation: its event, its arrival messages (when the
+// arrival channel is on), its deadline; and ncclCommGetAsyncError. An operation leaves the list
+// when its data and its arrival messages have completed.
+#define ZAYA_GPU_WANT_COLLECTIVES 1
+#include "backend/cuda/gpu_runtime.h"
+
+#if !defined(ZAYA_GPU_COLLECTIVES)
+#error "comm_nccl.cu needs NCCL (CUDA) or RCCL (HIP with ZAYA_HAVE_RCCL); cmake/cuda.cmake leaves it out otherwise"
+#endif
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cuda/comm_nccl.h"
+#include "ckpt/dist_agree.h"
+#include "core/error.h"
+#include "dist/comm_mpi.h"
+
+namespace zaya {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum class OpKind { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier, Send, Recv };
+
+const char* kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::AllReduce: return "all_reduce";
+    case OpKind::ReduceScatter: return "reduce_scatter";
+    case OpKind::AllGather: return "all_gather";
+    case OpKind::Broadcast: return "broadcast";
+    case OpKind::Barrier: return "barrier";
+    case OpKind::Send: return "send";
+    case OpKind::Recv: return "recv";
+  }
+  return "?";
+}
+
+const char* reduce_name(int64_t op) {
+  switch (static_cast<ReduceOp>(op)) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+ncclDataType_t nccl_type(CommType t) {
+  switch (t) {
+    case CommType::F32: return ncclFloat32;
+    case CommType::F64: return ncclFloat64;
+    case CommType::I32: return ncclInt32;
+    case CommType::I64: return ncclInt64;
+    case CommType::U8: return ncclUint8;
+  }
+  fail("comm", "unknown CommType " + std::to_string(static_cast<int>(t)));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+  }
+  fail("comm", "unknown ReduceOp " + std::to_string(static_cast<int>(op)));
+}
+
+// "all_reduce #17 (4096 bytes, f32 sum)", the MPI communicator's wording.
+std::string describe_parts(OpKind kind, int64_t seq, int64_t bytes, CommType type, int64_t detail, int peer) {
+  std::string s = std::string(kind_name(kind)) + " #" + std::to_string(seq) + " (" + std::to_string(bytes) + " bytes";
+  const std::string t = comm_type_name(type);
+  switch (kind) {
+    case OpKind::AllReduce:
+    case OpKind::ReduceScatter: s += ", " + t + " " + reduce_name(detail); break;
+    case OpKind::AllGather: s += ", " + t; break;
+    case OpKind::Broadcast: s += ", " + t + " from root " + std::to_string(detail); break;
+    case OpKind::Barrier: break;
+    case OpKind::Send: s += ", " + t + " to rank " + std::to_string(peer) + " tag " + std::to_string(detail); break;
+    case OpKind::Recv: s += ", " + t + " from rank " + std::to_string(peer) + " tag " + std::to_string(detail); break;
+  }
+  return s + ")";
+}
+
+// What a rank tells a peer when it reaches an operation (on the arrival channel, 5 x int64).
+struct Arrival {
+  int64_t seq = -1;
+  int64_t kind = -1;    // OpKind
+  int64_t type = -1;    // CommType
+  int64_t detail = -1;  // ReduceOp, broadcast root, or message tag
+  int64_t bytes = -1;
+};
+constexpr int64_t kArrivalInts = sizeof(Arrival) / sizeof(int64_t);
+static_assert(sizeof(Arrival) == 5 * sizeof(int64_t), "Arrival is sent as 5 int64");
+constexpr int kCollectiveArrivalTag = 1;  // tags on the private arrival channel
+constexpr int kMessageArrivalTag = 2;
+
+enum OpState : int {
+  kQueued,     // a send/recv waiting for the next flush
+  kLaunching,  // being launched (may block on the host inside NCCL)
+  kLaunched,   // on the stream; its event tells when it is done
+  kDone,       // complete (or failed: error is set)
+};
+
+struct NcclOp {
+  // Set by the issuing thread before the operation is published; read-only afterwards.
+  OpKind kind = OpKind::Barrier;
+  CommType type = CommType::U8;
+  int64_t seq = 0;     // collective number, or message number, on this communicator
+  int64_t detail = 0;  // ReduceOp, root or tag
+  int peer = -1;
+  int64_t bytes = 0;
+  const void* send = nullptr;  // sends and receives: launched at the next flush
+  void* recv = nullptr;
+  int64_t count = 0;
+  Clock::time_point issued;
+  gpuEvent_t event = nullptr;  // recorded on the communication stream after the operation
+
+  std::atomic<int> state{kQueued};
+  std::mutex m;
+  std::string error;  // guarded by m; set before state becomes kDone
+
+  // Arrival channel: filled in before publication, then touched by the watchdog thread only.
+  Arrival out;
+  std::vector<Arrival> in;          // one per posted receive (stable storage: sized before posting)
+  std::vector<int> in_from;         // rank of in[i]
+  std::vector<CommHandle> in_handles, out_handles;  // reset when complete
+  std::vector<char> heard;          // by rank
+  std::string arrival_error;
+
+  NcclOp() = default;
+  NcclOp(const NcclOp&) = delete;
+  NcclOp& operator=(const NcclOp&) = delete;
+  ~NcclOp() {
+    if (event) (void)gpuEventDestroy(event);
+  }
+
+  bool collective() const { return kind != OpKind::Send && kind != OpKind::Recv; }
+  std::string describe() const { return describe_parts(kind, seq, bytes, type, detail, peer); }
+  void set_error(const std::string& e) {
+    std::lock_guard<std::mutex> g(m);
+    if (error.empty()) error = e;
+  }
+  std::string get_error() {
+    std::lock_guard<std::mutex> g(m);
+    return error;
+  }
+};
+using OpPtr = std::shared_ptr<NcclOp>;
+
+// Whether op is complete; asks its event when it is on the stream. Any thread may call it.
+bool op_done(NcclOp& op) {
+  const int s = op.state.load(std::memory_order_acquire);
+  if (s == kDone) return true;
+  if (s != kLaunched) return false;
+  const gpuError_t e = gpuEventQuery(op.event);
+  if (e == gpuErrorNotReady) return false;
+  if (e != gpuSuccess) {
+    (void)gpuGetLastError();
+    op.set_error(std::string("the GPU reported an error: ") + gpuGetErrorString(e));
+  }
+  op.state.store(kDone, std::memory_order_release);
+  return true;
+}
+
+std::string nccl_text(ncclResult_t rc, const char* call) {
+  if (rc == ncclSuccess) return "";
+  return std::string(call) + " failed: " + ncclGetErrorString(rc);
+}
+
+std::string gpu_text(gpuError_t e, const char* call) {
+  if (e == gpuSuccess) return "";
+  (void)gpuGetLastError();
+  return std::string(call) + " failed: " + gpuGetErrorString(e);
+}
+
+char* at(const void* base, int64_t elements, int64_t element_size) {
+  return static_cast<char*>(const_cast<void*>(base)) + elements * element_size;
+}
+
+// Writes line to stderr in one write (after flushing stdout if nobody holds it). Then, when comm
+// is given, ncclCommAbort (a helper thread exits anyway should it not return within 10 s), and
+// _Exit(code).
+[[noreturn]] void fatal_line(const std::string& line, int code, ncclComm_t comm) {
+  if (ftrylockfile(stdout) == 0) {
+    fflush_unlocked(stdout);
+    funlockfile(stdout);
+  }
+  const std::string text = line + "\n";
+  ssize_t written = ::write(2, text.data(), text.size());
+  (void)written;
+  if (comm != nullptr) {
+    std::thread([code] {
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      std::_Exit(code);
+    }).detach();
+    (void)ncclCommAbort(comm);
+  }
+  std::_Exit(code);
+}
+
+// Makes `device` current for the calling thread, and restores the previous one. Errors are
+// cleared, not kept: a stale error would surface at the backend's next launch check.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : device_(device) {
+    if (gpuGetDevice(&prev_) != gpuSuccess) {
+      (void)gpuGetLastError();
+      prev_ = -1;
+    }
+    if (prev_ != device_ && gpuSetDevice(device_) != gpuSuccess) (void)gpuGetLastError();
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0 && prev_ != device_ && gpuSetDevice(prev_) != gpuSuccess) (void)gpuGetLastError();
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int device_, prev_ = -1;
+};
+
+class NcclComm;
+
+class NcclRequest final : public CommRequest {
+ public:
+  NcclRequest(OpPtr op, NcclComm* comm) : op_(std::move(op)), comm_(comm) {}
+  ~NcclRequest() override { block(); }
+  void wait() override {
+    block();
+    check();
+  }
+  bool test() override;
+
+ private:
+  void block();
+  void check() {
+    const std::string e = op_->get_error();
+    if (!e.empty())
+      fail("comm", op_->describe() + " failed: " + e,
+           "every rank must issue the same operations with the same counts, types and peers");
+  }
+  OpPtr op_;
+  NcclComm* comm_;  // used only while op_ is queued (the communicator launches every queued op before it goes)
+};
+
+class NcclComm final : public Comm {
+ public:
+  NcclComm(Comm& bootstrap, int device, const CommOptions& options, void* producer, bool uneven_paths_always)
+      : device_(device),
+        timeout_s_(options.timeout_s),
+        rank_(bootstrap.rank()),
+        size_(bootstrap.size()),
+        local_rank_(bootstrap.local_rank()),
+        local_size_(bootstrap.local_size()),
+        producer_(producer != nullptr ? static_cast<gpuStream_t>(producer) : gpuStreamLegacy),
+        uneven_always_(uneven_paths_always) {
+    try {
+      init(bootstrap);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~NcclComm() override {
+    {
+      std::lock_guard<std::mutex> g(issue_mutex_);
+      closed_ = true;
+      DeviceGuard d(device_);
+      flush_locked();
+    }
+    release();
+  }
+
+  std::string name() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+
+  CommHandle all_reduce(const void* send, void* recv, int64_t count, CommType type, ReduceOp op) override {
+    const int64_t es = comm_type_size(type);
+    check_count("all_reduce", count);
+    check_buffer("all_reduce", "send", send, count * es);
+    check_buffer("all_reduce", "recv", recv, count * es);
+    auto o = new_op(OpKind::AllReduce, type, count * es, static_cast<int64_t>(op));
+    return issue_collective(std::move(o), [=, this]() -> std::string {
+      if (count == 0) return "";
+      return nccl_text(ncclAllReduce(send, recv, size_t(count), nccl_type(type), nccl_op(op), comm(), stream_),
+                       "ncclAllReduce");
+    });
+  }
+
+  CommHandle reduce_scatter(const void* send, void* recv, const std::vector<int64_t>& counts, CommType type,
+                            ReduceOp op) override {
+    const int64_t es = comm_type_size(type);
+    const int64_t total = check_counts("reduce_scatter", counts);
+    const int64_t mine = counts[size_t(rank_)];
+    check_buffer("reduce_scatter", "send", send, total * es);
+    check_buffer("reduce_scatter", "recv", recv, mine * es);
+    auto o = new_op(OpKind::ReduceScatter, type, total * es, static_cast<int64_t>(op));
+    return issue_collective(std::move(o), [=, this]() { return launch_reduce_scatter(send, recv, counts, type, op); });
+  }
+
+  CommHandle all_gather(const void* send, void* recv, const std::vector<int64_t>& counts, CommType type) override {
+    const int64_t es = comm_type_size(type);
+    const int64_t total = check_counts("all_gather", counts);
+    check_buffer("all_gather", "send", send, counts[size_t(rank_)] * es);
+    check_buffer("all_gather", "recv", recv, total * es);
+    auto o = new_op(OpKind::AllGather, type, total * es, 0);
+    return issue_collective(std::move(o), [=, this]() { return launch_all_gather(send, recv, counts, type); });
+  }
+
+  CommHandle broadcast(void* buf, int64_t count, CommType type, int root) override {
+    const int64_t es = comm_type_size(type);
+    check_count("broadcast", count);
+    check_buffer("broadcast", "buf", buf, count * es);
+    if (root < 0 || root >= size_)
+      fail("comm", "broadcast: root " + std::to_string(root) + " is not a rank (ranks are 0.." +
+                       std::to_string(size_ - 1) + ")");
+    auto o = new_op(OpKind::Broadcast, type, count * es, root);
+    return issue_collective(std::move(o), [=, this]() -> std::string {
+      if (count == 0) return "";
+      return nccl_text(ncclBroadcast(buf, buf, size_t(count), nccl_type(type), root, comm(), stream_), "ncclBroadcast");
+    });
+  }
+
+  // An all_reduce of one int32 in a device scratch word: it completes once every rank reached it.
+  CommHandle barrier() override {
+    auto o = new_op(OpKind::Barrier, CommType::U8, 0, 0);
+    return issue_collective(std::move(o), [this]() {
+      return nccl_text(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm(), stream_), "ncclAllReduce");
+    });
+  }
+
+  CommHandle send(const void* buf, int64_t count, CommType type, int peer, int tag) override {
+    const int64_t es = comm_type_size(type);
+    check_message("send", buf, count * es, count, peer, tag);
+    auto o = new_op(OpKind::Send, type, count * es, tag);
+    o->send = buf, o->count = count, o->peer = peer;
+    return issue_message(std::move(o));
+  }
+
+  CommHandle recv(void* buf, int64_t count, CommType type, int peer, int tag) override {
+    const int64_t es = comm_type_size(type);
+    check_message("recv", buf, count * es, count, peer, tag);
+    auto o = new_op(OpKind::Recv, type, count * es, tag);
+    o->recv = buf, o->count = count, o->peer = peer;
+    return issue_message(std::move(o));
+  }
+
+  // Launches the queued sends and receives (requests call it when theirs is still queued).
+  void flush() {
+    std::lock_guard<std::mutex> g(issue_mutex_);
+    DeviceGuard d(device_);
+    flush_locked();
+  }
+
+ private:
+  ncclComm_t comm() const { return comm_.load(std::memory_order_acquire); }
+
+  // ---- construction and teardown ----
+
+  void init(Comm& bootstrap) {
+    // The calling thread's current device is restored on the way out.
+    struct Restore {
+      int device = -1;
+      ~Restore() {
+        if (device >= 0 && gpuSetDevice(device) != gpuSuccess) (void)gpuGetLastError();
+      }
+    } restore;
+    if (gpuGetDevice(&restore.device) != gpuSuccess) {
+      (void)gpuGetLastError();
+      restore.device = -1;
+    }
+    // 1. The device, agreed over the bootstrap so that no rank is left waiting in a collective.
+    std::string local;
+    int count = 0;
+    if (gpuGetDeviceCount(&count) != gpuSuccess) {
+      (void)gpuGetLastError();
+      count = 0;
+    }
+    if (count == 0)
+      local = "no GPU device is available";
+    else if (device_ < 0 || device_ >= count)
+      local = "device " + std::to_string(device_) + " does not exist (" + std::to_string(count) + " found)";
+    else
+      local = gpu_text(gpuSetDevice(device_), "gpuSetDevice");
+    // 2. The unique id, made by rank 0.
+    ncclUniqueId id{};
+    if (local.empty() && rank_ == 0) local = nccl_text(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    std::string agreed = dist_agree::first_error(bootstrap, local);
+    if (!agreed.empty())
+      fail("comm", "cannot create the NCCL communicator: " + agreed,
+           "each rank needs a GPU of its own: pass the rank's local_rank() as the device and launch at most as "
+           "many ranks per node as it has GPUs");
+    bootstrap.broadcast(&id, int64_t(sizeof(id)), CommType::U8, 0)->wait();
+    // 3. Arrival tracking needs every rank to take part: on only when every rank runs the watchdog.
+    int32_t mine = timeout_s_ > 0 ? 1 : 0, all = 0;
+    bootstrap.all_reduce(&mine, &all, 1, CommType::I32, ReduceOp::Min)->wait();
+    if (size_ == 1)
+      arrival_off_ = "none (this communicator has no peers)";
+    else if (all != 1)
+      arrival_off_ = "unknown (arrival tracking is off: some rank runs with the watchdog disabled)";
+    else if (bootstrap.name() != "mpi")
+      arrival_off_ = "unknown (arrival tracking needs the MPI bootstrap communicator; this one is '" +
+                     bootstrap.name() + "')";
+
+    // 4. The stream, the fence event and the barrier's scratch word.
+    check_gpu(gpuStreamCreateWithFlags(&stream_, gpuStreamNonBlocking), "gpuStreamCreateWithFlags");
+    check_gpu(gpuEventCreateWithFlags(&fence_, gpuEventDisableTiming), "gpuEventCreateWithFlags");
+    void* scratch = nullptr;
+    check_gpu(gpuMalloc(&scratch, 256), "gpuMalloc");
+    scratch_ = scratch;
+    check_gpu(gpuMemsetAsync(scratch_, 0, 256, stream_), "gpuMemsetAsync");
+    check_gpu(gpuStreamSynchronize(stream_), "gpuStreamSynchronize");
+
+    // 5. NCCL, under the watchdog's deadline (ncclCommInitRank blocks until every rank has called it).
+    init_started_ = Clock::now();
+    initializing_.store(true);
+    watchdog_ = std::thread([this] { watch(); });
+    ncclComm_t c = nullptr;
+    const ncclResult_t rc = ncclCommInitRank(&c, size_, id, rank_);
+    initializing_.store(false);
+    if (rc != ncclSuccess)
+      fail("comm", "ncclCommInitRank on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+                       " (device " + std::to_string(device_) + ") failed: " + ncclGetErrorString(rc),
+           "NCCL_DEBUG=INFO shows why; every rank needs its own GPU");
+    comm_.store(c, std::memory_order_release);
+
+    // 6. The arrival channel: a private MPI communicator (collective over MPI_COMM_WORLD, which is
+    // what the MPI bootstrap spans). Its own watchdog is a backstop only (2 x timeout + 10 s), so
+    // that this communicator's watchdog reports a missing peer first, naming the operation.
+    if (arrival_off_.empty()) {
+      CommOptions channel_options;
+      channel_options.timeout_s = 2 * timeout_s_ + 10;
+      channel_ = make_mpi_comm(channel_options);
+      if (channel_->rank() != rank_ || channel_->size() != size_)
+        fail("comm", "the MPI arrival channel's ranks differ from the bootstrap's",
+             "the MPI bootstrap communicator must span MPI_COMM_WORLD");
+    }
+  }
+
+  // Everything the constructor may have made, in reverse; also the destructor's second half.
+  // Waits for every published operation (the watchdog still applies), then stops the watchdog.
+  void release() {
+    if (watchdog_.joinable()) {
+      {
+        std::lock_guard<std::mutex> g(watch_mutex_);
+        stopping_ = true;
+      }
+      watch_cv_.notify_all();
+      watchdog_.join();
+    }
+    DeviceGuard d(device_);
+    ncclComm_t c = comm_.exchange(nullptr);
+    if (c != nullptr && !aborted_.load()) (void)ncclCommDestroy(c);
+    channel_.reset();
+    if (stream_) (void)gpuStreamSynchronize(stream_);
+    for (void* p : retired_) (void)gpuFree(p);
+    retired_.clear();
+    if (staging_) (void)gpuFree(staging_);
+    staging_ = nullptr;
+    if (scratch_) (void)gpuFree(scratch_);
+    scratch_ = nullptr;
+    if (fence_) (void)gpuEventDestroy(fence_);
+    fence_ = nullptr;
+    if (stream_) (void)gpuStreamDestroy(stream_);
+    stream_ = nullptr;
+  }
+
+  static void check_gpu(gpuError_t e, const char* call) {
+    const std::string text = gpu_text(e, call);
+    if (!text.empty()) fail("comm", "NCCL communicator: " + text);
+  }
+
+  // ---- issuing ----
+
+  static OpPtr new_op(OpKind kind, CommType type, int64_t bytes, int64_t detail) {
+    auto op = std::make_shared<NcclOp>();
+    op->kind = kind;
+    op->type = type;
+    op->bytes = bytes;
+    op->detail = detail;
+    return op;
+  }
+
+  void check_usable(const OpPtr& op) {
+    if (closed_)
+      fail("comm", std::string(kind_name(op->kind)) + " issued on an NCCL communicator that is being destroyed");
+    if (failed_.load()) {
+      std::lock_guard<std::mutex> g(watch_mutex_);
+      fail("comm", std::string(kind_name(op->kind)) + " issued on an NCCL communicator that has failed: " + failure_,
+           "the communicator was aborted; restart the job");
+    }
+  }
+
+  template <class Launch>
+  CommHandle issue_collective(OpPtr op, Launch&& launch) {
+    std::lock_guard<std::mutex> g(issue_mutex_);
+    check_usable(op);
+    DeviceGuard d(device_);
+    flush_locked();  // queued messages go first: the stream runs operations in issue order
+    op->seq = ++collectives_;
+    op->issued = Clock::now();
+    op->state.store(kLaunching);
+    post_collective_arrivals(*op);
+    publish(op);
+    std::string err = fence_locked();
+    if (err.empty()) err = launch();
+    finish_launch(*op, err);
+    return std::make_unique<NcclRequest>(std::move(op), this);
+  }
+
+  CommHandle issue_message(OpPtr op) {
+    std::lock_guard<std::mutex> g(issue_mutex_);
+    check_usable(op);
+    op->seq = ++messages_;
+    op->issued = Clock::now();
+    post_message_arrival(*op);
+    publish(op);
+    queued_.push_back(op);
+    return std::make_unique<NcclRequest>(std::move(op), this);
+  }
+
+  // The communication stream waits for everything already enqueued on the producer stream.
+  std::string fence_locked() {
+    std::string e = gpu_text(gpuEventRecord(fence_, producer_), "gpuEventRecord (producer fence)");
+    if (e.empty()) e = gpu_text(gpuStreamWaitEvent(stream_, fence_, 0), "gpuStreamWaitEvent (producer fence)");
+    return e;
+  }
+
+  // After a launch: the op's event, or its error.
+  void finish_launch(NcclOp& op, std::string err) {
+    if (err.empty() && failed_.load()) err = "the communicator failed during the launch";
+    if (err.empty()) err = gpu_text(gpuEventCreateWithFlags(&op.event, gpuEventDisableTiming), "gpuEventCreateWithFlags");
+    if (err.empty()) err = gpu_text(gpuEventRecord(op.event, stream_), "gpuEventRecord");
+    if (!err.empty()) {
+      op.set_error(err);
+      op.state.store(kDone, std::memory_order_release);
+      return;
+    }
+    op.state.store(kLaunched, std::memory_order_release);
+  }
+
+  // Launches every queued send and receive: consecutive ones in one group (so that a ring of sends
+  // and receives cannot deadlock), except that a message touching memory that an earlier one of
+  // the same group writes (or reads, when it writes) starts a new group: the two then take effect
+  // in issue order, as with the MPI communicator (receiving into a buffer and forwarding it
+  // works). Caller holds issue_mutex_ and the device.
+  void flush_locked() {
+    if (queued_.empty()) return;
+    std::vector<OpPtr> batch;
+    batch.swap(queued_);
+    for (const OpPtr& op : batch) op->state.store(kLaunching);
+    std::string err;
+    if (failed_.load()) err = "the communicator failed before this message was launched";
+    if (err.empty()) err = fence_locked();
+    for (size_t begin = 0; begin < batch.size();) {
+      size_t end = begin + 1;
+      while (end < batch.size() && !conflicts_with_group(batch, begin, end)) ++end;
+      if (err.empty()) err = launch_group(batch, begin, end);
+      for (size_t i = begin; i < end; ++i) finish_launch(*batch[i], err);
+      begin = end;
+    }
+  }
+
+  // Whether batch[next] touches memory of batch[begin, next) with a write on either side.
+  static bool conflicts_with_group(const std::vector<OpPtr>& batch, size_t begin, size_t next) {
+    const NcclOp& b = *batch[next];
+    const char* pb = static_cast<const char*>(b.kind == OpKind::Send ? b.send : b.recv);
+    for (size_t i = begin; i < next; ++i) {
+      const NcclOp& a = *batch[i];
+      const char* pa = static_cast<const char*>(a.kind == OpKind::Send ? a.send : a.recv);
+      const bool write = a.kind == OpKind::Recv || b.kind == OpKind::Recv;
+      if (write && a.bytes > 0 && b.bytes > 0 && pa < pb + b.bytes && pb < pa + a.bytes) return true;
+    }
+    return false;
+  }
+
+  // One ncclGroupStart/End around batch[begin, end); "" or the first error.
+  std::string launch_group(const std::vector<OpPtr>& batch, size_t begin, size_t end) {
+    std::string e = nccl_text(ncclGroupStart(), "ncclGroupStart");
+    if (!e.empty()) return e;
+    std::string first;
+    for (size_t i = begin; i < end; ++i) {
+      const NcclOp& op = *batch[i];
+      if (op.count == 0) continue;  // both sides skip it: the counts of a matched pair agree
+      const ncclResult_t rc = op.kind == OpKind::Send
+                                  ? ncclSend(op.send, size_t(op.count), nccl_type(op.type), op.peer, comm(), stream_)
+                                  : ncclRecv(op.recv, size_t(op.count), nccl_type(op.type), op.peer, comm(), stream_);
+      if (first.empty()) first = nccl_text(rc, op.kind == OpKind::Send ? "ncclSend" : "ncclRecv");
+    }
+    const std::string done = nccl_text(ncclGroupEnd(), "ncclGroupEnd");
+    return first.empty() ? done : first;
+  }
+
+  // Equal counts: ncclReduceScatter (in place at NCCL's offset when send == recv, then the block
+  // is moved to the start). Uneven: padded to the largest count in the staging buffer.
+  std::string launch_reduce_scatter(const void* send, void* recv, const std::vector<int64_t>& counts, CommType type,
+                                    ReduceOp op) {
+    const int64_t es = comm_type_size(type);
+    const int64_t mine = counts[size_t(rank_)];
+    const int64_t largest = *std::max_element(counts.begin(), counts.end());
+    const bool equal =
+        !uneven_always_ && std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == largest; });
+    if (largest == 0) return "";
+    std::string e;
+    if (equal) {
+      if (send != recv)
+        return nccl_text(ncclReduceScatter(send, recv, size_t(mine), nccl_type(type), nccl_op(op), comm(), stream_),
+                         "ncclReduceScatter");
+      char* block = at(send, int64_t(rank_) * mine, es);  // NCCL's in-place position
+      e = nccl_text(ncclReduceScatter(send, block, size_t(mine), nccl_type(type), nccl_op(op), comm(), stream_),
+                    "ncclReduceScatter");
+      if (e.empty() && rank_ != 0)  // [rank*n, rank*n + n) and [0, n) do not overlap for rank >= 1
+        e = gpu_text(gpuMemcpyAsync(recv, block, size_t(mine * es), gpuMemcpyDeviceToDevice, stream_),
+                     "gpuMemcpyAsync");
+      return e;
+    }
+    char* pad = static_cast<char*>(staging(int64_t(size_) * largest * es, &e));
+    if (pad == nullptr) return e;
+    int64_t off = 0;
+    for (int r = 0; r < size_ && e.empty(); ++r) {
+      const int64_t c = counts[size_t(r)];
+      if (c > 0)
+        e = gpu_text(gpuMemcpyAsync(pad + int64_t(r) * largest * es, at(send, off, es), size_t(c * es),
+                                    gpuMemcpyDeviceToDevice, stream_),
+                     "gpuMemcpyAsync");
+      off += c;
+    }
+    char* block = pad + int64_t(rank_) * largest * es;
+    if (e.empty())
+      e = nccl_text(ncclReduceScatter(pad, block, size_t(largest), nccl_type(type), nccl_op(op), comm(), stream_),
+                    "ncclReduceScatter");
+    if (e.empty() && mine > 0)
+      e = gpu_text(gpuMemcpyAsync(recv, block, size_t(mine * es), gpuMemcpyDeviceToDevice, stream_), "gpuMemcpyAsync");
+    return e;
+  }
+
+  // Equal counts: ncclAllGather (in place when send is this rank's block of recv). Uneven: this
+  // rank's block is copied into place, then one group sends it to every peer and receives every
+  // peer's block at its offset.
+  std::string launch_all_gather(const void* send, void* recv, const std::vector<int64_t>& counts, CommType type) {
+    const int64_t es = comm_type_size(type);
+    const int64_t mine = counts[size_t(rank_)];
+    const int64_t largest = *std::max_element(counts.begin(), counts.end());
+    const bool equal =
+        !uneven_always_ && std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == largest; });
+    if (largest == 0) return "";
+    if (equal)
+      return nccl_text(ncclAllGather(send, recv, size_t(mine), nccl_type(type), comm(), stream_), "ncclAllGather");
+    std::vector<int64_t> off(counts.size() + 1, 0);
+    for (size_t r = 0; r < counts.size(); ++r) off[r + 1] = off[r] + counts[r];
+    char* own = at(recv, off[size_t(rank_)], es);
+    std::string e;
+    if (mine > 0 && send != own)
+      e = gpu_text(gpuMemcpyAsync(own, send, size_t(mine * es), gpuMemcpyDeviceToDevice, stream_), "gpuMemcpyAsync");
+    if (!e.empty()) return e;
+    e = nccl_text(ncclGroupStart(), "ncclGroupStart");
+    if (!e.empty()) return e;
+    std::string first;
+    auto note = [&](ncclResult_t rc, const char* call) {
+      if (first.empty()) first = nccl_text(rc, call);
+    };
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      if (mine > 0) note(ncclSend(own, size_t(mine), nccl_type(type), p, comm(), stream_), "ncclSend");
+      const int64_t c = counts[size_t(p)];
+      if (c > 0) note(ncclRecv(at(recv, off[size_t(p)], es), size_t(c), nccl_type(type), p, comm(), stream_), "ncclRecv");
+    }
+    const std::string end = nccl_text(ncclGroupEnd(), "ncclGroupEnd");
+    return first.empty() ? end : first;
+  }
+
+  // The staging buffer, at least `bytes` long; null (and *err) when it cannot be allocated. A
+  // buffer it outgrows is kept until the communicator is destroyed: an operation already on the
+  // stream may still use it, and freeing memory synchronises the device. Caller holds issue_mutex_.
+  void* staging(int64_t bytes, std::string* err) {
+    if (bytes <= staging_bytes_) return staging_;
+    const int64_t want = (std::max(bytes, 2 * staging_bytes_) + 255) / 256 * 256;
+    void* p = nullptr;
+    *err = gpu_text(gpuMalloc(&p, size_t(want)), "gpuMalloc (reduce_scatter staging)");
+    if (!err->empty()) return nullptr;
+    if (staging_) retired_.push_back(staging_);
+    staging_ = p;
+    staging_bytes_ = want;
+    return staging_;
+  }
+
+  // ---- arrival messages (private MPI channel) ----
+
+  void post_collective_arrivals(NcclOp& op) {
+    if (!channel_) return;
+    op.out = Arrival{op.seq, static_cast<int64_t>(op.kind), static_cast<int64_t>(op.type), op.detail, op.bytes};
+    op.heard.assign(size_t(size_), 0);
+    op.heard[size_t(rank_)] = 1;
+    op.in.assign(size_t(size_ - 1), Arrival{});
+    size_t i = 0;
+    try {
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        op.in_from.push_back(p);
+        op.in_handles.push_back(channel_->recv(&op.in[i++], kArrivalInts, CommType::I64, p, kCollectiveArrivalTag));
+      }
+      for (int p = 0; p < size_; ++p)
+        if (p != rank_) op.out_handles.push_back(channel_->send(&op.out, kArrivalInts, CommType::I64, p, kCollectiveArrivalTag));
+    } catch (const Error& e) {
+      op.arrival_error = e.message();
+    }
+  }
+
+  // A send tells its receiver what it sends; a receive listens for that.
+  void post_message_arrival(NcclOp& op) {
+    if (!channel_) return;
+    op.heard.assign(size_t(size_), 0);
+    op.heard[size_t(rank_)] = 1;
+    try {
+      if (op.kind == OpKind::Send) {
+        op.out = Arrival{op.seq, static_cast<int64_t>(op.kind), static_cast<int64_t>(op.type), op.detail, op.bytes};
+        op.out_handles.push_back(channel_->send(&op.out, kArrivalInts, CommType::I64, op.peer, kMessageArrivalTag));
+      } else {
+        op.in.assign(1, Arrival{});
+        op.in_from.push_back(op.peer);
+        op.in_handles.push_back(channel_->recv(&op.in[0], kArrivalInts, CommType::I64, op.peer, kMessageArrivalTag));
+      }
+    } catch (const Error& e) {
+      op.arrival_error = e.message();
+    }
+  }
+
+  // A peer's arrival message that describes another operation is a program bug: report and exit.
+  void check_arrival(const NcclOp& op, size_t i) {
+    const Arrival& in = op.in[i];
+    const int peer = op.in_from[i];
+    std::string theirs = "an unknown operation";
+    const bool valid = in.kind >= 0 && in.kind <= static_cast<int64_t>(OpKind::Recv) && in.type >= 0 &&
+                       in.type <= static_cast<int64_t>(CommType::U8);
+    if (valid)
+      theirs = describe_parts(static_cast<OpKind>(in.kind), in.seq, in.bytes, static_cast<CommType>(in.type), in.detail,
+                              in.kind == static_cast<int64_t>(OpKind::Send) ? rank_ : -1);
+    std::string line;
+    if (op.collective()) {
+      const Arrival& out = op.out;
+      if (in.seq == out.seq && in.kind == out.kind && in.type == out.type && in.detail == out.detail &&
+          in.bytes == out.bytes)
+        return;
+      line = "zaya: comm: collective mismatch on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+             ": this rank issued " + op.describe() + " but rank " + std::to_string(peer) + " issued " + theirs +
+             " at the same position; every rank must issue the same collectives in the same order";
+    } else {
+      if (in.kind == static_cast<int64_t>(OpKind::Send) && in.type == static_cast<int64_t>(op.type) &&
+          in.detail == op.detail && in.bytes == op.bytes)
+        return;
+      line = "zaya: comm: message mismatch on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+             ": this rank issued " + op.describe() + " but the matching message from rank " + std::to_string(peer) +
+             " is " + theirs + "; NCCL has no tags: messages between two ranks match in the order they were issued";
+    }
+    fatal_line(line, kCommMismatchExitCode, aborted_.load() ? nullptr : comm());
+  }
+
+  // Tests op's outstanding arrival messages; true when none is left. Watchdog thread only.
+  bool poll_arrivals(NcclOp& op) {
+    bool all = true;
+    for (size_t i = 0; i < op.in_handles.size(); ++i) {
+      if (!op.in_handles[i]) continue;
+      bool done = false;
+      try {
+        done = op.in_handles[i]->test();
+        if (done) {
+          op.heard[size_t(op.in_from[i])] = 1;
+          if (op.arrival_error.empty()) check_arrival(op, i);
+        }
+      } catch (const Error& e) {
+        done = true;
+        if (op.arrival_error.empty()) op.arrival_error = e.message();
+      }
+      if (done)
+        op.in_handles[i].reset();
+      else
+        all = false;
+    }
+    for (CommHandle& h : op.out_handles) {
+      if (!h) continue;
+      bool done = false;
+      try {
+        done = h->test();
+      } catch (const Error& e) {
+        done = true;
+        if (op.arrival_error.empty()) op.arrival_error = e.message();
+      }
+      if (done)
+        h.reset();
+      else
+        all = false;
+    }
+    return all;
+  }
+
+  // ---- the watchdog ----
+
+  void publish(const OpPtr& op) {
+    {
+      std::lock_guard<std::mutex> g(watch_mutex_);
+      watch_list_.push_back(op);
+    }
+    watch_cv_.notify_all();
+  }
+
+  void watch() {
+    DeviceGuard d(device_);
+    std::vector<OpPtr> ops;
+    auto backoff = std::chrono::microseconds(50);
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(watch_mutex_);
+        if (watch_list_.empty() && !initializing_.load())
+          watch_cv_.wait(lock, [&] { return stopping_ || !watch_list_.empty() || initializing_.load(); });
+        else
+          watch_cv_.wait_for(lock, backoff);
+        if (stopping_ && watch_list_.empty()) return;
+        ops = watch_list_;
+      }
+      const auto now = Clock::now();
+      const std::chrono::duration<double> limit(timeout_s_);
+      if (initializing_.load() && timeout_s_ > 0 && now - init_started_ > limit)
+        fatal_line("zaya: comm watchdog: ncclCommInitRank on rank " + std::to_string(rank_) + " of " +
+                       std::to_string(size_) + where() + " timed out after " + seconds() +
+                       " s; peers not heard from: unknown (NCCL's own bootstrap does not say)",
+                   kCommTimeoutExitCode, nullptr);
+      check_async_error();
+      bool progress = false;
+      std::vector<const NcclOp*> retired;
+      for (const OpPtr& op : ops) {
+        const bool data = op_done(*op);
+        const bool arrivals = poll_arrivals(*op);
+        if (data && arrivals) {
+          retired.push_back(op.get());
+          progress = true;
+        } else if (timeout_s_ > 0 && now - op->issued > limit) {
+          expire(*op);
+        }
+      }
+      ops.clear();  // our references go before the list drops its own
+      if (!retired.empty()) {
+        std::lock_guard<std::mutex> g(watch_mutex_);
+        std::erase_if(watch_list_, [&](const OpPtr& op) {
+          return std::find(retired.begin(), retired.end(), op.get()) != retired.end();
+        });
+      }
+      backoff = progress ? std::chrono::microseconds(50) : std::min(backoff * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  // An asynchronous NCCL error (a peer or the network failed): abort, and fail every pending op.
+  void check_async_error() {
+    ncclComm_t c = comm();
+    if (c == nullptr || failed_.load()) return;
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(c, &async) != ncclSuccess || async == ncclSuccess || async == ncclInProgress) return;
+    std::string why = std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(async);
+#if defined(ZAYA_GPU_NCCL_LAST_ERROR)
+    if (const char* detail = ncclGetLastError(c); detail != nullptr && *detail != '\0') why += std::string(" (") + detail + ")";
+#endif
+    std::vector<OpPtr> pending;
+    {
+      std::lock_guard<std::mutex> g(watch_mutex_);
+      failure_ = why;
+      pending = watch_list_;
+    }
+    failed_.store(true);
+    aborted_.store(true);
+    (void)ncclCommAbort(c);
+    for (const OpPtr& op : pending) {
+      if (op->state.load() == kDone) continue;
+      op->set_error(why);
+      op->state.store(kDone, std::memory_order_release);
+    }
+  }
+
+  [[noreturn]] void expire(const NcclOp& op) {
+    std::string state;
+    const int s = op.state.load();
+    if (s == kQueued) state = " (not launched: messages are launched at the next wait(), test() or collective of this rank)";
+    if (s == kLaunching) state = " (still being launched: NCCL blocked on the host)";
+    fatal_line("zaya: comm watchdog: " + op.describe() + state + " on rank " + std::to_string(rank_) + " of " +
+                   std::to_string(size_) + where() + " timed out after " + seconds() +
+                   " s; peers not heard from: " + silent_peers(op),
+               kCommTimeoutExitCode, aborted_.load() ? nullptr : comm());
+  }
+
+  std::string where() const {
+    return " (local rank " + std::to_string(local_rank_) + ", device " + std::to_string(device_) + ")";
+  }
+  std::string seconds() const {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.1f", timeout_s_);
+    return text;
+  }
+
+  // The peers whose arrival message for op has not come. Watchdog thread only.
+  std::string silent_peers(const NcclOp& op) const {
+    const bool tracked = arrival_off_.empty() && op.arrival_error.empty() && !op.heard.empty();
+    if (!op.collective()) {
+      if (op.kind == OpKind::Recv && tracked && op.heard[size_t(op.peer)])
+        return "none (rank " + std::to_string(op.peer) +
+               " has issued the matching send; the transfer is stuck inside NCCL or on the GPU)";
+      return std::to_string(op.peer);
+    }
+    if (!arrival_off_.empty()) return arrival_off_;
+    if (!op.arrival_error.empty()) return "unknown (the arrival channel failed: " + op.arrival_error + ")";
+    std::string list;
+    for (int p = 0; p < size_; ++p) {
+      if (op.heard[size_t(p)]) continue;
+      if (!list.empty()) list += ", ";
+      list += std::to_string(p);
+    }
+    if (list.empty()) return "none (every peer has reached this operation; it is stuck inside NCCL or on the GPU)";
+    return list;
+  }
+
+  // ---- argument checks (thrown from the call itself) ----
+
+  static void check_count(const char* op, int64_t count) {
+    if (count < 0) fail("comm", std::string(op) + ": negative count " + std::to_string(count));
+  }
+  void check_buffer(const char* op, const char* which, const void* p, int64_t bytes) const {
+    if (bytes <= 0) return;
+    if (p == nullptr)
+      fail("comm", std::string(op) + ": " + which + " is null but holds " + std::to_string(bytes) + " bytes");
+    int device = -1;
+    if (!gpu_pointer_on_device(p, &device))
+      fail("comm", std::string(op) + ": " + which + " is not device memory",
+           "the NCCL communicator works on GPU buffers; host buffers need the MPI or single-process communicator");
+    if (device != device_)
+      fail("comm", std::string(op) + ": " + which + " is memory of GPU " + std::to_string(device) +
+                       " but this communicator runs on GPU " + std::to_string(device_));
+  }
+  int64_t check_counts(const char* op, const std::vector<int64_t>& counts) const {
+    if (counts.size() != size_t(size_))
+      fail("comm", std::string(op) + ": counts has " + std::to_string(counts.size()) + " entries, expected " +
+                       std::to_string(size_) + " (one per rank)");
+    int64_t total = 0;
+    for (int64_t c : counts) {
+      check_count(op, c);
+      total += c;
+    }
+    return total;
+  }
+  void check_message(const char* op, const void* buf, int64_t bytes, int64_t count, int peer, int tag) const {
+    check_count(op, count);
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      fail("comm", std::string(op) + ": peer " + std::to_string(peer) + " is not another rank (this is rank " +
+                       std::to_string(rank_) + " of " + std::to_string(size_) + ")");
+    if (tag < 0) fail("comm", std::string(op) + ": negative tag " + std::to_string(tag));
+    check_buffer(op, "buf", buf, bytes);
+  }
+
+  const int device_;
+  const double timeout_s_;
+  const int rank_, size_, local_rank_, local_size_;
+  const gpuStream_t producer_;
+  const bool uneven_always_;  // tests: the uneven-count paths even for equal counts
+
+  gpuStream_t stream_ = nullptr;  // the communication stream (non-blocking)
+  gpuEvent_t fence_ = nullptr;    // recorded on the producer stream before each launch
+  void* scratch_ = nullptr;       // the barrier's int32
+  std::atomic<ncclComm_t> comm_{nullptr};
+  std::unique_ptr<Comm> channel_;  // arrival messages; null when arrival tracking is off
+  std::string arrival_off_;        // why it is off ("" when on)
+
+  std::mutex issue_mutex_;  // guards everything below up to the watchdog's state
+  bool closed_ = false;
+  int64_t collectives_ = 0, messages_ = 0;
+  std::vector<OpPtr> queued_;  // sends and receives waiting for the next flush
+  void* staging_ = nullptr;
+  int64_t staging_bytes_ = 0;
+  std::vector<void*> retired_;  // outgrown staging buffers
+
+  std::mutex watch_mutex_;  // guards watch_list_, stopping_, failure_
+  std::condition_variable watch_cv_;
+  std::vector<OpPtr> watch_list_;  // published, not yet retired
+  bool stopping_ = false;
+  std::string failure_;
+  std::atomic<bool> failed_{false}, aborted_{false}, initializing_{false};
+  Clock::time_point init_started_;
+  std::thread watchdog_;
+};
+
+void NcclRequest::block() {
+  if (op_->state.load(std::memory_order_acquire) == kQueued) comm_->flush();
+  for (int polls = 0; !op_done(*op_); ++polls) {
+    if (polls < 64) {
+      std::this_thread::yield();
+    } else {
+      const int shift = std::min((polls - 64) / 16, 5);  // 20 us doubling every 16 polls, up to 640 us
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(20 << shift, 500)));
+    }
+  }
+}
+
+bool NcclRequest::test() {
+  if (op_->state.load(std::memory_order_acquire) == kQueued) comm_->flush();
+  if (!op_done(*op_)) return false;
+  check();
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> make_nccl_comm(Comm& bootstrap, int device, const CommOptions& options, void* producer_stream,
+                                     bool uneven_paths_always) {
+  return std::make_unique<NcclComm>(bootstrap, device, apply_comm_env(options), producer_stream, uneven_paths_always);
+}
+
+}  // namespace zaya
