@@ -1,6 +1,7 @@
 // DistCheckpointWriter: staging into bounded host buffers on the training thread, background
 // writer threads, and the collective two-phase commit (see dist_checkpoint.h).
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -116,6 +117,9 @@ struct DistCheckpointWriter::Impl {
 // Writer threads
 
 void DistCheckpointWriter::Impl::writer_loop() {
+  // Background I/O yields the cores to training: lowest priority for this thread only (Linux
+  // applies setpriority to one thread when given its tid). Failure just keeps the priority.
+  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
   for (;;) {
     StagedChunk c;
     {

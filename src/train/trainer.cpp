@@ -169,8 +169,13 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
 
   // ---- checkpoints ----
   TrainState state{*model, optim, balancer, dp};
+  // Staging holds this rank's whole shard, so a save blocks training only for the copy into it
+  // (with less, begin_save waits for the disk: docs/benchmarks.md, "Checkpoint stall").
   DistWriterOptions wo;
   wo.keep_last = int(r.checkpoint.keep);
+  uint64_t shard_bytes = 0;
+  for (const DistPiece& p : owned_pieces(state)) shard_bytes += p.length * 4;
+  wo.staging_bytes = std::max<uint64_t>(shard_bytes, uint64_t(1) << 20);
   DistCheckpointWriter writer(comm, wo);
   int64_t step = 0, tokens_seen = 0, bad_streak = 0;
   std::vector<double> recent_losses;
