@@ -170,12 +170,16 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   // ---- checkpoints ----
   TrainState state{*model, optim, balancer, dp};
   // Staging holds this rank's whole shard, so a save blocks training only for the copy into it
-  // (with less, begin_save waits for the disk: docs/benchmarks.md, "Checkpoint stall").
+  // (with less, begin_save waits for the disk: docs/benchmarks.md, "Checkpoint stall"). The
+  // writer stages in fixed-size chunks and a piece's last chunk takes a whole one, so the budget
+  // is the shard rounded up per piece; small chunks keep that rounding small.
   DistWriterOptions wo;
   wo.keep_last = int(r.checkpoint.keep);
-  uint64_t shard_bytes = 0;
-  for (const DistPiece& p : owned_pieces(state)) shard_bytes += p.length * 4;
-  wo.staging_bytes = std::max<uint64_t>(shard_bytes, uint64_t(1) << 20);
+  wo.chunk_bytes = uint64_t(256) << 10;
+  uint64_t staging = 0;
+  for (const DistPiece& p : owned_pieces(state))
+    staging += (p.length * 4 + wo.chunk_bytes - 1) / wo.chunk_bytes * wo.chunk_bytes;
+  wo.staging_bytes = std::max<uint64_t>(staging, wo.chunk_bytes);
   DistCheckpointWriter writer(comm, wo);
   int64_t step = 0, tokens_seen = 0, bad_streak = 0;
   std::vector<double> recent_losses;
