@@ -184,7 +184,7 @@ class MpiComm final : public Comm, public MpiService {
     {
       std::lock_guard<std::mutex> g(queue_mutex_);
       if (stopping_)
-        fail("comm", std::string(mpi_op_kind_name(op->kind)) + " issued on an MPI communicator that has shut down",
+        fail("comm", std::string(comm_op_kind_name(op->kind)) + " issued on an MPI communicator that has shut down",
              "MPI is finalised at exit; issue every operation before the program ends");
       op->seq = op->collective() ? ++collectives_ : ++messages_;
       op->issued = Clock::now();

@@ -36,32 +36,6 @@ MPI_Op mpi_reduce(ReduceOp op) {
   return MPI_OP_NULL;
 }
 
-const char* reduce_name(int64_t op) {
-  switch (static_cast<ReduceOp>(op)) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-  }
-  return "?";
-}
-
-std::string describe_parts(MpiOpKind kind, int64_t seq, int64_t bytes, CommType type, int64_t detail, int peer,
-                           int tag) {
-  std::string s = std::string(mpi_op_kind_name(kind)) + " #" + std::to_string(seq) + " (" + std::to_string(bytes) +
-                  " bytes";
-  std::string t = comm_type_name(type);
-  switch (kind) {
-    case MpiOpKind::AllReduce:
-    case MpiOpKind::ReduceScatter: s += ", " + t + " " + reduce_name(detail); break;
-    case MpiOpKind::AllGather: s += ", " + t; break;
-    case MpiOpKind::Broadcast: s += ", " + t + " from root " + std::to_string(detail); break;
-    case MpiOpKind::Barrier: break;
-    case MpiOpKind::Send: s += ", " + t + " to rank " + std::to_string(peer) + " tag " + std::to_string(tag); break;
-    case MpiOpKind::Recv: s += ", " + t + " from rank " + std::to_string(peer) + " tag " + std::to_string(tag); break;
-  }
-  return s + ")";
-}
-
 int64_t detail_of(const MpiOp& op) {
   if (op.kind == MpiOpKind::AllReduce || op.kind == MpiOpKind::ReduceScatter) return static_cast<int64_t>(op.reduce);
   if (op.kind == MpiOpKind::Broadcast) return op.root;
@@ -111,7 +85,7 @@ void check_arrival(const MpiOp& op, const MpiContext& ctx, int peer) {
   std::string theirs = "an unknown operation";
   if (in.kind >= 0 && in.kind <= static_cast<int64_t>(MpiOpKind::Recv) && in.type >= 0 &&
       in.type <= static_cast<int64_t>(CommType::U8))
-    theirs = describe_parts(static_cast<MpiOpKind>(in.kind), in.seq, in.bytes, static_cast<CommType>(in.type),
+    theirs = describe_comm_op(static_cast<MpiOpKind>(in.kind), in.seq, in.bytes, static_cast<CommType>(in.type),
                             in.detail, -1, 0);
   std::string line = "zaya: comm: collective mismatch on rank " + std::to_string(ctx.rank) + " of " +
                      std::to_string(ctx.size) + ": this rank issued " + op.describe() + " but rank " +
@@ -181,18 +155,6 @@ void mpi_fatal_line(const std::string& line, int code) {
   std::_Exit(code);
 }
 
-const char* mpi_op_kind_name(MpiOpKind kind) {
-  switch (kind) {
-    case MpiOpKind::AllReduce: return "all_reduce";
-    case MpiOpKind::ReduceScatter: return "reduce_scatter";
-    case MpiOpKind::AllGather: return "all_gather";
-    case MpiOpKind::Broadcast: return "broadcast";
-    case MpiOpKind::Barrier: return "barrier";
-    case MpiOpKind::Send: return "send";
-    case MpiOpKind::Recv: return "recv";
-  }
-  return "?";
-}
 
 int64_t MpiOp::bytes() const {
   int64_t elements = count;
@@ -204,7 +166,7 @@ int64_t MpiOp::bytes() const {
   return elements * comm_type_size(type);
 }
 
-std::string MpiOp::describe() const { return describe_parts(kind, seq, bytes(), type, detail_of(*this), peer, tag); }
+std::string MpiOp::describe() const { return describe_comm_op(kind, seq, bytes(), type, detail_of(*this), peer, tag); }
 
 void MpiOp::set_spans(int rank) {
   const int64_t es = comm_type_size(type);

@@ -32,11 +32,11 @@
 #include <vector>
 
 #include "dist/comm.h"
+#include "dist/comm_op.h"
 
 namespace zaya {
 
-enum class MpiOpKind { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier, Send, Recv };
-const char* mpi_op_kind_name(MpiOpKind kind);
+using MpiOpKind = CommOpKind;
 
 // What a rank tells its peers when it reaches a collective.
 struct ArrivalMsg {

@@ -38,35 +38,14 @@
 #include "ckpt/dist_agree.h"
 #include "core/error.h"
 #include "dist/comm_mpi.h"
+#include "dist/comm_op.h"
 
 namespace zaya {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum class OpKind { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier, Send, Recv };
-
-const char* kind_name(OpKind k) {
-  switch (k) {
-    case OpKind::AllReduce: return "all_reduce";
-    case OpKind::ReduceScatter: return "reduce_scatter";
-    case OpKind::AllGather: return "all_gather";
-    case OpKind::Broadcast: return "broadcast";
-    case OpKind::Barrier: return "barrier";
-    case OpKind::Send: return "send";
-    case OpKind::Recv: return "recv";
-  }
-  return "?";
-}
-
-const char* reduce_name(int64_t op) {
-  switch (static_cast<ReduceOp>(op)) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-  }
-  return "?";
-}
+using OpKind = CommOpKind;
 
 ncclDataType_t nccl_type(CommType t) {
   switch (t) {
@@ -88,20 +67,10 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   fail("comm", "unknown ReduceOp " + std::to_string(static_cast<int>(op)));
 }
 
-// "all_reduce #17 (4096 bytes, f32 sum)", the MPI communicator's wording.
+// "all_reduce #17 (4096 bytes, f32 sum)", the MPI communicator's wording; NCCL messages have no
+// tag, so `detail` stands in for it.
 std::string describe_parts(OpKind kind, int64_t seq, int64_t bytes, CommType type, int64_t detail, int peer) {
-  std::string s = std::string(kind_name(kind)) + " #" + std::to_string(seq) + " (" + std::to_string(bytes) + " bytes";
-  const std::string t = comm_type_name(type);
-  switch (kind) {
-    case OpKind::AllReduce:
-    case OpKind::ReduceScatter: s += ", " + t + " " + reduce_name(detail); break;
-    case OpKind::AllGather: s += ", " + t; break;
-    case OpKind::Broadcast: s += ", " + t + " from root " + std::to_string(detail); break;
-    case OpKind::Barrier: break;
-    case OpKind::Send: s += ", " + t + " to rank " + std::to_string(peer) + " tag " + std::to_string(detail); break;
-    case OpKind::Recv: s += ", " + t + " from rank " + std::to_string(peer) + " tag " + std::to_string(detail); break;
-  }
-  return s + ")";
+  return describe_comm_op(kind, seq, bytes, type, detail, peer, detail);
 }
 
 // What a rank tells a peer when it reaches an operation (on the arrival channel, 5 x int64).
@@ -509,10 +478,10 @@ class NcclComm final : public Comm {
 
   void check_usable(const OpPtr& op) {
     if (closed_)
-      fail("comm", std::string(kind_name(op->kind)) + " issued on an NCCL communicator that is being destroyed");
+      fail("comm", std::string(comm_op_kind_name(op->kind)) + " issued on an NCCL communicator that is being destroyed");
     if (failed_.load()) {
       std::lock_guard<std::mutex> g(watch_mutex_);
-      fail("comm", std::string(kind_name(op->kind)) + " issued on an NCCL communicator that has failed: " + failure_,
+      fail("comm", std::string(comm_op_kind_name(op->kind)) + " issued on an NCCL communicator that has failed: " + failure_,
            "the communicator was aborted; restart the job");
     }
   }
