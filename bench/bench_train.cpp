@@ -1,4 +1,4 @@
-// Training-step benchmark on the CPU backend.
+// Training-step benchmark on the CPU backend, or on the GPU backend with --backend cuda.
 //
 // One training step exactly as the trainer runs it with one micro-batch (global batch = B
 // sequences of T tokens): zero the grads, Model::forward_backward (loss = mean next-token CE,
@@ -17,6 +17,12 @@
 // named by their weight).
 // Prints one JSON object on stdout; human-readable lines go to stderr.
 // Run with OMP_WAIT_POLICY=PASSIVE on a shared machine (the zaya CLI sets it itself).
+//
+// --backend cuda: the same step on the GPU backend (bf16 GEMMs, fp32 master weights and
+// optimizer state); each timed step ends with a device synchronisation. MFU is then against the
+// backend's measured matmul peak (Backend::matmul_peak_gflops: 8192^3 bf16 GEMMs through the
+// engine the ops use), and the JSON also reports the device memory the backend held at most.
+// --config FILE takes the model shape from a config.json (random init) instead of a preset.
 #include <cblas.h>
 #include <omp.h>
 
@@ -70,7 +76,7 @@ std::vector<int32_t> random_ids(int64_t n, int64_t V, uint64_t seed) {
 }
 
 struct Args {
-  std::string model_dir, preset = "zaya-60m";
+  std::string model_dir, preset = "zaya-60m", config_path, backend = "cpu";
   uint64_t seed = 1234, data_seed = 7;
   int64_t B = 8, T = 256;
   int warmup = 2, steps = 7, peak_runs = 7;
@@ -81,7 +87,7 @@ struct Args {
 
 [[noreturn]] void usage() {
   std::fprintf(stderr,
-               "usage: bench_train [--model DIR | --preset NAME] [--seed N] [--data-seed N] [--batch B] [--seq T]\n"
+               "usage: bench_train [--model DIR | --preset NAME | --config FILE] [--backend cpu|cuda] [--seed N] [--data-seed N] [--batch B] [--seq T]\n"
                "  [--warmup N] [--steps N] [--lr X] [--clip X] [--gemm-n N] [--peak-runs N] [--skip-peaks]\n"
                "  [--profile]\n");
   std::exit(2);
@@ -97,6 +103,8 @@ Args parse(int argc, char** argv) {
     };
     if (k == "--model") a.model_dir = val();
     else if (k == "--preset") a.preset = val();
+    else if (k == "--config") a.config_path = val();
+    else if (k == "--backend") a.backend = val();
     else if (k == "--seed") a.seed = std::stoull(val());
     else if (k == "--data-seed") a.data_seed = std::stoull(val());
     else if (k == "--batch") a.B = std::stoll(val());
@@ -127,12 +135,18 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "bench_train: %d OpenMP threads, OMP_WAIT_POLICY=%s\n", threads, wp ? wp : "(unset)");
 
   // --- model, optimizer, balancer (exactly the trainer's objects) ---
-  std::unique_ptr<Backend> cpu = make_cpu_backend();
-  TimedBackend tb(*cpu);
+  std::unique_ptr<Backend> base = make_backend(args.backend);
+  TimedBackend tb(*base);
+  out["backend"] = base->name();
   std::unique_ptr<Model> model;
   if (!args.model_dir.empty()) {
     model = load_model(args.model_dir, tb);
     out["model"] = args.model_dir;
+  } else if (!args.config_path.empty()) {
+    model = std::make_unique<Model>(load_config_file(args.config_path), tb);
+    model->init_random(args.seed);
+    args.preset = "config " + args.config_path;
+    out["model"] = args.config_path + " (random init, seed " + std::to_string(args.seed) + ")";
   } else {
     model = std::make_unique<Model>(preset_config(args.preset), tb);
     model->init_random(args.seed);
@@ -185,6 +199,8 @@ int main(int argc, char** argv) try {
     }
     optim.step(model->params(), grads, float(args.lr));
     balancer.step(st.expert_counts, model->params());
+    float sync;
+    tb.to_host(&sync, grads, 4);  // the device has finished the step (a no-op wait on the CPU)
     const double t_opt = seconds_since(t1);
     return {seconds_since(t0), t_fb, t_opt, st.loss_sum / double(st.tokens), gnorm};
   };
@@ -230,8 +246,17 @@ int main(int argc, char** argv) try {
                out["tokens_per_s"]["max"].get<double>(), median(fb) * 1e3, 100 * median(fb) / median(tot),
                median(opt) * 1e3, 100 * median(opt) / median(tot), flops_tok * 1e-9, gflops);
 
+  out["peak_memory_bytes"] = tb.peak_memory_bytes();
+  if (tb.peak_memory_bytes() > 0)
+    std::fprintf(stderr, "device memory held at most: %.2f GiB\n", double(tb.peak_memory_bytes()) / double(1 << 30));
   // --- peak (after the steps, so the timed steps see a warm, unperturbed process) ---
-  if (!args.skip_peaks) {
+  const double backend_peak = args.skip_peaks ? 0.0 : tb.matmul_peak_gflops();
+  if (backend_peak > 0) {
+    out["matmul_peak_gflops"] = backend_peak;
+    out["mfu"] = gflops / backend_peak;
+    std::fprintf(stderr, "%s matmul peak (8192^3, the ops' precision): %.1f TFLOP/s; MFU %.1f%%\n",
+                 base->name().c_str(), backend_peak * 1e-3, 100 * gflops / backend_peak);
+  } else if (!args.skip_peaks) {
     json g = bench_sgemm(args.gemm_n, args.peak_runs);
     const double small = measure_sgemm_gflops();
     out["sgemm"] = g;

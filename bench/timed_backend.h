@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 #include <unordered_map>
 
 #include "backend/backend.h"
@@ -16,6 +17,9 @@ namespace zaya::bench {
 // FLOPs of the ops that count them) per op name under an optional phase prefix ("fb.",
 // "opt."). Linear ops are named by their weight (q_proj, o_proj, router.fc1, lm_head, ...)
 // via a pointer map. Used by bench_forward (inference) and bench_train (training steps).
+// On a GPU backend every timed op ends with a device synchronisation (a 4-byte to_host), so
+// each op's time is its device time plus one synchronisation (~10 us); the step is slower
+// while profiling.
 class TimedBackend final : public Backend {
  public:
   struct Stat {
@@ -23,7 +27,12 @@ class TimedBackend final : public Backend {
     int64_t calls = 0;
     double flops = 0;
   };
-  explicit TimedBackend(Backend& inner) : in_(inner) {}
+  explicit TimedBackend(Backend& inner) : in_(inner) {
+    if (in_.name() != "cpu") sync_buf_ = in_.alloc(1);
+  }
+  ~TimedBackend() override {
+    if (sync_buf_) in_.free(sync_buf_);
+  }
   bool enabled = false;
   std::string phase;  // prefix of every op name while set
   std::map<std::string, Stat> stats;
@@ -37,6 +46,8 @@ class TimedBackend final : public Backend {
 
   std::string name() const override { return "timed(" + in_.name() + ")"; }
   float* alloc(int64_t n) override { return in_.alloc(n); }
+  double matmul_peak_gflops() override { return in_.matmul_peak_gflops(); }
+  int64_t peak_memory_bytes() const override { return in_.peak_memory_bytes(); }
   void free(void* p) override { in_.free(p); }
 
   void linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
@@ -94,13 +105,27 @@ class TimedBackend final : public Backend {
   }
   void moe(const MoeArgs& a) override {
     int64_t routed = 0;
-    for (int64_t n = 0; n < a.N; ++n) routed += a.expert[n] < a.E;
+    if (enabled) {  // FLOPs for the profile; a.expert is backend memory (device memory on a GPU)
+      std::vector<int32_t> experts(static_cast<size_t>(a.N));
+      in_.to_host(experts.data(), a.expert, a.N * 4);
+      for (int32_t e : experts) routed += e < a.E;
+    }
     time("moe", 2.0 * double(routed) * 3 * a.I * a.D, [&] { in_.moe(a); });
   }
   void cross_entropy(const float* l, const int32_t* t, float* loss, int64_t N, int64_t V) override {
     time("cross_entropy", 0, [&] { in_.cross_entropy(l, t, loss, N, V); });
   }
   // Backward ops (training): forwarded so the decorator stays a complete Backend.
+  void linear_fp32(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
+                   bool accumulate, int64_t ldy) override {
+    time("linear_fp32." + wname(w), 2.0 * double(M) * K * N,
+         [&] { in_.linear_fp32(x, w, bias, y, M, K, N, accumulate, ldy); });
+  }
+  void linear_fp32_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                            int64_t M, int64_t K, int64_t N, bool acc, int64_t lddy) override {
+    time("linear_fp32_backward." + wname(w), 0,
+         [&] { in_.linear_fp32_backward(x, w, dy, dx, dw, db, M, K, N, acc, lddy); });
+  }
   void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t M,
                        int64_t K, int64_t N, bool acc, int64_t lddy) override {
     time("linear_backward." + wname(w), 0, [&] { in_.linear_backward(x, w, dy, dx, dw, db, M, K, N, acc, lddy); });
@@ -160,6 +185,9 @@ class TimedBackend final : public Backend {
     time("lm_head_loss", 0, [&] { r = in_.lm_head_loss(y, w, bias, target, N, D, V, scale, dy, dw, dbias); });
     return r;
   }
+  void newton_schulz_batched(float* x, int64_t batch, int64_t rows, int64_t cols, int steps) override {
+    time("newton_schulz", 0, [&] { in_.newton_schulz_batched(x, batch, rows, cols, steps); });
+  }
   void newton_schulz(float* x, int64_t rows, int64_t cols, int steps) override {
     time("newton_schulz", 0, [&] { in_.newton_schulz(x, rows, cols, steps); });
   }
@@ -203,12 +231,17 @@ class TimedBackend final : public Backend {
     }
     auto t0 = Clock::now();
     f();
+    if (sync_buf_) {
+      float x;
+      in_.to_host(&x, sync_buf_, 4);
+    }
     Stat& s = stats[phase + nm];
     s.seconds += seconds_since(t0);
     s.calls += 1;
     s.flops += flops;
   }
   Backend& in_;
+  float* sync_buf_ = nullptr;  // GPU backends: synchronised after each timed op
 };
 
 void name_weights(TimedBackend& tb, const Model& m) {

@@ -85,6 +85,13 @@ class Backend {
   // y[M,N] = x[M,K] W[N,K]^T (+ bias[N]); accumulate adds into y. ldy: row stride of y (0 = N).
   virtual void linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K,
                       int64_t N, bool accumulate = false, int64_t ldy = 0) = 0;
+  // linear with fp32 operands on every backend, whatever its matmul precision: the router
+  // (down projection and MLP), whose argmax flips on near-ties (spec A.11; Megatron keeps its
+  // router in fp32 too). Backends whose linear is fp32 already need not override it.
+  virtual void linear_fp32(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K,
+                           int64_t N, bool accumulate = false, int64_t ldy = 0) {
+    linear(x, w, bias, y, M, K, N, accumulate, ldy);
+  }
   // out[n,:] = table[ids[n],:]
   virtual void embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) = 0;
   // y = w * x * rsqrt(mean(x^2) + eps) per row
@@ -119,6 +126,11 @@ class Backend {
   // lddy: row stride of dy (0 = N).
   virtual void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
                                int64_t M, int64_t K, int64_t N, bool accumulate_dx, int64_t lddy = 0) = 0;
+  // The backward of linear_fp32 (fp32 operands on every backend).
+  virtual void linear_fp32_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                                    int64_t M, int64_t K, int64_t N, bool accumulate_dx, int64_t lddy = 0) {
+    linear_backward(x, w, dy, dx, dw, db, M, K, N, accumulate_dx, lddy);
+  }
   // dtable[ids[n]] += dout[n]
   virtual void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t D) = 0;
   // y = w * x * rsqrt(mean(x^2)+eps): dx (+)= ..., dw += ...
@@ -157,7 +169,8 @@ class Backend {
                             float* ddown) = 0;
   // LM head fused with cross-entropy, in row chunks so [N, V] logits never exist at once.
   // Returns the sum of losses over rows with target >= 0; dy (overwritten), dw/dbias (accumulate)
-  // receive the gradient of (scale * sum of losses).
+  // receive the gradient of (scale * sum of losses). dy == nullptr: the loss only (evaluation;
+  // dw and dbias are ignored).
   virtual double lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N,
                               int64_t D, int64_t V, float scale, float* dy, float* dw, float* dbias) = 0;
 
@@ -169,6 +182,11 @@ class Backend {
   //   transposed back. A zero matrix stays zero. Workspace is the backend's own.
   virtual void newton_schulz(float* /*x*/, int64_t /*rows*/, int64_t /*cols*/, int /*steps*/) {
     backend_op_missing(name(), "newton_schulz");
+  }
+  // newton_schulz of `batch` same-shape matrices stored one after another ([batch, rows, cols]),
+  // each with its own norm: a tensor's experts in one call. Default: one call per matrix.
+  virtual void newton_schulz_batched(float* x, int64_t batch, int64_t rows, int64_t cols, int steps) {
+    for (int64_t i = 0; i < batch; ++i) newton_schulz(x + i * rows * cols, rows, cols, steps);
   }
   // Muon momentum: m = mu * m + g; u = nesterov ? g + mu * m : m (u is NS's input).
   virtual void muon_momentum(float* /*m*/, const float* /*g*/, float* /*u*/, int64_t /*n*/, float /*mu*/,
@@ -196,6 +214,11 @@ class Backend {
 
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
   virtual void fill(float* dst, float value, int64_t n) = 0;
+  // The measured peak rate (GFLOP/s) of this backend's matmuls in the precision its ops use,
+  // the denominator of MFU. 0 = not measured by the backend (the CPU: the trainer times sgemm).
+  virtual double matmul_peak_gflops() { return 0; }
+  // The most device memory this backend has held at once (bytes; 0 = host memory, not tracked).
+  virtual int64_t peak_memory_bytes() const { return 0; }
   // Host <-> backend transfers (no-ops beyond memcpy on the CPU).
   virtual void to_host(void* host, const void* src, int64_t bytes) = 0;
   virtual void from_host(void* dst, const void* host, int64_t bytes) = 0;
@@ -203,7 +226,9 @@ class Backend {
 
 // The CPU backend (OpenMP + CBLAS + AVX2 kernels).
 std::unique_ptr<Backend> make_cpu_backend();
-// Backend by name ("cpu"; "cuda" once built with it). Throws a clear error for an unknown one.
-std::unique_ptr<Backend> make_backend(const std::string& name);
+// Backend by name on GPU `device` (ignored by the CPU): "cpu"; in a GPU build also "cuda" (bf16
+// GEMMs, the precision policy) and "cuda-fp32" (every GEMM fp32, for exact comparisons).
+// Throws a clear error for an unknown one.
+std::unique_ptr<Backend> make_backend(const std::string& name, int device = 0);
 
 }  // namespace zaya

@@ -97,6 +97,9 @@ std::unique_ptr<Comm> make_single_comm();
 // communication threads of communicators still alive have drained and stopped. A Comm may be
 // called from several threads; operations are issued in the order the calls are made.
 std::unique_ptr<Comm> make_comm(const CommOptions& options, bool force_mpi = false);
+// The device communicator (NCCL, RCCL on HIP) over GPU `device`'s buffers, bootstrapped over
+// `bootstrap` (collective). Throws zaya::Error("comm") in a build without NCCL.
+std::unique_ptr<Comm> make_device_comm(Comm& bootstrap, int device, const CommOptions& options);
 // True when the environment says this process was launched by an MPI launcher.
 bool launched_by_mpi();
 

@@ -7,6 +7,9 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "dist/comm_mpi.h"
+#if defined(ZAYA_HAVE_NCCL) || defined(ZAYA_HAVE_RCCL)
+#include "backend/cuda/comm_nccl.h"
+#endif
 
 namespace zaya {
 
@@ -34,6 +37,17 @@ std::unique_ptr<Comm> make_comm(const CommOptions& options, bool force_mpi) {
   CommOptions resolved = apply_comm_env(options);
   if (force_mpi || launched_by_mpi()) return make_mpi_comm(resolved);
   return make_single_comm();
+}
+
+std::unique_ptr<Comm> make_device_comm(Comm& bootstrap, int device, const CommOptions& options) {
+#if defined(ZAYA_HAVE_NCCL) || defined(ZAYA_HAVE_RCCL)
+  return make_nccl_comm(bootstrap, device, apply_comm_env(options));
+#else
+  (void)bootstrap;
+  (void)device;
+  (void)options;
+  fail("comm", "this zaya was built without NCCL", "configure with -DZAYA_CUDA=ON where NCCL is installed");
+#endif
 }
 
 }  // namespace zaya

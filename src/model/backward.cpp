@@ -117,17 +117,17 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     const RouterWeights& grw = gw.router;
     be_.route_backward(a.expert, dweight, dprobs, N, E + 1);
     be_.softmax_backward(a.probs, dprobs, N, E + 1);
-    be_.linear_backward(a.g2, rw.out_w, dprobs, dga, grw.out_w, nullptr, N, R, E + 1, false);
+    be_.linear_fp32_backward(a.g2, rw.out_w, dprobs, dga, grw.out_w, nullptr, N, R, E + 1, false);
     be_.gelu_backward(a.f2, dga, N * R);
-    be_.linear_backward(a.g1, rw.fc2_w, dga, dgb, grw.fc2_w, grw.fc2_b, N, R, R, false);
+    be_.linear_fp32_backward(a.g1, rw.fc2_w, dga, dgb, grw.fc2_w, grw.fc2_b, N, R, R, false);
     be_.gelu_backward(a.f1, dgb, N * R);
-    be_.linear_backward(a.rn, rw.fc1_w, dgb, dga, grw.fc1_w, grw.fc1_b, N, R, R, false);
+    be_.linear_fp32_backward(a.rn, rw.fc1_w, dgb, dga, grw.fc1_w, grw.fc1_b, N, R, R, false);
     be_.rmsnorm_backward(a.rh, rw.norm, dga, eps, drh, grw.norm, N, R, /*accumulate_dx=*/true);
     if (l > 0) {
       be_.fill(drho_prev, 0.0f, N * R);
       be_.scaled_add_backward(acts[size_t(l - 1)].rh, rw.eda_scale, drh, drho_prev, grw.eda_scale, N, R);
     }
-    be_.linear_backward(a.x2, rw.down_w, drh, dx, grw.down_w, grw.down_b, N, D, R, /*accumulate_dx=*/true);
+    be_.linear_fp32_backward(a.x2, rw.down_w, drh, dx, grw.down_w, grw.down_b, N, D, R, /*accumulate_dx=*/true);
     be_.rmsnorm_backward(a.r_mid, w.post_attn_norm, dx, eps, dr, gw.post_attn_norm, N, D, true);
     // post-attention residual merge
     const ResidualScaleWeights& pa = w.post_attn_scale;

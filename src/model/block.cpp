@@ -51,16 +51,16 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   // --- Router + MoE ---
   be.rmsnorm(r, w.post_attn_norm, eps, a.x2, N, D);
   const RouterWeights& rw = w.router;
-  be.linear(a.x2, rw.down_w, rw.down_b, a.rh, N, D, R);
+  be.linear_fp32(a.x2, rw.down_w, rw.down_b, a.rh, N, D, R);
   if (l > 0) be.scaled_add(a.rh, rho_prev, rw.eda_scale, N, R);
   be.rmsnorm(a.rh, rw.norm, eps, a.rn, N, R);
-  be.linear(a.rn, rw.fc1_w, rw.fc1_b, a.f1, N, R, R);
+  be.linear_fp32(a.rn, rw.fc1_w, rw.fc1_b, a.f1, N, R, R);
   if (a.g1 != a.f1) be.copy(a.g1, a.f1, N * R);
   be.gelu(a.g1, N * R);
-  be.linear(a.g1, rw.fc2_w, rw.fc2_b, a.f2, N, R, R);
+  be.linear_fp32(a.g1, rw.fc2_w, rw.fc2_b, a.f2, N, R, R);
   if (a.g2 != a.f2) be.copy(a.g2, a.f2, N * R);
   be.gelu(a.g2, N * R);
-  be.linear(a.g2, rw.out_w, nullptr, a.probs, N, R, E + 1);
+  be.linear_fp32(a.g2, rw.out_w, nullptr, a.probs, N, R, E + 1);
   be.softmax(a.probs, N, E + 1);
   be.route_select(a.probs, rw.balancing_biases, a.expert, a.weight, N, E + 1);
   MoeArgs ma;

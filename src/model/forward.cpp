@@ -83,6 +83,16 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
   }
 
   for (int64_t b = 0; b < B; ++b) state->pos[size_t(b)] += T;
+  if (out.targets) {
+    ZAYA_CHECK(out.loss_sum && out.loss_tokens, "ForwardOutputs.targets needs loss_sum and loss_tokens");
+    float* y = s.f(N * D);
+    int32_t* d_targets = s.i(N);
+    be_.from_host(d_targets, out.targets, N * 4);
+    be_.rmsnorm(r, w_.final_norm, float(c.rms_norm_eps), y, N, D);
+    *out.loss_sum = be_.lm_head_loss(y, w_.lm_head, w_.lm_head_bias, d_targets, N, D, V, 0.0f, nullptr, nullptr, nullptr);
+    *out.loss_tokens = 0;
+    for (int64_t n = 0; n < N; ++n) *out.loss_tokens += out.targets[n] >= 0;
+  }
   if (!out.logits) return;
 
   // Final norm and LM head, over all positions or only each sequence's last one.

@@ -45,6 +45,12 @@ struct ForwardOutputs {
   int32_t* experts = nullptr;  // host [L, B, T] selected router class (E = skip)
   float* residuals = nullptr;  // host [L, B, T, D] residual stream after each block (debugging)
   float* router_probs = nullptr;  // host [L, B, T, E+1]
+  // Loss only (evaluation, scoring): with targets (host [B, T], -1 = not counted) the LM head
+  // runs fused with the cross-entropy on the backend, so no [B, T, V] logits leave it; loss_sum
+  // receives the sum of next-token losses over counted targets, loss_tokens their number.
+  const int32_t* targets = nullptr;
+  double* loss_sum = nullptr;
+  int64_t* loss_tokens = nullptr;
 };
 
 // Throws a clear error unless segment_start[B*T] is a valid per-row document-start table

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/backend.h"
 #include "ckpt/ownership.h"
 #include "core/error.h"
 
@@ -37,7 +38,14 @@ std::vector<int> assign_tensor_owners(const ParamLayout& layout, int ns_steps, i
 }
 
 DataParallel::DataParallel(Comm& comm, const ParamLayout& layout, int ns_steps, DataParallelOptions options)
-    : comm_(comm), layout_(layout), owner_(assign_tensor_owners(layout, ns_steps, comm.size())) {
+    : comm_(comm),
+      data_comm_(options.data_comm),
+      be_(options.backend),
+      layout_(layout),
+      owner_(assign_tensor_owners(layout, ns_steps, comm.size())) {
+  if (data_comm_ && !be_) fail("train", "a device communicator needs the backend that owns the buffers");
+  if (data_comm_ && (data_comm_->size() != comm_.size() || data_comm_->rank() != comm_.rank()))
+    fail("train", "the device communicator's ranks differ from the job's");
   if (options.bucket_bytes < 4)
     fail("train", "data-parallel bucket size " + std::to_string(options.bucket_bytes) + " bytes is too small",
          "use at least a few MiB");
@@ -82,6 +90,32 @@ DataParallel::DataParallel(Comm& comm, const ParamLayout& layout, int ns_steps, 
   for (size_t i : gather_order_) gather_counts_[size_t(owner_[i])] += layout_.params[i].numel;
 }
 
+DataParallel::~DataParallel() {
+  for (Bucket& b : buckets_) b.pending.reset();  // waits
+  if (be_) {
+    for (Bucket& b : buckets_) {
+      if (b.dsend) be_->free(b.dsend);
+      if (b.drecv) be_->free(b.drecv);
+    }
+    if (dgather_send_) be_->free(dgather_send_);
+    if (dgather_recv_) be_->free(dgather_recv_);
+  }
+}
+
+void DataParallel::pack(float* dst, const float* src, int64_t n) {
+  if (device_collectives()) be_->copy(dst, src, n);
+  else if (be_) be_->to_host(dst, src, n * 4);
+  else std::memcpy(dst, src, size_t(n) * 4);
+}
+
+void DataParallel::unpack(float* dst, const float* src, int64_t n) {
+  if (device_collectives()) be_->copy(dst, src, n);
+  else if (be_) be_->from_host(dst, src, n * 4);
+  else std::memcpy(dst, src, size_t(n) * 4);
+}
+
+float* DataParallel::bucket_alloc(int64_t n) { return be_->alloc(std::max<int64_t>(n, 1)); }
+
 std::vector<bool> DataParallel::owned_mask() const {
   std::vector<bool> out(owner_.size());
   for (size_t i = 0; i < owner_.size(); ++i) out[i] = owner_[i] == comm_.rank();
@@ -97,18 +131,32 @@ void DataParallel::begin_step(float* grads) {
 }
 
 void DataParallel::start(Bucket& b) {
+  b.started = true;
+  if (comm_.size() == 1 && !device_collectives()) return;  // the gradients are already the sum
   int64_t total = 0;
   for (int64_t c : b.counts) total += c;
-  b.send.resize(size_t(total));
-  b.recv.resize(size_t(b.counts[size_t(comm_.rank())]));
-  float* dst = b.send.data();
+  float *send, *recv;
+  if (device_collectives()) {
+    if (!b.dsend) {
+      b.dsend = bucket_alloc(total);
+      b.drecv = bucket_alloc(b.counts[size_t(comm_.rank())]);
+    }
+    send = b.dsend;
+    recv = b.drecv;
+  } else {
+    b.send.resize(size_t(total));
+    b.recv.resize(size_t(b.counts[size_t(comm_.rank())]));
+    send = b.send.data();
+    recv = b.recv.data();
+  }
+  float* dst = send;
   for (size_t i : b.tensors) {
     const ParamSpec& p = layout_.params[i];
-    std::memcpy(dst, grads_ + p.offset, size_t(p.numel) * 4);
+    pack(dst, grads_ + p.offset, p.numel);
     dst += p.numel;
   }
-  b.pending = comm_.reduce_scatter(b.send.data(), b.recv.data(), b.counts, CommType::F32, ReduceOp::Sum);
-  b.started = true;
+  Comm& c = device_collectives() ? *data_comm_ : comm_;
+  b.pending = c.reduce_scatter(send, recv, b.counts, CommType::F32, ReduceOp::Sum);
 }
 
 void DataParallel::block_done(int64_t block) {
@@ -122,13 +170,14 @@ void DataParallel::finish_gradients() {
   for (Bucket& b : buckets_)
     if (!b.started) start(b);
   for (Bucket& b : buckets_) {
+    if (!b.pending) continue;  // one rank: nothing was sent
     b.pending->wait();
     b.pending.reset();
-    const float* src = b.recv.data();
+    const float* src = device_collectives() ? b.drecv : b.recv.data();
     for (size_t i : b.tensors) {
       if (!owns(i)) continue;
       const ParamSpec& p = layout_.params[i];
-      std::memcpy(grads_ + p.offset, src, size_t(p.numel) * 4);
+      unpack(grads_ + p.offset, src, p.numel);
       src += p.numel;
     }
   }
@@ -147,20 +196,34 @@ void DataParallel::gather_parameters(float* params) {
   if (comm_.size() == 1) return;
   int64_t total = 0;
   for (int64_t c : gather_counts_) total += c;
-  gather_send_.resize(size_t(gather_counts_[size_t(comm_.rank())]));
-  gather_recv_.resize(size_t(total));
-  float* dst = gather_send_.data();
+  const int64_t mine = gather_counts_[size_t(comm_.rank())];
+  float *send, *recv;
+  if (device_collectives()) {
+    if (!dgather_send_) {
+      dgather_send_ = bucket_alloc(mine);
+      dgather_recv_ = bucket_alloc(total);
+    }
+    send = dgather_send_;
+    recv = dgather_recv_;
+  } else {
+    gather_send_.resize(size_t(mine));
+    gather_recv_.resize(size_t(total));
+    send = gather_send_.data();
+    recv = gather_recv_.data();
+  }
+  float* dst = send;
   for (size_t i : gather_order_)
     if (owns(i)) {
       const ParamSpec& p = layout_.params[i];
-      std::memcpy(dst, params + p.offset, size_t(p.numel) * 4);
+      pack(dst, params + p.offset, p.numel);
       dst += p.numel;
     }
-  comm_.all_gather(gather_send_.data(), gather_recv_.data(), gather_counts_, CommType::F32)->wait();
-  const float* src = gather_recv_.data();
+  Comm& c = device_collectives() ? *data_comm_ : comm_;
+  c.all_gather(send, recv, gather_counts_, CommType::F32)->wait();
+  const float* src = recv;
   for (size_t i : gather_order_) {
     const ParamSpec& p = layout_.params[i];
-    std::memcpy(params + p.offset, src, size_t(p.numel) * 4);
+    unpack(params + p.offset, src, p.numel);
     src += p.numel;
   }
 }

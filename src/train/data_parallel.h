@@ -15,7 +15,11 @@
 //    every rank the updated parameters.
 //  * Small reductions: the global loss, token count and grad-norm (double) and the balancer's
 //    routing counts (int64) are all-reduced.
-// With the single-process Comm every collective is a copy and the step equals the plain one.
+// Memory: gradients and parameters are backend memory (DataParallelOptions::backend; nullptr =
+// host). With a host communicator (single-process, MPI) buckets are staged in host memory
+// (backend to_host / from_host); with a device communicator (data_comm, NCCL) they are backend
+// memory and the reductions run on the device. The small reductions always use the host comm.
+// With one rank and no device communicator nothing is copied: the step equals the plain one.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -26,8 +30,14 @@
 
 namespace zaya {
 
+class Backend;
+
 struct DataParallelOptions {
   int64_t bucket_bytes = int64_t(32) << 20;  // gradient fusion buffer per reduce-scatter
+  Backend* backend = nullptr;  // where gradients and parameters live (nullptr = host memory)
+  // A communicator over device buffers of `backend` (NCCL) for the gradient reduce-scatters and
+  // the parameter all-gather; nullptr = the host comm, staged through host memory. Same ranks.
+  Comm* data_comm = nullptr;
 };
 
 // Optimizer cost of one tensor, the bin-packing weight: Muon ~ ns_steps x (2 m^2 n + 2 m^2 n
@@ -39,6 +49,7 @@ std::vector<int> assign_tensor_owners(const ParamLayout& layout, int ns_steps, i
 class DataParallel {
  public:
   DataParallel(Comm& comm, const ParamLayout& layout, int ns_steps, DataParallelOptions options = {});
+  ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
@@ -73,18 +84,29 @@ class DataParallel {
     std::vector<size_t> tensors;  // layout indices, packed by owner then layout order
     std::vector<int64_t> counts;  // floats per rank
     int64_t last_block = -1;      // the bucket may start once this block is done (-1: at finish)
-    std::vector<float> send, recv;
+    std::vector<float> send, recv;  // host staging (host comm)
+    float* dsend = nullptr;          // backend memory (device comm)
+    float* drecv = nullptr;
     CommHandle pending;
     bool started = false;
   };
   void start(Bucket& b);
+  bool device_collectives() const { return data_comm_ != nullptr; }
+  // Copies between parameter/gradient memory and a bucket: host staging or device buffers.
+  void pack(float* dst, const float* src, int64_t n);
+  void unpack(float* dst, const float* src, int64_t n);
+  float* bucket_alloc(int64_t n);
 
   Comm& comm_;
+  Comm* data_comm_;
+  Backend* be_;
   const ParamLayout& layout_;
   std::vector<int> owner_;
   std::vector<Bucket> buckets_;
   float* grads_ = nullptr;
   std::vector<float> gather_send_, gather_recv_;
+  float* dgather_send_ = nullptr;
+  float* dgather_recv_ = nullptr;
   std::vector<int64_t> gather_counts_;
   std::vector<size_t> gather_order_;
 };

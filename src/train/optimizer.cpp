@@ -120,7 +120,7 @@ Optimizer::Optimizer(const ParamLayout& layout, const OptimizerConfig& cfg, Back
         m.rows = r.rows, m.cols = r.cols;
         muon_.push_back(m);
       }
-      max_matrix = std::max(max_matrix, r.rows * r.cols);
+      max_matrix = std::max(max_matrix, r.rows * r.cols * r.matrices);  // a tensor's experts at once
     } else if (r.kind == OptimKind::AdamW) {
       r.moment2_offset = m2_size_;
       m2_size_ += aligned16(p.numel);

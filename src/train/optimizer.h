@@ -146,7 +146,7 @@ class Optimizer {
   std::vector<int64_t> steps_;
   float* m1_ = nullptr;
   float* m2_ = nullptr;
-  float* work_ = nullptr;  // NS input/output of the largest Muon matrix
+  float* work_ = nullptr;  // NS input/output of the largest Muon tensor (all its experts)
   int64_t m1_size_ = 0, m2_size_ = 0, work_size_ = 0;
 };
 

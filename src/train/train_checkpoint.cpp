@@ -1,6 +1,9 @@
 // Trainer state <-> sharded checkpoints.
 #include "train/train_checkpoint.h"
 
+#include <cstring>
+#include <utility>
+
 #include "core/error.h"
 
 namespace zaya {
@@ -36,9 +39,32 @@ nlohmann::json all_counters(TrainState& s) {
   return out;
 }
 
+DistCopyFn state_copy_fn(TrainState& s, Backend& be) {
+  // The balancer's state is host memory; parameters and optimizer state are the backend's.
+  std::vector<std::pair<const char*, const char*>> host_ranges;
+  for (const StateTensor& t : s.balancer.save_state()) {
+    const char* p = reinterpret_cast<const char*>(t.data);
+    host_ranges.push_back({p, p + t.numel * int64_t(sizeof(float))});
+  }
+  return [&be, host_ranges](void* dst, const void* src, size_t bytes) {
+    const char* p = static_cast<const char*>(src);
+    for (const auto& [lo, hi] : host_ranges)
+      if (p >= lo && p < hi) {
+        std::memcpy(dst, src, bytes);
+        return;
+      }
+    be.to_host(dst, src, int64_t(bytes));
+  };
+}
+
 void restore_state(TrainState& s, const DistCheckpoint& ck) {
   const ParamLayout& L = s.model.layout();
-  for (const ParamSpec& p : L.params) ck.read(p.name, p.shape, s.model.params() + p.offset);
+  Backend& be = s.model.backend();
+  for (const ParamSpec& p : L.params) {
+    std::vector<float> host(static_cast<size_t>(p.numel));
+    ck.read(p.name, p.shape, host.data());
+    be.from_host(s.model.params() + p.offset, host.data(), p.numel * 4);
+  }
   std::vector<StateTensor> os = s.optim.save_state();
   std::vector<std::vector<float>> host(os.size());
   for (size_t k = 0; k < os.size(); ++k) {

@@ -28,6 +28,9 @@ std::vector<DistPiece> owned_pieces(TrainState& s);
 // Every routed tensor's optimizer step count ("optimizer.step.NAME") and the balancer's
 // counters ("balancer.NAME"), gathered over ranks (collective).
 nlohmann::json all_counters(TrainState& s);
+// The checkpoint writer's copy from piece memory to host staging: backend memory (parameters,
+// optimizer state) through be.to_host, the balancer's host state by memcpy.
+DistCopyFn state_copy_fn(TrainState& s, Backend& be);
 // Restores parameters (all), this rank's optimizer state and counters, and the balancer.
 void restore_state(TrainState& s, const DistCheckpoint& ck);
 

@@ -122,7 +122,9 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   TrainData data(r, rank, ranks, ramp);
   std::unique_ptr<Tokenizer> tok;
   if (!r.data.tokenizer.empty() && fs::exists(r.data.tokenizer)) tok = load_tokenizer(r.data.tokenizer);
-  auto be = make_cpu_backend();
+  const int device = comm.local_rank();
+  auto be = make_backend(opt.backend, device);
+  if (opt.backend != "cpu") log("backend: " + be->name() + " (rank 0 on device " + std::to_string(device) + ")");
   std::unique_ptr<Model> model;
   if (!r.model.init_from.empty()) {
     model = load_model(r.model.init_from, *be);
@@ -142,9 +144,19 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   // ---- data parallelism, optimizer, balancer, schedule ----
   DataParallelOptions dpo;
   dpo.bucket_bytes = opt.bucket_bytes;
+  dpo.backend = be.get();
+  std::unique_ptr<Comm> device_comm;
+  if (opt.device_comm && ranks > 1) {
+    if (opt.backend == "cpu") fail("train", "--device-comm needs a GPU backend (--backend cuda)");
+    CommOptions co;
+    co.timeout_s = opt.comm_timeout_s;
+    device_comm = make_device_comm(comm, device, co);
+    dpo.data_comm = device_comm.get();
+  }
   DataParallel dp(comm, layout, int(r.optimizer.ns_steps), dpo);
   if (ranks > 1)
-    log("data parallel: " + std::to_string(ranks) + " ranks over " + comm.name() + ", ZeRO-1 (whole tensors by " +
+    log("data parallel: " + std::to_string(ranks) + " ranks over " + (device_comm ? device_comm->name() : comm.name()) +
+        ", ZeRO-1 (whole tensors by " +
         "Newton-Schulz cost), " + std::to_string(dp.buckets()) + " gradient buckets of <= " +
         std::to_string(dpo.bucket_bytes >> 20) + " MiB");
   Optimizer optim(layout, optimizer_config(r), *be, dp.owned_mask());
@@ -180,6 +192,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   for (const DistPiece& p : owned_pieces(state))
     staging += (p.length * 4 + wo.chunk_bytes - 1) / wo.chunk_bytes * wo.chunk_bytes;
   wo.staging_bytes = std::max<uint64_t>(staging, wo.chunk_bytes);
+  wo.copy = state_copy_fn(state, *be);
   DistCheckpointWriter writer(comm, wo);
   int64_t step = 0, tokens_seen = 0, bad_streak = 0;
   std::vector<double> recent_losses;
@@ -225,8 +238,10 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   }
 
   // ---- throughput accounting ----
-  const double peak_gflops = measure_sgemm_gflops();
-  log("measured sgemm peak " + std::to_string(int(peak_gflops)) + " GFLOP/s per process; " +
+  const double backend_peak = be->matmul_peak_gflops();
+  const double peak_gflops = backend_peak > 0 ? backend_peak : measure_sgemm_gflops();
+  log(std::string(backend_peak > 0 ? "measured " + be->name() + " matmul peak " : "measured sgemm peak ") +
+      std::to_string(int(peak_gflops)) + " GFLOP/s per process; " +
       std::to_string(int(training_flops_per_token(c, data.phase(0).seq_len) / 1e6)) + " MFLOP per trained token");
 
   std::unique_ptr<MetricsLog> metrics;
@@ -372,7 +387,11 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   sum.steps = step;
   sum.tokens = tokens_seen;
   sum.final_train_loss = last_loss;
-  sum.final_weights_hash = weights_hash(model->params(), layout.total);
+  {
+    std::vector<float> host(static_cast<size_t>(layout.total));
+    be->to_host(host.data(), model->params(), layout.total * 4);
+    sum.final_weights_hash = weights_hash(host.data(), layout.total);
+  }
   if (step >= r.schedule.total_steps) {
     sum.final_val_loss = std::isfinite(last_val) ? last_val : data.evaluate(*model, phase, dp);
     if (lead) {

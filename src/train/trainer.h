@@ -30,6 +30,13 @@ struct TrainOptions {
   // with the same recipe; rank 0 logs and writes the run directory.
   Comm* comm = nullptr;
   int64_t bucket_bytes = int64_t(32) << 20;  // gradient reduce-scatter fusion buffer
+  // Where the model, gradients and optimizer state live: "cpu", or "cuda" in a GPU build (each
+  // rank uses GPU local_rank modulo the GPUs present).
+  std::string backend = "cpu";
+  // GPU data parallelism: true = gradient reduce-scatters and the parameter all-gather run on
+  // the device over NCCL (RCCL); false = staged through host memory over the job's comm (MPI).
+  bool device_comm = false;
+  double comm_timeout_s = 600;  // watchdog of the device communicator (ZAYA_COMM_TIMEOUT overrides)
 };
 
 TrainSummary train(const Recipe& recipe, const TrainOptions& opt = {});

@@ -1,7 +1,9 @@
 // Data-parallel equivalence check, run under mpirun (tests/dp/dp_equivalence.sh):
 //
-//   zaya_dp_check train DIR [--stop-after N]   trains the fixed tiny recipe into DIR/run with
-//                                              however many ranks it was launched with
+//   zaya_dp_check train DIR [--stop-after N] [--backend NAME]
+//                                              trains the fixed tiny recipe into DIR/run with
+//                                              however many ranks it was launched with (on the
+//                                              GPU: --backend cuda-fp32, scripts/gpu_device_checks.sh)
 //   zaya_dp_check compare DIR_A DIR_B           same per-step losses (rel diff < 1e-5) and the
 //                                              same final parameters within rounding (per tensor
 //                                              max|a-b| / max|a| < 3e-5: ranks sum gradients in
@@ -56,7 +58,7 @@ std::vector<double> losses(const std::string& run_dir) {
   return out;
 }
 
-int train_cmd(const std::string& dir, int64_t stop_after) {
+int train_cmd(const std::string& dir, int64_t stop_after, const std::string& backend) {
   auto comm = make_comm(CommOptions{});
   if (comm->rank() == 0 && !fs::exists(dir + "/train.bin")) {
     fs::create_directories(dir);
@@ -69,6 +71,7 @@ int train_cmd(const std::string& dir, int64_t stop_after) {
   opt.comm = comm.get();
   opt.stop_after_steps = stop_after;
   opt.bucket_bytes = 64 << 10;  // several buckets even for the tiny model
+  opt.backend = backend;
   TrainSummary s = train(recipe(dir), opt);
   if (comm->rank() == 0)
     std::printf("dp_check: trained %lld steps with %d ranks, final loss %.6f\n", (long long)s.steps, comm->size(),
@@ -131,11 +134,16 @@ int main(int argc, char** argv) {
     std::vector<std::string> a(argv + 1, argv + argc);
     if (a.size() >= 2 && a[0] == "train") {
       int64_t stop = -1;
-      if (a.size() == 4 && a[2] == "--stop-after") stop = std::stoll(a[3]);
-      return train_cmd(a[1], stop);
+      std::string backend = "cpu";
+      for (size_t i = 2; i + 1 < a.size(); i += 2) {
+        if (a[i] == "--stop-after") stop = std::stoll(a[i + 1]);
+        else if (a[i] == "--backend") backend = a[i + 1];
+        else throw Error("dp_check", "unknown option " + a[i]);
+      }
+      return train_cmd(a[1], stop, backend);
     }
     if (a.size() == 3 && a[0] == "compare") return compare_cmd(a[1], a[2]);
-    std::fprintf(stderr, "usage: zaya_dp_check train DIR [--stop-after N] | compare DIR_A DIR_B\n");
+    std::fprintf(stderr, "usage: zaya_dp_check train DIR [--stop-after N] [--backend NAME] | compare DIR_A DIR_B\n");
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "dp_check: %s\n", e.what());

@@ -1,8 +1,9 @@
-// CCA and attention ops of the GPU backend against the CPU backend (all fp32 paths, 1e-4):
+// CCA and attention ops of the GPU backend against the CPU backend (fp32 paths 1e-4):
 // the two-stage conv with carried state and with packed-document resets, QK-norm +
 // temperature + partial RoPE, the delayed values, cache writes, and causal GQA attention
 // (head_dim 16/64/128, sliding window, decode offsets, document starts), forward and
-// backward. Skipped ("skipped: no GPU") without a device. Not yet run on a GPU.
+// backward (attention in every GEMM mode: 64 or more queries run on the GEMM engine, at the bf16
+// tolerance under bf16 operands). Skipped ("skipped: no GPU") without a device.
 #include "gpu_test_support.h"
 
 namespace zaya {
@@ -162,6 +163,10 @@ TEST_F(GpuCca, Attention) {
       {1, 45, 45, 4, 2, 128, 0, {0}, false},       {2, 50, 50, 4, 2, 64, 9, {0, 0}, false},
       {2, 41, 41, 4, 2, 64, 0, {0, 0}, true},      {2, 33, 33, 8, 2, 128, 7, {0, 0}, true},
       {2, 3, 40, 4, 2, 64, 0, {20, 36}, false},    {2, 1, 40, 8, 2, 128, 6, {12, 39}, false},
+      // kAttnGemmMinQueries (64) or more queries: the GEMM path; 1100 queries make two chunks.
+      {2, 200, 200, 8, 2, 128, 0, {0, 0}, false},  {1, 257, 257, 4, 2, 64, 33, {0}, false},
+      {2, 150, 150, 4, 1, 64, 0, {0, 0}, true},    {1, 1100, 1100, 4, 2, 64, 0, {0}, false},
+      {1, 1100, 1100, 4, 2, 32, 300, {0}, true},   {2, 96, 160, 4, 2, 64, 0, {64, 20}, false},
   };
   for (const AttnCase& c : cases) {
     const std::string what = "attention T " + std::to_string(c.T) + " dh " + std::to_string(c.dh) + " Hq " +
@@ -169,7 +174,9 @@ TEST_F(GpuCca, Attention) {
                              (c.segmented ? " segmented" : "") + (c.pos0[0] ? " decode" : "");
     std::vector<int32_t> seg;
     if (c.segmented) {
-      std::vector<std::vector<int32_t>> starts(static_cast<size_t>(c.B), std::vector<int32_t>{0, 11, 12, 30});
+      std::vector<int32_t> row = {0, 11, 12, 30};
+      if (c.T > 100) row = {0, 11, 12, 30, 97, int32_t(c.T) - 40};
+      std::vector<std::vector<int32_t>> starts(static_cast<size_t>(c.B), row);
       seg = segments(c.B, c.T, starts);
     }
     auto q = rnd(size_t(c.B * c.T * c.Hq * c.dh)), k = rnd(size_t(c.B * c.S * c.Hkv * c.dh)),
@@ -181,22 +188,30 @@ TEST_F(GpuCca, Attention) {
     a.scale = 1.0f / std::sqrt(float(c.dh));
     a.seg_start = c.segmented ? seg.data() : nullptr;
     cpu.attention(a);
-    DevBuf gq(*gpu, q), gk(*gpu, k), gv(*gpu, v), go(*gpu, int64_t(q.size()));
-    AttentionArgs g = a;
-    g.q = gq.f(); g.k_cache = gk.f(); g.v_cache = gv.f(); g.out = go.f();
-    gpu->attention(g);
-    expect_close(go.get(), out, kTolF32, what + " out");
-    if (c.pos0[0] != 0) continue;  // backward: training layout only (pos0 = 0, S = T)
+    const bool training = c.pos0[0] == 0;  // backward: training layout only (pos0 = 0, S = T)
     auto dout = rnd(q.size());
     std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-    cpu.attention_backward(a, dout.data(), dq.data(), dk.data(), dv.data());
-    DevBuf gdo(*gpu, dout), gdq(*gpu, int64_t(q.size())), gdk(*gpu, int64_t(k.size())), gdv(*gpu, int64_t(v.size()));
-    DevBuf go2(*gpu, out);  // the backward reads the forward output (the CPU one, as the model would pass)
-    g.out = go2.f();
-    gpu->attention_backward(g, gdo.f(), gdq.f(), gdk.f(), gdv.f());
-    expect_close(gdq.get(), dq, kTolF32, what + " dq");
-    expect_close(gdk.get(), dk, kTolF32, what + " dk");
-    expect_close(gdv.get(), dv, kTolF32, what + " dv");
+    if (training) cpu.attention_backward(a, dout.data(), dq.data(), dk.data(), dv.data());
+    // Every GEMM mode: from 64 queries on, the products run on the GEMM engine (bf16 operands
+    // under the bf16 policy).
+    for (const GemmMode& mode : gemm_modes()) {
+      auto be = make_gpu(mode);
+      const std::string w = what + " [" + mode.name + "]";
+      DevBuf gq(*be, q), gk(*be, k), gv(*be, v), go(*be, int64_t(q.size()));
+      AttentionArgs g = a;
+      g.q = gq.f(); g.k_cache = gk.f(); g.v_cache = gv.f(); g.out = go.f();
+      be->attention(g);
+      const double tol = c.T >= 64 ? mode.tol : kTolF32;
+      expect_close(go.get(), out, tol, w + " out");
+      if (!training) continue;
+      DevBuf gdo(*be, dout), gdq(*be, int64_t(q.size())), gdk(*be, int64_t(k.size())), gdv(*be, int64_t(v.size()));
+      DevBuf go2(*be, out);  // the backward reads the forward output (the CPU one, as the model would pass)
+      g.out = go2.f();
+      be->attention_backward(g, gdo.f(), gdq.f(), gdk.f(), gdv.f());
+      expect_close(gdq.get(), dq, tol, w + " dq");
+      expect_close(gdk.get(), dk, tol, w + " dk");
+      expect_close(gdv.get(), dv, tol, w + " dv");
+    }
   }
 }
 

@@ -63,7 +63,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, GpuMoe, ::testing::ValuesIn(gemm_modes()),
 
 class GpuOptim : public GpuVsCpu {};
 
-// The optimizer state is fp32 in every mode, so every check here is at the fp32 tolerance.
+// The optimizer state is fp32 in every mode, so every check here is at the fp32 tolerance,
+// except Newton-Schulz, whose GEMM operands follow the mode (bf16 under the bf16 policy).
 TEST_P(GpuOptim, NewtonSchulz) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{32, 96}, {64, 64}, {130, 40}, {1, 17}};
   for (auto [rows, cols] : shapes) {
@@ -72,12 +73,28 @@ TEST_P(GpuOptim, NewtonSchulz) {
     cpu.newton_schulz(xc.data(), rows, cols, 5);
     DevBuf gx(*gpu, x);
     gpu->newton_schulz(gx.f(), rows, cols, 5);
-    expect_close(gx.get(), xc, kTolF32, "newton_schulz " + std::to_string(rows) + "x" + std::to_string(cols));
+    expect_close(gx.get(), xc, GetParam().tol, "newton_schulz " + std::to_string(rows) + "x" + std::to_string(cols));
   }
   std::vector<float> zero(64, 0.0f);
   DevBuf gz(*gpu, zero);
   gpu->newton_schulz(gz.f(), 8, 8, 5);
   EXPECT_EQ(gz.get(), zero) << "a zero matrix stays zero";
+}
+
+// A tensor's experts in one call: each matrix orthogonalised on its own norm, as the CPU does
+// matrix by matrix (wide and tall shapes; matrices of very different scales).
+TEST_P(GpuOptim, NewtonSchulzBatched) {
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{48, 80}, {96, 40}}) {
+    const int64_t batch = 3, n = rows * cols;
+    auto x = rnd(size_t(batch * n));
+    for (int64_t i = 0; i < n; ++i) x[size_t(n + i)] *= 100.0f;  // matrix 1: another scale
+    std::vector<float> xc = x;
+    for (int64_t b = 0; b < batch; ++b) cpu.newton_schulz(xc.data() + b * n, rows, cols, 5);
+    DevBuf gx(*gpu, x);
+    gpu->newton_schulz_batched(gx.f(), batch, rows, cols, 5);
+    expect_close(gx.get(), xc, GetParam().tol,
+                 "newton_schulz_batched 3x" + std::to_string(rows) + "x" + std::to_string(cols));
+  }
 }
 
 TEST_P(GpuOptim, ElementwiseUpdates) {

@@ -107,18 +107,24 @@ TEST(DataParallel, SingleProcessBucketsCoverTheLayoutAndKeepGradients) {
 
 // A communicator of one rank that records when reduce-scatters are issued, to see buckets
 // start during the backward (overlap) rather than all at the end.
+// Rank 0 of `ranks`: records the reduce-scatters (total floats over ranks, in issue order) and
+// completes them at once without touching the buffers.
 class RecordingComm : public Comm {
  public:
+  explicit RecordingComm(int ranks = 2) : ranks_(ranks) {}
   std::string name() const override { return "recording"; }
   int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::vector<int64_t> issued;  // floats per reduce-scatter, in issue order
+  int size() const override { return ranks_; }
+  std::vector<int64_t> issued;
   CommHandle all_reduce(const void* s, void* r, int64_t n, CommType t, ReduceOp o) override {
     return inner_->all_reduce(s, r, n, t, o);
   }
   CommHandle reduce_scatter(const void* s, void* r, const std::vector<int64_t>& c, CommType t, ReduceOp o) override {
-    issued.push_back(c[0]);
-    return inner_->reduce_scatter(s, r, c, t, o);
+    (void)s, (void)r, (void)t, (void)o;
+    int64_t total = 0;
+    for (int64_t n : c) total += n;
+    issued.push_back(total);
+    return std::make_unique<Done>();
   }
   CommHandle all_gather(const void* s, void* r, const std::vector<int64_t>& c, CommType t) override {
     return inner_->all_gather(s, r, c, t);
@@ -129,6 +135,11 @@ class RecordingComm : public Comm {
   CommHandle recv(void* b, int64_t n, CommType t, int p, int tag) override { return inner_->recv(b, n, t, p, tag); }
 
  private:
+  struct Done : CommRequest {
+    void wait() override {}
+    bool test() override { return true; }
+  };
+  int ranks_;
   std::unique_ptr<Comm> inner_ = make_single_comm();
 };
 
@@ -153,6 +164,21 @@ TEST(DataParallel, BucketsStartDuringTheBackward) {
   for (int64_t n : comm.issued) total += n;
   for (const ParamSpec& p : L.params) params += p.numel;
   EXPECT_EQ(total, params);  // every tensor reduced exactly once
+}
+
+TEST(DataParallel, OneRankIssuesNoCollectivesAndLeavesGradientsAsTheyAre) {
+  ModelConfig c = preset_config("zaya-tiny");
+  ParamLayout L = build_param_layout(c);
+  RecordingComm comm(1);
+  DataParallel dp(comm, L, 5);
+  std::vector<float> g(static_cast<size_t>(L.total));
+  for (size_t i = 0; i < g.size(); ++i) g[i] = float(i % 97) - 48.0f;
+  const std::vector<float> before = g;
+  dp.begin_step(g.data());
+  for (int64_t l = c.num_hidden_layers - 1; l >= 0; --l) dp.block_done(l);
+  dp.finish_gradients();
+  EXPECT_TRUE(comm.issued.empty());
+  EXPECT_EQ(g, before);
 }
 
 }  // namespace

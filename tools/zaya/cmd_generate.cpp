@@ -15,7 +15,7 @@ namespace zaya::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model_dir, prompt, ids, tokenizer;
+  std::string model_dir, prompt, ids, tokenizer, backend = "cpu";
   int64_t max_tokens = 64;
   float temperature = 0.8f;
   int64_t top_k = 40;
@@ -25,7 +25,7 @@ struct GenerateOptions {
 
 void run_generate(const GenerateOptions& o) {
   if (o.prompt.empty() == o.ids.empty()) fail("generate", "pass exactly one of --prompt TEXT or --ids 1,2,3");
-  auto be = make_cpu_backend();
+  auto be = make_backend(o.backend);
   auto model = load_model(o.model_dir, *be);
   auto tok = find_tokenizer(o.tokenizer, o.model_dir);
   std::vector<int32_t> prompt;
@@ -82,6 +82,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--top-k", o.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
   cmd->add_option("--top-p", o.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
   cmd->add_option("--seed", o.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--backend", o.backend, "cpu, or cuda in a GPU build")->capture_default_str();
   cmd->callback([] { run_generate(o); });
 }
 

@@ -65,9 +65,9 @@ void write_grads(Model& model, const std::vector<int32_t>& ids, int64_t B, int64
 }
 
 void run_score(const std::string& model_dir, const std::string& ids_path, const std::string& out_path,
-               const std::string& grads_path) {
+               const std::string& grads_path, const std::string& backend) {
   auto batch = read_id_batch(ids_path);
-  auto be = make_cpu_backend();
+  auto be = make_backend(backend);
   auto model = load_model(model_dir, *be);
   const ModelConfig& c = model->config();
   const int64_t B = int64_t(batch.size()), T = int64_t(batch[0].size()), V = c.vocab_size, L = c.num_hidden_layers;
@@ -75,24 +75,19 @@ void run_score(const std::string& model_dir, const std::string& ids_path, const 
   for (const auto& s : batch) ids.insert(ids.end(), s.begin(), s.end());
   std::vector<float> logits(size_t(B * T * V));
   std::vector<int32_t> experts(size_t(L * B * T));
+  std::vector<int32_t> targets(ids.size());  // next token; -1 at each sequence's end
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) targets[size_t(b * T + t)] = t + 1 < T ? ids[size_t(b * T + t + 1)] : -1;
+  double loss_sum = 0;
+  int64_t loss_tokens = 0;
   ForwardOutputs out;
   out.logits = logits.data();
   out.experts = experts.data();
+  out.targets = targets.data();
+  out.loss_sum = &loss_sum;
+  out.loss_tokens = &loss_tokens;
   model->forward(ids.data(), B, T, nullptr, out);
-
-  double loss = 0;
-  if (T > 1) {
-    std::vector<float> rows;
-    std::vector<int32_t> targets;
-    std::vector<float> losses(size_t(B * (T - 1)));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t + 1 < T; ++t) targets.push_back(ids[size_t(b * T + t + 1)]);
-    for (int64_t b = 0; b < B; ++b)
-      rows.insert(rows.end(), logits.begin() + b * T * V, logits.begin() + (b * T + T - 1) * V);
-    be->cross_entropy(rows.data(), targets.data(), losses.data(), B * (T - 1), V);
-    for (float l : losses) loss += l;
-    loss /= double(losses.size());
-  }
+  const double loss = loss_tokens > 0 ? loss_sum / double(loss_tokens) : 0.0;
 
   FILE* f = std::fopen(out_path.c_str(), "w");
   if (!f) fail("score", "cannot write " + out_path);
@@ -130,12 +125,13 @@ void run_score(const std::string& model_dir, const std::string& ids_path, const 
 
 void add_score(CLI::App& app) {
   auto* cmd = app.add_subcommand("score", "Loss, logits and expert choices for a batch of id sequences");
-  static std::string model_dir, ids_file, out, grads;
+  static std::string model_dir, ids_file, out, grads, backend = "cpu";
   cmd->add_option("--model", model_dir, "Model directory")->required();
   cmd->add_option("--ids-file", ids_file, "JSON array of equal-length arrays of token ids")->required();
   cmd->add_option("--out", out, "Output JSON")->required();
   cmd->add_option("--grads", grads, "Also write d(mean loss)/d(parameter) as F32 safetensors (HF names)");
-  cmd->callback([] { run_score(model_dir, ids_file, out, grads); });
+  cmd->add_option("--backend", backend, "cpu, or cuda in a GPU build")->capture_default_str();
+  cmd->callback([] { run_score(model_dir, ids_file, out, grads, backend); });
 }
 
 }  // namespace zaya::cli

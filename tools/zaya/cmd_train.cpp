@@ -25,6 +25,8 @@ void add_train(CLI::App& app) {
   static std::vector<std::string> overrides;
   static int64_t stop_after = -1, bucket_mb = 32;
   static double comm_timeout = 600;
+  static std::string backend = "cpu";
+  static bool device_comm = false;
   cmd->add_option("--recipe", recipe_path, "TOML recipe (default: the built-in recipe)");
   cmd->add_option("--set", overrides, "Override a recipe key: --set optimizer.lr=1e-3 (repeatable)");
   cmd->add_option("--stop-after", stop_after, "Stop after N steps of this process (checkpointed; rerun to resume)");
@@ -34,6 +36,10 @@ void add_train(CLI::App& app) {
   cmd->add_option("--comm-timeout", comm_timeout,
                   "Data parallel: watchdog seconds per collective (0 = off; ZAYA_COMM_TIMEOUT overrides)")
       ->capture_default_str();
+  cmd->add_option("--backend", backend, "cpu, or cuda in a GPU build (rank r uses GPU local rank r)")
+      ->capture_default_str();
+  cmd->add_flag("--device-comm", device_comm,
+                "GPU data parallel: reduce gradients over NCCL on the device instead of through host memory (MPI)");
   cmd->callback([] {
     CommOptions co;
     co.timeout_s = comm_timeout;
@@ -50,6 +56,9 @@ void add_train(CLI::App& app) {
       opt.stop_after_steps = stop_after;
       opt.comm = comm.get();
       opt.bucket_bytes = bucket_mb << 20;
+      opt.backend = backend;
+      opt.device_comm = device_comm;
+      opt.comm_timeout_s = comm_timeout;
       s = train(r, opt);
     } catch (const Error& e) {
       if (comm->size() == 1) throw;

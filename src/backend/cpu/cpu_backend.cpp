@@ -52,16 +52,25 @@ void cpu_gemm_tn(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
+std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
   if (name == "cpu") return make_cpu_backend();
-  if (name == "cuda") {
+  if (name == "cuda" || name == "cuda-fp32") {
 #ifdef ZAYA_CUDA
-    return make_cuda_backend();
+    // More ranks than GPUs on a node share them (the host-staged MPI path allows it; NCCL does not).
+    CudaBackendOptions o;
+    const int gpus = cuda_device_count();
+    o.device = gpus > 0 ? device % gpus : device;
+    o.bf16_matmul = name == "cuda";  // cuda-fp32: every GEMM in fp32 (exact comparisons with the CPU)
+    return make_cuda_backend(o);
 #else
     fail("backend", "zaya was built without CUDA; configure with -DZAYA_CUDA=ON");
 #endif
   }
+#ifdef ZAYA_CUDA
+  fail("backend", "unknown backend '" + name + "'", "this build has: cpu, cuda, cuda-fp32");
+#else
   fail("backend", "unknown backend '" + name + "'", "this build has: cpu");
+#endif
 }
 
 }  // namespace zaya

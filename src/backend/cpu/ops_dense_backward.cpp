@@ -162,11 +162,12 @@ double CpuBackend::lm_head_loss(const float* y, const float* w, const float* bia
       for (int64_t v = 0; v < V; ++v) sum += std::exp(double(l[v] - mx));
       const double lse = std::log(sum) + mx;
       row_loss[size_t(r)] = lse - l[t];
+      if (!dy) continue;
       for (int64_t v = 0; v < V; ++v) l[v] = float(std::exp(double(l[v]) - lse)) * scale;
       l[t] -= scale;
     }
     for (double x : row_loss) total += x;  // fixed order: reproducible
-    linear_backward(y + r0 * D, w, logits.data(), dy + r0 * D, dw, dbias, rows, D, V, false, 0);
+    if (dy) linear_backward(y + r0 * D, w, logits.data(), dy + r0 * D, dw, dbias, rows, D, V, false, 0);
   }
   return total;
 }

@@ -3,6 +3,7 @@
 // the factory. Not yet run on a GPU.
 #include "backend/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <string>
 
 namespace zaya {
@@ -86,6 +87,8 @@ void* CudaBackend::pool_get(int64_t bytes) {
     GPU_CHECK(gpuMalloc(&p, size_t(bytes)));
   }
   live_[p] = bytes;
+  reserved_bytes_ += bytes;
+  peak_reserved_bytes_ = std::max(peak_reserved_bytes_, reserved_bytes_);
   return p;
 }
 
@@ -99,7 +102,10 @@ void CudaBackend::pool_put(void* p) {
 
 void CudaBackend::release_free_blocks() {
   GPU_CHECK(gpuStreamSynchronize(stream_));
-  for (auto& kv : free_) GPU_CHECK(gpuFree(kv.second));
+  for (auto& kv : free_) {
+    GPU_CHECK(gpuFree(kv.second));
+    reserved_bytes_ -= kv.first;
+  }
   free_.clear();
 }
 

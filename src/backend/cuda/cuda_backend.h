@@ -70,6 +70,14 @@ class CudaBackend final : public Backend {
   void cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) override;
   void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t M,
                        int64_t K, int64_t N, bool accumulate_dx, int64_t lddy) override;
+  void linear_fp32(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
+                   bool accumulate, int64_t ldy) override {
+    linear_impl(x, w, bias, y, M, K, N, accumulate, ldy, /*bf16=*/false);
+  }
+  void linear_fp32_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                            int64_t M, int64_t K, int64_t N, bool accumulate_dx, int64_t lddy) override {
+    linear_backward_impl(x, w, dy, dx, dw, db, M, K, N, accumulate_dx, lddy, /*bf16=*/false);
+  }
   void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t D) override;
   void rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* dw,
                         int64_t rows, int64_t dim, bool accumulate_dx) override;
@@ -95,6 +103,7 @@ class CudaBackend final : public Backend {
   double lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N, int64_t D,
                       int64_t V, float scale, float* dy, float* dw, float* dbias) override;
   void newton_schulz(float* x, int64_t rows, int64_t cols, int steps) override;
+  void newton_schulz_batched(float* x, int64_t batch, int64_t rows, int64_t cols, int steps) override;
   void muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, bool nesterov) override;
   void muon_update(float* w, const float* x, int64_t n, float lr, float scale, float wd) override;
   void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
@@ -105,6 +114,8 @@ class CudaBackend final : public Backend {
   void fill(float* dst, float value, int64_t n) override;
   void to_host(void* host, const void* src, int64_t bytes) override;
   void from_host(void* dst, const void* host, int64_t bytes) override;
+  double matmul_peak_gflops() override;  // gpu_peak.cu
+  int64_t peak_memory_bytes() const override { return peak_reserved_bytes_; }
 
   // ---- internals shared by the ops_*.cu files ----
   gpuStream_t stream() const { return stream_; }
@@ -118,8 +129,8 @@ class CudaBackend final : public Backend {
   GemmOperand operand(const float* p, int64_t rows, int64_t cols, int64_t ld, bool trans, bool bf16,
                       DeviceBuffer& holder);
   void gemm(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
-            float* C, int64_t ldc) {
-    gemm_->run(M, N, K, alpha, A, B, beta, C, ldc);
+            float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact) {
+    gemm_->run(M, N, K, alpha, A, B, beta, C, ldc, batch, compute);
   }
   bool bf16_matmul() const { return options_.bf16_matmul; }
   // linear / linear_backward with an explicit operand precision (the LM head stays fp32).
@@ -127,6 +138,11 @@ class CudaBackend final : public Backend {
                    bool accumulate, int64_t ldy, bool bf16);
   void linear_backward_impl(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
                             int64_t M, int64_t K, int64_t N, bool accumulate_dx, int64_t lddy, bool bf16);
+  // Attention through the GEMM engine (ops_attention_gemm.cu), for chunks of at least
+  // kAttnGemmMinQueries queries; shorter ones (decode) use the flash kernels.
+  static constexpr int64_t kAttnGemmMinQueries = 64;
+  void attention_gemm(const AttentionArgs& a);
+  void attention_backward_gemm(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv);
   void cca_conv_rows(const CcaConvArgs& a);  // ops_cca.cu: no segments
   void cca_conv_backward_rows(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,
                               float* dw_grp, float* db_grp);
@@ -134,6 +150,8 @@ class CudaBackend final : public Backend {
  private:
   CudaBackendOptions options_;
   int warp_size_ = 32;  // the device's (checked equal to the kernels' GPU_WARP_SIZE)
+  double peak_gflops_ = 0;  // matmul_peak_gflops(), measured once
+  int64_t reserved_bytes_ = 0, peak_reserved_bytes_ = 0;  // device memory held by the pool
   gpuStream_t stream_ = nullptr;
   std::unique_ptr<GpuGemm> gemm_;
   std::unordered_map<void*, int64_t> live_;  // pool block -> its size in bytes

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <vector>
 
 #include "backend/cuda/gpu_runtime.h"
 
@@ -22,6 +24,18 @@ struct GemmOperand {
   bool trans = false;
 };
 
+// A strided batch of same-shape GEMMs: problem i uses A + i*stride_a, B + i*stride_b and
+// C + i*stride_c (elements of each operand's type). count = 1 is a single GEMM.
+struct GemmBatch {
+  int64_t count = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
+// How fp32 operands are multiplied: exactly (fp32 FMA), or on the tensor cores in TF32 (10-bit
+// mantissa, fp32 accumulation; about 8x the fp32 rate on Hopper). bf16 operands ignore it. The
+// tiled kernel is always exact.
+enum class GemmCompute { Exact, Tf32 };
+
 // The portable tiled kernel (gpu_gemm_tiled.cu), usable on any target.
 void gemm_tiled(gpuStream_t stream, int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A,
                 const GemmOperand& B, float beta, float* C, int64_t ldc);
@@ -35,13 +49,19 @@ class GpuGemm {
 
   // A and B must have the same type.
   void run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
-           float* C, int64_t ldc);
+           float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact);
   // "cublaslt", "hipblaslt" or "tiled".
   const char* engine() const;
 
  private:
   bool run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
-                  float beta, float* C, int64_t ldc);
+                  float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute);
+  // BLASLt descriptors, layouts and the chosen algorithm of each problem shape (with operand
+  // alignments and batch), built and queried once: a training step repeats a few dozen shapes.
+  struct Plan;
+  Plan* plan_for(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, const float* C,
+                 int64_t ldc, const GemmBatch& batch, GemmCompute compute);
+  std::map<std::vector<int64_t>, Plan*> plans_;
 
   gpuStream_t stream_;
   bool portable_;

@@ -165,6 +165,7 @@ using gpuBlasOp_t = cublasOperation_t;
 #define GPU_BLAS_OP_N CUBLAS_OP_N
 #define GPU_BLAS_OP_T CUBLAS_OP_T
 #define GPU_BLAS_COMPUTE_32F CUBLAS_COMPUTE_32F
+#define GPU_BLAS_COMPUTE_32F_FAST_TF32 CUBLAS_COMPUTE_32F_FAST_TF32
 #define GPU_R_32F CUDA_R_32F
 #define GPU_R_16BF CUDA_R_16BF
 #define GPU_BLASLT_DESC_TRANSA CUBLASLT_MATMUL_DESC_TRANSA
@@ -183,6 +184,9 @@ using gpuBlasOp_t = cublasOperation_t;
 #define gpuBlasLtPreferenceSetAttribute cublasLtMatmulPreferenceSetAttribute
 #define gpuBlasLtAlgoGetHeuristic cublasLtMatmulAlgoGetHeuristic
 #define gpuBlasLtMatmul cublasLtMatmul
+#define gpuBlasLtMatrixLayoutSetAttribute cublasLtMatrixLayoutSetAttribute
+#define GPU_BLASLT_LAYOUT_BATCH_COUNT CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT
+#define GPU_BLASLT_LAYOUT_BATCH_STRIDE CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET
 #elif defined(ZAYA_HAVE_HIPBLASLT)
 // Written against the hipBLASLt API (ROCm >= 6); not compiled here (Debian has no hipBLASLt).
 #define ZAYA_GPU_BLASLT 1
@@ -198,6 +202,7 @@ using gpuBlasOp_t = hipblasOperation_t;
 #define GPU_BLAS_OP_N HIPBLAS_OP_N
 #define GPU_BLAS_OP_T HIPBLAS_OP_T
 #define GPU_BLAS_COMPUTE_32F HIPBLAS_COMPUTE_32F
+#define GPU_BLAS_COMPUTE_32F_FAST_TF32 HIPBLAS_COMPUTE_32F_FAST_TF32
 #define GPU_R_32F HIP_R_32F
 #define GPU_R_16BF HIP_R_16BF
 #define GPU_BLASLT_DESC_TRANSA HIPBLASLT_MATMUL_DESC_TRANSA
@@ -215,6 +220,9 @@ using gpuBlasOp_t = hipblasOperation_t;
 #define gpuBlasLtPreferenceSetAttribute hipblasLtMatmulPreferenceSetAttribute
 #define gpuBlasLtAlgoGetHeuristic hipblasLtMatmulAlgoGetHeuristic
 #define gpuBlasLtMatmul hipblasLtMatmul
+#define gpuBlasLtMatrixLayoutSetAttribute hipblasLtMatrixLayoutSetAttribute
+#define GPU_BLASLT_LAYOUT_BATCH_COUNT HIPBLASLT_MATRIX_LAYOUT_BATCH_COUNT
+#define GPU_BLASLT_LAYOUT_BATCH_STRIDE HIPBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET
 #endif
 
 // ---- Collectives: NCCL on CUDA, RCCL on HIP (only where ZAYA_HAVE_RCCL is defined) ----

@@ -1,8 +1,9 @@
 // GPU causal GQA attention over a KV cache, flash-style: one block per (query tile, head,
 // sequence), key/value tiles staged in shared memory, an online softmax per query kept in
 // registers by one warp, so memory is O(tile) rather than O(T^2). fp32 scores and softmax
-// (CUDA cores; a tensor-core version is future work). Supports per-sequence start positions
-// (chunked prefill, decode), sliding windows and packed-document starts. Not yet run on a GPU.
+// (CUDA cores). Supports per-sequence start positions (chunked prefill, decode), sliding windows
+// and packed-document starts. Used for short chunks (decode); chunks of kAttnGemmMinQueries or
+// more queries go through the GEMM engine (ops_attention_gemm.cu).
 #include <algorithm>
 #include <vector>
 
@@ -70,6 +71,7 @@ __global__ void k_attention(AttnParams p) {
 
 void CudaBackend::attention(const AttentionArgs& a) {
   if (a.B * a.T == 0) return;
+  if (a.T >= kAttnGemmMinQueries) return attention_gemm(a);
   DeviceBuffer pos0, seg;
   AttnParams p = attn_params(*this, a, warp_size_, "attention", pos0, seg);
   p.out = a.out;

@@ -212,7 +212,9 @@ void CudaBackend::route_backward(const int32_t* expert, const float* dweight, fl
 double CudaBackend::lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N,
                                  int64_t D, int64_t V, float scale, float* dy, float* dw, float* dbias) {
   if (N == 0) return 0.0;
-  int64_t chunk = (int64_t(1) << 22) / V;
+  // Rows per chunk: up to 1 GiB of fp32 logits. Larger chunks keep the head's GEMMs large
+  // (with a 262k vocabulary, 256 rows would re-read the 2 GiB weight 16 times per 4096 tokens).
+  int64_t chunk = (int64_t(1) << 28) / V;
   if (chunk > N) chunk = N;
   if (chunk < 1) chunk = 1;
   DeviceBuffer logits(this, chunk * V * 4), row_loss(this, N * 8);
@@ -222,7 +224,7 @@ double CudaBackend::lm_head_loss(const float* y, const float* w, const float* bi
     linear_impl(y + r0 * D, w, bias, logits.f(), rows, D, V, false, 0, /*bf16=*/false);
     k_loss_rows<<<unsigned(rows), kGpuThreads, 0, stream_>>>(logits.f(), target + r0, V, scale, row_loss.d() + r0);
     GPU_LAUNCH_CHECK();
-    linear_backward_impl(y + r0 * D, w, logits.f(), dy + r0 * D, dw, dbias, rows, D, V, false, 0, /*bf16=*/false);
+    if (dy) linear_backward_impl(y + r0 * D, w, logits.f(), dy + r0 * D, dw, dbias, rows, D, V, false, 0, /*bf16=*/false);
   }
   std::vector<double> host(static_cast<size_t>(N));
   to_host(host.data(), row_loss.d(), N * 8);

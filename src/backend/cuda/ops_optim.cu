@@ -1,8 +1,8 @@
-// GPU optimizer ops: Newton-Schulz orthogonalisation (fp32 GEMMs through the internal GEMM;
-// the optimizer state stays fp32 by project decision 6), Muon momentum and update, AdamW,
+// GPU optimizer ops: Newton-Schulz orthogonalisation (fp32 operands through the internal GEMM,
+// in TF32 under the bf16 policy; the optimizer state stays fp32 by project decision 6), Muon momentum and update, AdamW,
 // the deterministic sum of squares used by gradient clipping, and in-place scaling.
-// newton_schulz handles one matrix per call as the Backend interface defines it (batching
-// across a tensor's experts would need an interface change). Not yet run on a GPU.
+// newton_schulz_batched orthogonalises a tensor's experts together: strided-batched GEMMs,
+// one call per iteration product for the whole [E, rows, cols] tensor.
 #include <cmath>
 
 #include "backend/cuda/cuda_backend.h"
@@ -14,19 +14,23 @@ namespace {
 constexpr float kNsA = 3.4445f, kNsB = -4.7750f, kNsC = 2.0315f;
 constexpr double kNsNormEps = 1e-7;
 
-// X = x / (||x||_F + eps), transposed to [r, c] (r <= c) when the matrix is tall.
-__global__ void k_ns_init(const float* x, const double* ssq, float* X, int64_t r, int64_t c, int transposed) {
-  const float inv = float(1.0 / (sqrt(*ssq) + kNsNormEps));
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < r * c; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t a = i / c, b = i % c;
-    X[i] = (transposed ? x[b * r + a] : x[i]) * inv;
+// Per matrix m of the batch: X_m = x_m / (||x_m||_F + eps), transposed to [r, c] (r <= c) when
+// the matrix is tall.
+__global__ void k_ns_init(const float* x, const double* ssq, float* X, int64_t batch, int64_t r, int64_t c,
+                          int transposed) {
+  const int64_t n = r * c;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < batch * n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t m = i / n, j = i % n, a = j / c, b = j % c;
+    const float inv = float(1.0 / (sqrt(ssq[m]) + kNsNormEps));
+    X[i] = (transposed ? x[m * n + b * r + a] : x[i]) * inv;
   }
 }
 
-__global__ void k_ns_store(const float* X, float* x, int64_t r, int64_t c, int transposed) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < r * c; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t a = i / c, b = i % c;
-    if (transposed) x[b * r + a] = X[i];
+__global__ void k_ns_store(const float* X, float* x, int64_t batch, int64_t r, int64_t c, int transposed) {
+  const int64_t n = r * c;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < batch * n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t m = i / n, j = i % n, a = j / c, b = j % c;
+    if (transposed) x[m * n + b * r + a] = X[i];
     else x[i] = X[i];
   }
 }
@@ -65,16 +69,15 @@ __global__ void k_scale(float* x, float s, int64_t n) {
 }  // namespace
 
 void CudaBackend::newton_schulz(float* x, int64_t rows, int64_t cols, int steps) {
-  ZAYA_CHECK(rows >= 0 && cols >= 0 && steps >= 0, "newton_schulz: bad shape or step count");
-  if (rows == 0 || cols == 0) return;
+  newton_schulz_batched(x, 1, rows, cols, steps);
+}
+
+void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, int64_t cols, int steps) {
+  ZAYA_CHECK(batch >= 0 && rows >= 0 && cols >= 0 && steps >= 0, "newton_schulz: bad shape or step count");
+  if (batch == 0 || rows == 0 || cols == 0) return;
   const bool transposed = rows > cols;
   const int64_t r = transposed ? cols : rows, c = transposed ? rows : cols, n = r * c;
-  DeviceBuffer ssq(this, 8), xb(this, n * 4), yb(this, n * 4), A(this, r * r * 4), Bm(this, r * r * 4);
-  gpu_sum_squares(*this, x, n, ssq.d());
-  k_ns_init<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(x, ssq.d(), xb.f(), r, c, transposed);
-  GPU_LAUNCH_CHECK();
-  float* X = xb.f();
-  float* Y = yb.f();
+  const GemmCompute nc = options_.bf16_matmul ? GemmCompute::Tf32 : GemmCompute::Exact;
   auto f32 = [](const float* p, int64_t ld, bool trans) {
     GemmOperand o;
     o.ptr = p;
@@ -83,17 +86,28 @@ void CudaBackend::newton_schulz(float* x, int64_t rows, int64_t cols, int steps)
     o.trans = trans;
     return o;
   };
+  DeviceBuffer ssq(this, batch * 8), xb(this, batch * n * 4), yb(this, batch * n * 4), A(this, batch * r * r * 4),
+      Bm(this, batch * r * r * 4);
+  for (int64_t i = 0; i < batch; ++i) gpu_sum_squares(*this, x + i * n, n, ssq.d() + i);
+  k_ns_init<<<gpu_blocks(batch * n), kGpuThreads, 0, stream_>>>(x, ssq.d(), xb.f(), batch, r, c, transposed);
+  GPU_LAUNCH_CHECK();
+  float* X = xb.f();
+  float* Y = yb.f();
+  const GemmBatch bx{batch, n, n, r * r}, ba{batch, r * r, r * r, r * r}, bb{batch, r * r, n, n};
   for (int s = 0; s < steps; ++s) {
-    gemm(r, r, c, 1.0f, f32(X, c, false), f32(X, c, true), 0.0f, A.f(), r);           // A = X X^T
-    copy(Bm.f(), A.f(), r * r);
-    gemm(r, r, r, kNsC, f32(A.f(), r, false), f32(A.f(), r, false), kNsB, Bm.f(), r);  // B = b A + c A A
-    copy(Y, X, n);
-    gemm(r, c, r, 1.0f, f32(Bm.f(), r, false), f32(X, c, false), kNsA, Y, c);         // Y = a X + B X
+    // Under the bf16 policy the products run in TF32 (fp32 operands on the tensor cores, fp32
+    // accumulation: ~1e-3 from fp32, about 8x its rate); otherwise exactly in fp32.
+    const GemmOperand x_op = f32(X, c, false);
+    gemm(r, r, c, 1.0f, x_op, f32(X, c, true), 0.0f, A.f(), r, bx, nc);  // A = X X^T
+    copy(Bm.f(), A.f(), batch * r * r);
+    gemm(r, r, r, kNsC, f32(A.f(), r, false), f32(A.f(), r, false), kNsB, Bm.f(), r, ba, nc);  // B = b A + c A A
+    copy(Y, X, batch * n);
+    gemm(r, c, r, 1.0f, f32(Bm.f(), r, false), x_op, kNsA, Y, c, bb, nc);  // Y = a X + B X
     float* t = X;
     X = Y;
     Y = t;
   }
-  k_ns_store<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(X, x, r, c, transposed);
+  k_ns_store<<<gpu_blocks(batch * n), kGpuThreads, 0, stream_>>>(X, x, batch, r, c, transposed);
   GPU_LAUNCH_CHECK();
 }
 

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, run on the GPU machine from the repository root over a build
+# packed by scripts/gpu_pack.sh (.devcarry/). Steps (default: all): 
+#   tests  zaya_gpu_tests (every op, model gradients, 50 training steps against the CPU backend)
+#   hf     logits of a random model written by zaya against transformers' ZayaForCausalLM
+#   nccl   the NCCL communicator with one rank (zaya_nccl_check, MPI singleton)
+#   dp     GPU data parallelism (MPI, host-staged) with 1 and 2 ranks sharing the GPU, and a run
+#          checkpointed by 2 ranks resumed by 1 (zaya_dp_check, fp32 GEMMs: the CPU tolerances)
+#   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
+#   bench  bench_train (ZAYA1-base-shaped blocks), its transformers peer, bench_decode (batch 1, 16)
+#   fit    the full 8.3B zaya1-base, training steps on this one GPU (no sharding): memory and speed
+# Logs and JSON results go to $OUT/logs.tgz ($OUT default /tmp/zaya-gpu-out). Exit status: number of failed steps.
+set -uo pipefail
+ROOT=$(pwd)
+OUT=${OUT:-/tmp/zaya-gpu-out}
+LOGS=/tmp/zaya-gpu-logs  # every log and JSON; packed into $OUT/logs.tgz at the end
+rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
+BIN=$ROOT/.devcarry/bin
+if [[ -f $ROOT/.devcarry/pack.tar.xz && ! -x $BIN/zaya ]]; then
+  tar -C "$ROOT/.devcarry" -xJf "$ROOT/.devcarry/pack.tar.xz"
+  # The demo corpus the built-in recipe trains on (data/ is not part of the working tree).
+  if [[ -d $ROOT/.devcarry/data && ! -d $ROOT/data/npm ]]; then mkdir -p "$ROOT/data" && cp -r "$ROOT/.devcarry/data/npm" "$ROOT/data/"; fi
+fi
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(tests hf nccl)
+
+# The tests find their fixtures under the source directory they were built in (/work/main).
+if [[ ! -e /work/main/tests/fixtures ]]; then mkdir -p /work && ln -sfn "$ROOT" /work/main; fi
+
+libdir_of() {  # first directory holding $1 among the usual places of the CUDA machine
+  local f
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu; do
+    [[ -e $d/$1 ]] && { echo "$d"; return; }
+  done
+  f=$(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name "$1" -print 2>/dev/null | head -1)
+  [[ -n $f ]] && dirname "$f"
+}
+LIBS=$ROOT/.devcarry/lib
+for l in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libnccl.so.2; do
+  d=$(libdir_of $l)
+  if [[ -n $d ]]; then LIBS=$LIBS:$d; else echo "gpu_device_checks: $l not found"; fi
+done
+export LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Open MPI: use the machine's own (its mpirun and components match its libmpi) when it has one.
+if [[ -e /usr/lib/x86_64-linux-gnu/libmpi.so.40 ]]; then
+  rm -f "$ROOT"/.devcarry/lib/libmpi.so.* "$ROOT"/.devcarry/lib/libopen-rte.so.* "$ROOT"/.devcarry/lib/libopen-pal.so.*
+else
+  export OPAL_PREFIX=$ROOT/.devcarry/openmpi
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$LOGS/gpu.txt"
+ldd "$BIN/zaya" | grep "not found" && echo "gpu_device_checks: missing libraries (above)"
+
+failed=0
+step_tests() {
+  "$BIN/zaya_gpu_tests" --gtest_output=xml:"$LOGS/gpu_tests.xml" 2>&1 | tee "$LOGS/gpu_tests.log" | \
+    grep -E "^\[  (FAILED|  OK|PASSED) |Failure|error|skipped|rel|max" | head -150
+  return "${PIPESTATUS[0]}"
+}
+step_hf() {
+  local d=/tmp/zaya-hf
+  rm -rf $d && mkdir -p $d
+  # Every architectural path HF has: sliding and full layers, GQA 4:2, partial RoPE, a tied head,
+  # four experts plus the skip class, with HF's skip semantics ("zero").
+  cat > $d/config.json <<'JSON'
+{"model_type": "zaya", "architectures": ["ZayaForCausalLM"], "vocab_size": 1000, "hidden_size": 128,
+ "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+ "moe_intermediate_size": 96, "num_experts": 4, "num_experts_per_tok": 1, "router_hidden_size": 32,
+ "layer_types": ["hybrid", "hybrid_sliding", "hybrid"], "sliding_window": 8,
+ "rope_parameters": {"hybrid": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                     "hybrid_sliding": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+ "tie_word_embeddings": true, "max_position_embeddings": 512, "skip_expert_output": "zero",
+ "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
+JSON
+  "$BIN/zaya" init --config $d/config.json --out $d/model --seed 7 || return 1
+  python3 -c "import random, json; random.seed(3); print(json.dumps([[random.randrange(3, 1000) for _ in range(40)] for _ in range(3)]))" > $d/ids.json
+  "$BIN/zaya" score --model $d/model --ids-file $d/ids.json --out $d/cpu.json || return 1
+  "$BIN/zaya" score --model $d/model --ids-file $d/ids.json --out $d/cuda.json --backend cuda || return 1
+  cp $d/model/config.json "$LOGS/hf_config.json"
+  PYTHONUNBUFFERED=1 python3 tests/reference/hf_logits_check.py --model $d/model --ids $d/ids.json \
+    --zaya cpu=$d/cpu.json:1e-4 --zaya cuda=$d/cuda.json:1e-2 2>&1 | tee "$LOGS/hf_check.log"
+  return "${PIPESTATUS[0]}"
+}
+step_nccl() {
+  [[ -x $BIN/zaya_nccl_check ]] || { echo "no zaya_nccl_check"; return 1; }
+  ZAYA_COMM_TIMEOUT=60 "$BIN/zaya_nccl_check" 2>&1 | tee "$LOGS/nccl.log"
+  return "${PIPESTATUS[0]}"
+}
+step_dp() {
+  local W=/tmp/zaya-dp dp=$BIN/zaya_dp_check rc=0
+  local mpi=(mpirun --oversubscribe -x LD_LIBRARY_PATH -x OMP_NUM_THREADS -np)
+  rm -rf $W && mkdir -p $W
+  export OMP_NUM_THREADS=4
+  $dp train $W/np1 --backend cuda-fp32 || return 1
+  "${mpi[@]}" 2 $dp train $W/np2 --backend cuda-fp32 || return 1
+  $dp compare $W/np1 $W/np2 | tee "$LOGS/dp.log" || rc=1
+  mkdir -p $W/resume && cp $W/np1/train.bin $W/np1/val.bin $W/resume/
+  "${mpi[@]}" 2 $dp train $W/resume --stop-after 10 --backend cuda-fp32 || return 1
+  $dp train $W/resume --backend cuda-fp32 || return 1
+  $dp compare $W/np1 $W/resume | tee -a "$LOGS/dp.log" || rc=1
+  # The same run on the CPU backend (informational: GEMM summation orders differ).
+  $dp train $W/cpu --backend cpu && $dp compare $W/cpu $W/np1 | tee -a "$LOGS/dp.log"
+  # bf16 GEMMs with 2 ranks against 1 (informational).
+  $dp train $W/bf16_np1 --backend cuda && "${mpi[@]}" 2 $dp train $W/bf16_np2 --backend cuda && \
+    $dp compare $W/bf16_np1 $W/bf16_np2 | tee -a "$LOGS/dp.log"
+  return $rc
+}
+step_train() {
+  local R=/tmp/zaya-train
+  rm -rf $R
+  "$BIN/zaya" train --backend cuda --set run_dir=$R --stop-after 20 2>&1 | tail -8 || return 1
+  "$BIN/zaya" train --backend cuda --set run_dir=$R 2>&1 | tee "$LOGS/train.log" | grep -vE "^step [0-9]+/" | tail -25
+  [[ ${PIPESTATUS[0]} == 0 ]] || return 1
+  grep -E "^step [0-9]+/" "$LOGS/train.log" | tail -3
+  "$BIN/zaya" generate --backend cuda --model $R/model --prompt "The" --max-tokens 24 --temperature 0 2>&1 | tail -3
+}
+step_bench() {
+  local cfg=bench/configs/zaya1-base-blocks.json B=${BENCH_B:-4} T=${BENCH_T:-4096}
+  [[ -n ${SKIP_HF:-} ]] || PYTHONUNBUFFERED=1 python3 bench/bench_train_hf.py --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
+    > "$LOGS/bench_train_hf.json" 2> "$LOGS/bench_train_hf.log" || tail -5 "$LOGS/bench_train_hf.log"
+  [[ -n ${SKIP_HF:-} ]] || python3 -c "import json; d=json.load(open('$LOGS/bench_train_hf.json')); print('hf', d['tokens_per_s'], 'bf16 peak', d['torch_bf16_gemm_peak_tflops'], 'mem', d['peak_memory_bytes'])"
+  if ! "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
+    > "$LOGS/bench_train_cuda.json" 2> "$LOGS/bench_train_cuda.log"; then
+    tail -3 "$LOGS/bench_train_cuda.log"
+    cuda-gdb -batch -ex run -ex bt --args "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T \
+      --warmup 0 --steps 1 --skip-peaks > "$LOGS/bench_train_gdb.log" 2>&1
+    grep -E "^#|signal|Error" "$LOGS/bench_train_gdb.log" | head -30
+    return 1
+  fi
+  grep -E "median|MFU|memory" "$LOGS/bench_train_cuda.log"
+  # Per-op breakdown (each op synchronised: slower than the timed run above).
+  "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 1 --steps 2 --skip-peaks --profile \
+    > "$LOGS/bench_train_profile.json" 2> "$LOGS/bench_train_profile.log" && \
+    grep -A22 "per-op breakdown" "$LOGS/bench_train_profile.log"
+  for b in 1 16; do
+    "$BIN/bench_decode" --backend cuda --config $cfg --batch $b --prompt 128 --tokens 64 --rounds 3 \
+      > "$LOGS/bench_decode_b$b.json" 2> "$LOGS/bench_decode_b$b.log" || { tail -3 "$LOGS/bench_decode_b$b.log"; return 1; }
+    tail -1 "$LOGS/bench_decode_b$b.log"
+  done
+}
+step_fit() {
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
+  local T rc=1
+  for T in ${FIT_SEQ:-4096 2048}; do
+    echo "zaya1-base, batch 1 x $T tokens:"
+    if "$BIN/bench_train" --backend cuda --preset zaya1-base --batch 1 --seq $T --warmup 1 --steps 3 --skip-peaks \
+      > "$LOGS/fit_$T.json" 2> "$LOGS/fit_$T.log"; then
+      grep -E "^model|median|memory|step [0-9]" "$LOGS/fit_$T.log"
+      rc=0
+    else
+      tail -4 "$LOGS/fit_$T.log"
+    fi
+  done
+  return $rc
+}
+for s in "${steps[@]}"; do
+  echo "=== $s"
+  t0=$(date +%s)
+  if "step_$s"; then echo "=== $s: ok ($(( $(date +%s) - t0 )) s)"; else echo "=== $s: FAILED ($(( $(date +%s) - t0 )) s)"; failed=$((failed + 1)); fi
+done
+tar -C "$LOGS" -czf "$OUT/logs.tgz" .
+exit $failed
