@@ -1,6 +1,7 @@
 // Model construction, initialisation (spec C.5) and decode-state management.
 #include "model/model.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -60,7 +61,18 @@ void Model::init_random(uint64_t seed) {
       return n.size() >= l && n.compare(n.size() - l, l, s) == 0;
     };
     if (p.kind == ParamKind::Matrix || p.kind == ParamKind::Embedding || p.kind == ParamKind::Conv) {
-      for (auto& v : host) v = float(rng.normal() * cfg_.initializer_range);
+      // The stream is counter-based and a normal takes two counters, so element i is drawn at
+      // counter c0 + 2i whatever thread draws it: parallel and identical to one thread.
+      const uint64_t c0 = rng.counter();
+      const int64_t n = p.numel, chunk = int64_t(1) << 16;
+#pragma omp parallel for schedule(static) if (n > 4 * chunk)
+      for (int64_t s = 0; s < n; s += chunk) {
+        Rng local(seed);
+        local.set_counter(c0 + 2 * uint64_t(s));
+        for (int64_t i = s; i < std::min(n, s + chunk); ++i)
+          host[size_t(i)] = float(local.normal() * cfg_.initializer_range);
+      }
+      rng.set_counter(c0 + 2 * uint64_t(n));
     } else if (ends_with("balancing_biases")) {
       host.back() = -1.0f;  // skip class
     } else if (ends_with("_scale") || ends_with("layernorm.weight") || ends_with("norm.weight") ||

@@ -94,6 +94,9 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   }
   Comm& comm = *comm_ptr;
   const int rank = comm.rank(), ranks = comm.size();
+  // The backend first: a GPU that is missing fails before anything is read or written.
+  const int device = comm.local_rank();
+  auto be = make_backend(opt.backend, device);
   const bool lead = rank == 0;  // rank 0 logs, writes the run directory and exports
   TrainSummary sum;
   sum.run_dir = r.run_dir;
@@ -122,8 +125,6 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   TrainData data(r, rank, ranks, ramp);
   std::unique_ptr<Tokenizer> tok;
   if (!r.data.tokenizer.empty() && fs::exists(r.data.tokenizer)) tok = load_tokenizer(r.data.tokenizer);
-  const int device = comm.local_rank();
-  auto be = make_backend(opt.backend, device);
   if (opt.backend != "cpu") log("backend: " + be->name() + " (rank 0 on device " + std::to_string(device) + ")");
   std::unique_ptr<Model> model;
   if (!r.model.init_from.empty()) {

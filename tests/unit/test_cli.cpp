@@ -127,6 +127,16 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("outside the vocabulary"), std::string::npos) << r.output;
 
+  r = run("score --model " + fx + " --ids-file " + fx + "/ids.json --out " + temp_path("y.json") + " --backend tpu");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("unknown backend 'tpu'"), std::string::npos) << r.output;
+
+#ifndef ZAYA_CUDA
+  r = run("train --backend cuda --set run_dir=" + temp_path("gpu_run"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("built without CUDA"), std::string::npos) << r.output;
+#endif
+
   r = run("info --model /nonexistent/dir");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("/nonexistent/dir/config.json"), std::string::npos) << r.output;

@@ -558,6 +558,13 @@ TEST(CpuGrads, LmHeadLossSeveralChunks) {
   double sum = 0;
   for (double l : row_loss) sum += l;
   EXPECT_NEAR(total, sum, 1e-6 * std::fabs(total));
+  {  // loss only (evaluation): the same sum, no gradient written
+    auto dw_untouched = dw0;
+    const double loss_only = be.lm_head_loss(y.data(), w.data(), bias.data(), target.data(), N, D, V, scale, nullptr,
+                                             dw_untouched.data(), nullptr);
+    EXPECT_EQ(loss_only, total);
+    EXPECT_EQ(dw_untouched, dw0);
+  }
   for (int64_t r = 0; r < N; ++r)
     if (target[sz(r)] < 0) {
       for (int64_t d = 0; d < D; ++d) ASSERT_EQ(dy[sz(r * D + d)], 0.0f) << "ignored row " << r;

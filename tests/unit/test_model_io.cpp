@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "io/safetensors.h"
 #include "model/model_io.h"
 #include "test_helpers.h"
@@ -148,6 +149,26 @@ TEST(ModelInit, FollowsSpecC5AndIsDeterministic) {
   double ss = 0;
   for (int64_t i = 0; i < q.numel; ++i) ss += double(a.params()[q.offset + i]) * a.params()[q.offset + i];
   EXPECT_NEAR(std::sqrt(ss / double(q.numel)), 0.02, 0.002);
+}
+
+// init_random draws large tensors in parallel; the values must be those of one sequential
+// stream over the layout (seed, then two counters per normal), whatever the thread count.
+TEST(ModelInit, ParallelDrawsEqualOneSequentialStream) {
+  ModelConfig c = preset_config("zaya-small");  // tensors large enough for the parallel path
+  auto be = make_cpu_backend();
+  Model m(c, *be);
+  m.init_random(11);
+  Rng rng(11);
+  int64_t checked = 0;
+  for (const ParamSpec& p : m.layout().params) {
+    if (p.kind != ParamKind::Matrix && p.kind != ParamKind::Embedding && p.kind != ParamKind::Conv) continue;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const float want = float(rng.normal() * c.initializer_range);
+      ASSERT_EQ(m.params()[p.offset + i], want) << p.name << "[" << i << "]";
+    }
+    checked += p.numel;
+  }
+  EXPECT_GT(checked, int64_t(4) << 16);
 }
 
 }  // namespace
