@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
@@ -38,32 +39,22 @@ struct Args {
   uint64_t seed = 1234;
 };
 
-[[noreturn]] void usage() {
-  std::fprintf(stderr,
-               "usage: bench_decode [--preset NAME | --config FILE] [--backend cpu|cuda] [--batch B] [--prompt P]\n"
-               "                    [--tokens K] [--rounds R] [--seed N]\n");
-  std::exit(2);
-}
-
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage();
-      return argv[++i];
-    };
-    if (k == "--preset") a.preset = val();
-    else if (k == "--config") a.config_path = val();
-    else if (k == "--backend") a.backend = val();
-    else if (k == "--batch") a.B = std::stoll(val());
-    else if (k == "--prompt") a.P = std::stoll(val());
-    else if (k == "--tokens") a.K = std::stoll(val());
-    else if (k == "--rounds") a.rounds = std::stoi(val());
-    else if (k == "--seed") a.seed = std::stoull(val());
-    else usage();
+  CLI::App app("bench_decode: prefill and greedy decode tokens/s on any backend");
+  app.add_option("--preset", a.preset, "Built-in model shape")->capture_default_str();
+  app.add_option("--config", a.config_path, "A config.json instead of a preset (random init)");
+  app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
+  app.add_option("--batch", a.B, "Sequences decoded together")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--prompt", a.P, "Prompt tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--tokens", a.K, "Decode steps")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--rounds", a.rounds, "Timed rounds after one warm-up")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--seed", a.seed, "Weights and prompt seed")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
-  if (a.B < 1 || a.P < 1 || a.K < 1 || a.rounds < 1) usage();
   return a;
 }
 

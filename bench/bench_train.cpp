@@ -247,6 +247,8 @@ int main(int argc, char** argv) try {
                median(opt) * 1e3, 100 * median(opt) / median(tot), flops_tok * 1e-9, gflops);
 
   out["peak_memory_bytes"] = tb.peak_memory_bytes();
+  out["backend_diagnostics"] = tb.diagnostics();
+  if (!tb.diagnostics().empty()) std::fprintf(stderr, "%s\n", tb.diagnostics().c_str());
   if (tb.peak_memory_bytes() > 0)
     std::fprintf(stderr, "device memory held at most: %.2f GiB\n", double(tb.peak_memory_bytes()) / double(1 << 30));
   // --- peak (after the steps, so the timed steps see a warm, unperturbed process) ---

@@ -48,6 +48,7 @@ class TimedBackend final : public Backend {
   float* alloc(int64_t n) override { return in_.alloc(n); }
   double matmul_peak_gflops() override { return in_.matmul_peak_gflops(); }
   int64_t peak_memory_bytes() const override { return in_.peak_memory_bytes(); }
+  std::string diagnostics() const override { return in_.diagnostics(); }
   void free(void* p) override { in_.free(p); }
 
   void linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,

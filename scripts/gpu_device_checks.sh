@@ -9,7 +9,10 @@
 #   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
 #   bench  bench_train (ZAYA1-base-shaped blocks), its transformers peer, bench_decode (batch 1, 16)
 #   fit    the full 8.3B zaya1-base, training steps on this one GPU (no sharding): memory and speed
-# Logs and JSON results go to $OUT/logs.tgz ($OUT default /tmp/zaya-gpu-out). Exit status: number of failed steps.
+# Logs and JSON results go to $OUT/logs.tgz ($OUT default /tmp/zaya-gpu-out), re-packed after
+# every step, so a call that runs out of time still returns what finished. Each step runs
+# under STEP_TIMEOUT seconds (default 420). Run it without a pipeline after it (no `| tail`):
+# a call killed at its limit loses a pipeline's output. Exit status: number of failed steps.
 set -uo pipefail
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/zaya-gpu-out}
@@ -153,10 +156,17 @@ step_fit() {
   done
   return $rc
 }
+export -f $(compgen -A function step_) libdir_of
+export BIN LOGS ROOT
 for s in "${steps[@]}"; do
   echo "=== $s"
   t0=$(date +%s)
-  if "step_$s"; then echo "=== $s: ok ($(( $(date +%s) - t0 )) s)"; else echo "=== $s: FAILED ($(( $(date +%s) - t0 )) s)"; failed=$((failed + 1)); fi
+  if timeout "${STEP_TIMEOUT:-420}" bash -c "step_$s"; then
+    echo "=== $s: ok ($(( $(date +%s) - t0 )) s)"
+  else
+    echo "=== $s: FAILED or timed out ($(( $(date +%s) - t0 )) s)"
+    failed=$((failed + 1))
+  fi
+  tar -C "$LOGS" -czf "$OUT/logs.tgz" .
 done
-tar -C "$LOGS" -czf "$OUT/logs.tgz" .
 exit $failed

@@ -219,6 +219,8 @@ class Backend {
   virtual double matmul_peak_gflops() { return 0; }
   // The most device memory this backend has held at once (bytes; 0 = host memory, not tracked).
   virtual int64_t peak_memory_bytes() const { return 0; }
+  // One line of backend-specific counters for benchmarks ("" = none).
+  virtual std::string diagnostics() const { return ""; }
   // Host <-> backend transfers (no-ops beyond memcpy on the CPU).
   virtual void to_host(void* host, const void* src, int64_t bytes) = 0;
   virtual void from_host(void* dst, const void* host, int64_t bytes) = 0;

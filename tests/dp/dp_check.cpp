@@ -26,6 +26,9 @@
 #include "dist/comm.h"
 #include "model/params.h"
 #include "train/trainer.h"
+#ifdef ZAYA_CUDA
+#include "backend/cuda/cuda_factory.h"
+#endif
 
 #include "../common/synthetic_corpus.h"
 
@@ -33,6 +36,14 @@ namespace fs = std::filesystem;
 using namespace zaya;
 
 namespace {
+
+bool gpu_present() {
+#ifdef ZAYA_CUDA
+  return cuda_device_count() > 0;
+#else
+  return true;  // a CPU build: make_backend reports that CUDA is missing
+#endif
+}
 
 Recipe recipe(const std::string& dir) {
   Recipe r = test::synthetic_recipe(dir);
@@ -59,6 +70,10 @@ std::vector<double> losses(const std::string& run_dir) {
 }
 
 int train_cmd(const std::string& dir, int64_t stop_after, const std::string& backend) {
+  if (backend.rfind("cuda", 0) == 0 && !gpu_present()) {
+    std::printf("dp_check: skipped: no GPU\n");
+    return 0;
+  }
   auto comm = make_comm(CommOptions{});
   if (comm->rank() == 0 && !fs::exists(dir + "/train.bin")) {
     fs::create_directories(dir);

@@ -4,6 +4,7 @@
 // operand alignments and batch) and cached. Strided batches run as one BLASLt call.
 #include "backend/cuda/gpu_gemm.h"
 
+#include <chrono>
 #include <string>
 
 namespace zaya {
@@ -95,6 +96,15 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
                               batch.count, batch.stride_a, batch.stride_b, batch.stride_c, int64_t(compute)};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
+  // The MoE's per-expert GEMMs have a row count that changes with the routing, so the cache
+  // would grow with training; past kMaxPlans it starts over (a plan only matters while its
+  // cublasLtMatmul call is being issued, so dropping them all is safe).
+  constexpr size_t kMaxPlans = 4096;
+  if (plans_.size() >= kMaxPlans) {
+    for (auto& kv : plans_) delete kv.second;
+    plans_.clear();
+  }
+  const auto t_start = std::chrono::steady_clock::now();
   auto handle = static_cast<gpuBlasLtHandle_t>(handle_);
   auto* plan = new Plan;
   plans_[key] = plan;
@@ -141,6 +151,8 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
                                                  plan->lay_c, pref, 1, &plan->result, &found);
   plan->found = hs == GPU_BLAS_SUCCESS && found > 0;
   gpuBlasLtPreferenceDestroy(pref);
+  ++plans_built_;
+  plan_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return plan;
 #else
   (void)M, (void)N, (void)K, (void)A, (void)B, (void)C, (void)ldc, (void)batch, (void)compute;

@@ -52,6 +52,10 @@ class GpuGemm {
            float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact);
   // "cublaslt", "hipblaslt" or "tiled".
   const char* engine() const;
+  // Plans built so far (cache misses) and the host seconds spent building them (descriptors and
+  // the BLASLt heuristic query): the cost of shapes that change from call to call.
+  int64_t plans_built() const { return plans_built_; }
+  double plan_seconds() const { return plan_seconds_; }
 
  private:
   bool run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
@@ -62,6 +66,8 @@ class GpuGemm {
   Plan* plan_for(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, const float* C,
                  int64_t ldc, const GemmBatch& batch, GemmCompute compute);
   std::map<std::vector<int64_t>, Plan*> plans_;
+  int64_t plans_built_ = 0;
+  double plan_seconds_ = 0;
 
   gpuStream_t stream_;
   bool portable_;
