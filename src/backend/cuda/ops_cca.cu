@@ -12,16 +12,28 @@ namespace zaya {
 
 namespace {
 
-__global__ void k_conv_grouped(const float* y, const float* w_grp, const float* b_grp, float* z, int64_t B, int64_t T,
+// w_t[(ci * t1 + j) * C + c] = w_grp[(c * G + ci) * t1 + j]: the grouped conv's weights with the
+// output channel innermost, so that the threads of a warp (consecutive c) read consecutive
+// weights (in [C, G, t1] order each of their loads touched another cache line: measured 23 ms
+// per layer at 16384 tokens on an H100).
+__global__ void k_grouped_w_transpose(const float* w_grp, float* w_t, int64_t C, int64_t G, int64_t t1) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < C * G * t1; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % C, r = i / C, ci = r / t1, j = r % t1;
+    w_t[i] = w_grp[(c * G + ci) * t1 + j];
+  }
+}
+
+// z[b, t, c] = b_grp[c] + sum_{ci, j} w[c, ci, j] y[b, t + j, group(c) + ci], with the weights
+// in k_grouped_w_transpose's layout (same terms in the same order as before the transpose).
+__global__ void k_conv_grouped(const float* y, const float* w_t, const float* b_grp, float* z, int64_t B, int64_t T,
                                int64_t C, int64_t G, int64_t t1) {
   const int64_t Ly = T + t1 - 1;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * T * C; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t c = i % C, t = (i / C) % T, b = i / (C * T);
-    const float* w = w_grp + c * G * t1;
     const float* yg = y + (b * Ly + t) * C + (c / G) * G;
     float acc = b_grp[c];
     for (int64_t ci = 0; ci < G; ++ci)
-      for (int64_t j = 0; j < t1; ++j) acc += w[ci * t1 + j] * yg[j * C + ci];
+      for (int64_t j = 0; j < t1; ++j) acc += w_t[(ci * t1 + j) * C + c] * yg[j * C + ci];
     z[i] = acc;
   }
 }
@@ -129,7 +141,11 @@ void CudaBackend::cca_conv_rows(const CcaConvArgs& a) {
   if (B * T == 0) return;
   DeviceBuffer y(this, B * Ly * C * 4);
   launch_conv_depthwise(stream_, a.u, a.state, a.w_dw, a.b_dw, y.f(), B, T, C, P, a.t0, a.t1);
-  k_conv_grouped<<<gpu_blocks(B * T * C), kGpuThreads, 0, stream_>>>(y.f(), a.w_grp, a.b_grp, a.z, B, T, C, a.group,
+  DeviceBuffer w_t(this, C * a.group * a.t1 * 4);
+  k_grouped_w_transpose<<<gpu_blocks(C * a.group * a.t1), kGpuThreads, 0, stream_>>>(a.w_grp, w_t.f(), C, a.group,
+                                                                                      a.t1);
+  GPU_LAUNCH_CHECK();
+  k_conv_grouped<<<gpu_blocks(B * T * C), kGpuThreads, 0, stream_>>>(y.f(), w_t.f(), a.b_grp, a.z, B, T, C, a.group,
                                                                        a.t1);
   GPU_LAUNCH_CHECK();
   if (a.state && P > 0) {
