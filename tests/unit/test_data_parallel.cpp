@@ -183,3 +183,97 @@ TEST(DataParallel, OneRankIssuesNoCollectivesAndLeavesGradientsAsTheyAre) {
 
 }  // namespace
 }  // namespace zaya
+
+namespace zaya {
+namespace {
+
+// Rank 0 of 2 whose peer holds the same gradients and, for the parameter all-gather, sends 7s:
+// reduce-scatters return twice this rank's block, all-gathers fill the peer's blocks with 7.
+class MirroredPeerComm : public Comm {
+ public:
+  std::string name() const override { return "mirrored"; }
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  int64_t reduce_scatters = 0, all_gathers = 0;
+  CommHandle all_reduce(const void* s, void* r, int64_t n, CommType t, ReduceOp) override {
+    EXPECT_TRUE(t == CommType::F64 || t == CommType::I64);
+    for (int64_t i = 0; i < n; ++i) {
+      if (t == CommType::F64) static_cast<double*>(r)[i] = 2 * static_cast<const double*>(s)[i];
+      else static_cast<int64_t*>(r)[i] = 2 * static_cast<const int64_t*>(s)[i];
+    }
+    return done();
+  }
+  CommHandle reduce_scatter(const void* s, void* r, const std::vector<int64_t>& c, CommType, ReduceOp) override {
+    ++reduce_scatters;
+    for (int64_t i = 0; i < c[0]; ++i) static_cast<float*>(r)[i] = 2 * static_cast<const float*>(s)[i];
+    return done();
+  }
+  CommHandle all_gather(const void* s, void* r, const std::vector<int64_t>& c, CommType) override {
+    ++all_gathers;
+    float* out = static_cast<float*>(r);
+    std::copy(static_cast<const float*>(s), static_cast<const float*>(s) + c[0], out);
+    std::fill(out + c[0], out + c[0] + c[1], 7.0f);
+    return done();
+  }
+  CommHandle broadcast(void*, int64_t, CommType, int) override { return done(); }
+  CommHandle barrier() override { return done(); }
+  CommHandle send(const void*, int64_t, CommType, int, int) override { return done(); }
+  CommHandle recv(void*, int64_t, CommType, int, int) override { return done(); }
+
+ private:
+  struct Done : CommRequest {
+    void wait() override {}
+    bool test() override { return true; }
+  };
+  static CommHandle done() { return std::make_unique<Done>(); }
+};
+
+// Host-staged (the job's comm) and device-buffer (data_comm) buckets move the same bytes: owned
+// gradients come back summed over both ranks, the others untouched; the all-gather writes the
+// peer's tensors and leaves this rank's own.
+TEST(DataParallel, HostStagedAndDeviceBufferPathsPackAndUnpackAlike) {
+  ModelConfig c = preset_config("zaya-tiny");
+  ParamLayout L = build_param_layout(c);
+  auto be = make_cpu_backend();
+  std::vector<float> g0(static_cast<size_t>(L.total)), p0(g0.size());
+  Rng rng(9);
+  for (auto& x : g0) x = float(rng.normal());
+  for (auto& x : p0) x = float(rng.normal());
+  for (bool device_path : {false, true}) {
+    SCOPED_TRACE(device_path ? "data_comm (backend buffers)" : "host-staged");
+    MirroredPeerComm comm, data;
+    DataParallelOptions o;
+    o.bucket_bytes = 8 << 10;
+    o.backend = be.get();
+    if (device_path) o.data_comm = &data;
+    DataParallel dp(comm, L, 5, o);
+    std::vector<float> g = g0, p = p0;
+    dp.begin_step(g.data());
+    for (int64_t l = c.num_hidden_layers - 1; l >= 0; --l) dp.block_done(l);
+    dp.finish_gradients();
+    dp.gather_parameters(p.data());
+    int owned = 0;
+    for (size_t i = 0; i < L.params.size(); ++i) {
+      const ParamSpec& s = L.params[i];
+      for (int64_t k = 0; k < s.numel; ++k) {
+        const size_t at = size_t(s.offset + k);
+        ASSERT_EQ(g[at], dp.owns(i) ? 2 * g0[at] : g0[at]) << s.name;
+        ASSERT_EQ(p[at], dp.owns(i) ? p0[at] : 7.0f) << s.name;
+      }
+      owned += dp.owns(i);
+    }
+    EXPECT_GT(owned, 0);
+    EXPECT_LT(owned, int(L.params.size()));
+    Comm& used = device_path ? static_cast<Comm&>(data) : static_cast<Comm&>(comm);
+    const Comm& unused = device_path ? static_cast<Comm&>(comm) : static_cast<Comm&>(data);
+    EXPECT_EQ(static_cast<MirroredPeerComm&>(used).reduce_scatters, dp.buckets());
+    EXPECT_EQ(static_cast<MirroredPeerComm&>(used).all_gathers, 1);
+    EXPECT_EQ(static_cast<const MirroredPeerComm&>(unused).reduce_scatters, 0);
+    double loss[1] = {1.5};
+    dp.sum(loss, 1);  // small sums always over the job's comm
+    EXPECT_EQ(loss[0], 3.0);
+  }
+}
+
+}  // namespace
+}  // namespace zaya
