@@ -211,6 +211,16 @@ TEST(Cli, InitThenInfoShowsParameterCounts) {
   EXPECT_NE(r.output.find("active/token"), std::string::npos) << r.output;
   r = run("info --preset zaya1-base");
   EXPECT_NE(r.output.find("8.84B"), std::string::npos) << r.output;
+  // Training state: weights + gradients + one Muon momentum (most tensors) or two AdamW moments,
+  // so between 3 and 4 times the f32 weights.
+  auto gib_after = [&](const std::string& key) {
+    const size_t at = r.output.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(r.output.substr(at + key.size()));
+  };
+  const double weights = gib_after("f32 "), state = gib_after("training state   ");
+  ASSERT_GT(weights, 30.0) << r.output;
+  EXPECT_GT(state, 3.0 * weights) << r.output;
+  EXPECT_LT(state, 4.0 * weights) << r.output;
 }
 
 }  // namespace

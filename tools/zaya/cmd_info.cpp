@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "train/optimizer.h"
 
 namespace zaya::cli {
 
@@ -48,6 +49,15 @@ void run_info(const std::string& model_dir, const std::string& preset) {
               human(double(pc.embedding)).c_str(), human(double(pc.active)).c_str());
   std::printf("weights memory   f32 %s, bf16 %s\n", gib(double(pc.total) * 4).c_str(),
               gib(double(pc.total) * 2).c_str());
+  // What training keeps per parameter: fp32 weights and gradients, plus Muon's momentum or
+  // AdamW's two moments (spec C.3-C.5), on one GPU without sharding (ZeRO-1 splits the last part).
+  double state_floats = 0;
+  for (const ParamSpec& p : build_param_layout(c).params) {
+    const OptimKind k = route_param(p).kind;
+    state_floats += double(p.numel) * (2 + (k == OptimKind::Muon ? 1 : k == OptimKind::AdamW ? 2 : 0));
+  }
+  std::printf("training state   %s (f32 weights, gradients, Muon momentum / AdamW moments; activations extra)\n",
+              gib(state_floats * 4).c_str());
   std::printf("KV cache         %lld values/token (%s per 1k tokens in f32)\n",
               (long long)(2 * c.kv_dim() * c.num_hidden_layers),
               gib(double(2 * c.kv_dim() * c.num_hidden_layers) * 4 * 1000).c_str());
