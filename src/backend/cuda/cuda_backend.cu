@@ -112,6 +112,11 @@ void CudaBackend::release_free_blocks() {
 float* CudaBackend::alloc(int64_t n) { return static_cast<float*>(pool_get(n * 4)); }
 void CudaBackend::free(void* p) { pool_put(p); }
 
+std::string CudaBackend::diagnostics() const {
+  return std::string("gemm engine ") + gemm_->engine() + ", " + std::to_string(gemm_->plans_built()) +
+         " GEMM plans built in " + std::to_string(gemm_->plan_seconds()) + " s of host time";
+}
+
 void CudaBackend::synchronize() { GPU_CHECK(gpuStreamSynchronize(stream_)); }
 
 DeviceBuffer CudaBackend::upload(const void* host, int64_t bytes) {

@@ -116,7 +116,7 @@ class CudaBackend final : public Backend {
   void from_host(void* dst, const void* host, int64_t bytes) override;
   double matmul_peak_gflops() override;  // gpu_peak.cu
   int64_t peak_memory_bytes() const override { return peak_reserved_bytes_; }
-  std::string diagnostics() const override;  // GEMM engine, plans built and their host time
+  std::string diagnostics() const override;  // cuda_backend.cu: GEMM engine, plans built, their host time
 
   // ---- internals shared by the ops_*.cu files ----
   gpuStream_t stream() const { return stream_; }

@@ -1,10 +1,8 @@
-// The GPU backend's measured matmul peak, the denominator of every GPU MFU figure (and its
-// one-line diagnostics for benchmarks): square
+// The GPU backend's measured matmul peak, the denominator of every GPU MFU figure: square
 // n^3 GEMMs through the same GEMM engine and operand precision the ops use (bf16 operands with
 // fp32 accumulation and output under the bf16 policy, fp32 otherwise), on pseudo-random data
 // (never zeros: they run faster than real data), timed with events after warm-up; the median.
 #include <algorithm>
-#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -55,11 +53,6 @@ double CudaBackend::matmul_peak_gflops() {
   std::sort(gflops.begin(), gflops.end());
   peak_gflops_ = 0.5 * (gflops[size_t(runs / 2 - 1)] + gflops[size_t(runs / 2)]);
   return peak_gflops_;
-}
-
-std::string CudaBackend::diagnostics() const {
-  return std::string("gemm engine ") + gemm_->engine() + ", " + std::to_string(gemm_->plans_built()) +
-         " GEMM plans built in " + std::to_string(gemm_->plan_seconds()) + " s of host time";
 }
 
 }  // namespace zaya
