@@ -113,9 +113,6 @@ class TimedBackend final : public Backend {
     }
     time("moe", 2.0 * double(routed) * 3 * a.I * a.D, [&] { in_.moe(a); });
   }
-  void cross_entropy(const float* l, const int32_t* t, float* loss, int64_t N, int64_t V) override {
-    time("cross_entropy", 0, [&] { in_.cross_entropy(l, t, loss, N, V); });
-  }
   // Backward ops (training): forwarded so the decorator stays a complete Backend.
   void linear_fp32(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
                    bool accumulate, int64_t ldy) override {

@@ -117,8 +117,6 @@ class Backend {
                            int64_t W) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
   virtual void moe(const MoeArgs& a) = 0;
-  // loss[n] = logsumexp(logits[n,:]) - logits[n, target[n]]
-  virtual void cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) = 0;
 
   // ---- Backward (training). Activations are those the forward saw; fresh sequences only
   // (pos0 = 0, zero conv/value state). "accumulate" outputs are added to, others overwritten.

@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "dist/comm.h"
 
+#include "../common/comm_expect.h"
 #include "rank_checks.h"
 
 using namespace zaya;
@@ -43,13 +44,11 @@ using rank_checks::expect;
 using rank_checks::g_failures;
 using rank_checks::g_rank;
 
-template <class T>
-CommType type_of();
-template <> CommType type_of<float>() { return CommType::F32; }
-template <> CommType type_of<double>() { return CommType::F64; }
-template <> CommType type_of<int32_t>() { return CommType::I32; }
-template <> CommType type_of<int64_t>() { return CommType::I64; }
-template <> CommType type_of<uint8_t>() { return CommType::U8; }
+using comm_expect::Gen;
+using comm_expect::offsets;
+using comm_expect::reduced;
+using comm_expect::type_of;
+using comm_expect::uneven_counts;
 
 Backend* g_be = nullptr;  // device memory and host copies
 
@@ -78,23 +77,6 @@ class Dev {
 };
 
 template <class T>
-T combine(T a, T b, ReduceOp op) {
-  if (op == ReduceOp::Sum) return static_cast<T>(a + b);
-  if (op == ReduceOp::Max) return a > b ? a : b;
-  return a < b ? a : b;
-}
-
-template <class T>
-using Gen = std::function<T(int r, int64_t i)>;
-
-template <class T>
-T reduced(const Gen<T>& gen, int size, int64_t i, ReduceOp op) {
-  T v = gen(0, i);
-  for (int r = 1; r < size; ++r) v = combine(v, gen(r, i), op);
-  return v;
-}
-
-template <class T>
 void check_all_reduce(Comm& comm, const std::string& name, int64_t n, ReduceOp op, bool in_place, const Gen<T>& gen) {
   std::vector<T> h(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) h[size_t(i)] = gen(comm.rank(), i);
@@ -107,26 +89,9 @@ void check_all_reduce(Comm& comm, const std::string& name, int64_t n, ReduceOp o
 }
 
 void test_all_reduce(Comm& comm, const std::string& tag) {
-  check_all_reduce<float>(comm, tag + "all_reduce f32 sum", 1000, ReduceOp::Sum, false,
-                          [](int r, int64_t i) { return static_cast<float>(r * 7 + i % 13); });
-  check_all_reduce<float>(comm, tag + "all_reduce f32 max in place", 777, ReduceOp::Max, true,
-                          [](int r, int64_t i) { return static_cast<float>((r * 31 + i) % 17) - 8.0f; });
-  check_all_reduce<double>(comm, tag + "all_reduce f64 sum in place", 1001, ReduceOp::Sum, true,
-                           [](int r, int64_t i) { return static_cast<double>((r + 1) * i); });
-  check_all_reduce<int32_t>(comm, tag + "all_reduce i32 min", 300, ReduceOp::Min, false,
-                            [](int r, int64_t i) { return static_cast<int32_t>((r * 5 + i) % 11) - 5; });
-  check_all_reduce<int64_t>(comm, tag + "all_reduce i64 sum", 500, ReduceOp::Sum, false,
-                            [](int r, int64_t i) { return (int64_t(r) << 40) + i * 3 + r; });
-  check_all_reduce<uint8_t>(comm, tag + "all_reduce u8 max in place", 257, ReduceOp::Max, true,
-                            [](int r, int64_t i) { return static_cast<uint8_t>((r * 13 + i) % 200); });
-  check_all_reduce<float>(comm, tag + "all_reduce of zero elements", 0, ReduceOp::Sum, false,
-                          [](int, int64_t) { return 0.0f; });
-}
-
-std::vector<int64_t> offsets(const std::vector<int64_t>& counts) {
-  std::vector<int64_t> off(counts.size() + 1, 0);
-  for (size_t r = 0; r < counts.size(); ++r) off[r + 1] = off[r] + counts[r];
-  return off;
+  comm_expect::for_each_all_reduce_case([&](const char* name, int64_t n, ReduceOp op, bool in_place, const auto& gen) {
+    check_all_reduce(comm, tag + name, n, op, in_place, gen);
+  });
 }
 
 // counts: rank r holds counts[r] elements (uneven with a zero, or all equal).
@@ -180,12 +145,6 @@ void check_all_gather(Comm& comm, const std::string& name, const std::vector<int
   for (int r = 0; r < size; ++r)
     for (int64_t k = 0; k < counts[size_t(r)]; ++k) bad += gb[size_t(off[size_t(r)] + k)] != r * 10000 + k;
   expect(bad == 0, name + " i32 in place: " + std::to_string(bad) + " wrong");
-}
-
-std::vector<int64_t> uneven_counts(int size, int zero_rank) {
-  std::vector<int64_t> counts(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) counts[size_t(r)] = r == zero_rank ? 0 : 3 * r + 2;
-  return counts;
 }
 
 void test_scatter_gather(Comm& comm, const std::string& tag) {

@@ -1,5 +1,5 @@
 // CCA and attention ops of the GPU backend against the CPU backend (fp32 paths 1e-4):
-// the two-stage conv with carried state and with packed-document resets, QK-norm +
+// the two-stage conv with carried state and with packed-document resets (short and long chunks), QK-norm +
 // temperature + partial RoPE, the delayed values, cache writes, and causal GQA attention
 // (head_dim 16/64/128, sliding window, decode offsets, document starts), forward and
 // backward (attention in every GEMM mode: 64 or more queries run on the GEMM engine, at the bf16
@@ -35,11 +35,15 @@ std::vector<int32_t> segments(int64_t B, int64_t T, const std::vector<std::vecto
   return seg;
 }
 
+// T = 13: the forward's one-kernel grouped stage (decode-sized chunks, below kConvGemmMinTokens
+// = 64 of src/backend/cuda/ops_cca_common.h); T = 150: its GEMM path. The backward always runs
+// the GEMMs.
 TEST_F(GpuCca, Conv) {
-  const int64_t B = 2, T = 13, G = 16, C = 6 * G;
-  const auto seg = segments(B, T, {{0, 5, 9}, {0, 7}});
+  const int64_t B = 2, G = 16, C = 6 * G;
+  for (int64_t T : {int64_t(13), int64_t(150)})
   for (int64_t taps : {2, 3})
     for (bool segmented : {false, true}) {
+      const auto seg = T == 13 ? segments(B, T, {{0, 5, 9}, {0, 7}}) : segments(B, T, {{0, 5, 9, 100}, {0, 70}});
       const int64_t P = 2 * (taps - 1);
       auto u = rnd(size_t(B * T * C)), state0 = segmented ? std::vector<float>(size_t(B * P * C), 0.0f)
                                                            : rnd(size_t(B * P * C));
@@ -57,7 +61,8 @@ TEST_F(GpuCca, Conv) {
       g.u = gu.f(); g.state = gs.f(); g.w_dw = gwd.f(); g.b_dw = gbd.f(); g.w_grp = gwg.f(); g.b_grp = gbg.f();
       g.z = gz.f();
       gpu->cca_conv(g);
-      const std::string what = "cca_conv taps " + std::to_string(taps) + (segmented ? " segmented" : "");
+      const std::string what =
+          "cca_conv T " + std::to_string(T) + " taps " + std::to_string(taps) + (segmented ? " segmented" : "");
       expect_close(gz.get(), z, kTolF32, what + " z");
       expect_close(gs.get(), state, kTolF32, what + " state");
 

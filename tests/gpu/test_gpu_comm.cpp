@@ -20,6 +20,7 @@
 #include "backend/cuda/comm_nccl.h"
 #include "core/error.h"
 #include "dist/comm.h"
+#include "../common/comm_expect.h"
 #include "gpu_test_support.h"
 
 namespace zaya {
@@ -61,13 +62,7 @@ class DevArray {
   float* p_;
 };
 
-template <class T>
-CommType type_of();
-template <> CommType type_of<float>() { return CommType::F32; }
-template <> CommType type_of<double>() { return CommType::F64; }
-template <> CommType type_of<int32_t>() { return CommType::I32; }
-template <> CommType type_of<int64_t>() { return CommType::I64; }
-template <> CommType type_of<uint8_t>() { return CommType::U8; }
+using comm_expect::type_of;
 
 template <class T>
 std::vector<T> values(int64_t n, int salt) {

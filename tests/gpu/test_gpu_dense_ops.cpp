@@ -198,15 +198,6 @@ TEST_P(GpuDense, ElementwiseAndRowOps) {
     gpu->route_backward(gex.i(), gdw.f(), gdp.f(), R, classes);
     expect_close(gdp.get(), dprobs, kTolF32, "route_backward");
   }
-  {  // cross_entropy
-    auto logits = rnd(size_t(R * V), 3.0);
-    auto target = rnd_ints(size_t(R), int32_t(V));
-    std::vector<float> loss(static_cast<size_t>(R));
-    cpu.cross_entropy(logits.data(), target.data(), loss.data(), R, V);
-    DevBuf gl(*gpu, logits), gt(*gpu, target), go(*gpu, R);
-    gpu->cross_entropy(gl.f(), gt.i(), go.f(), R, V);
-    expect_close(go.get(), loss, kTolF32, "cross_entropy");
-  }
 }
 
 TEST_P(GpuDense, LmHeadLoss) {

@@ -1,5 +1,6 @@
 // MoE, optimizer and memory ops of the GPU backend against the CPU backend: the routed
-// SwiGLU experts with both skip modes (forward and backward, every GEMM mode), Newton-Schulz
+// SwiGLU experts with both skip modes (forward and backward, every GEMM mode, routings that
+// change from call to call, bitwise determinism), Newton-Schulz
 // (wide, square, tall), Muon momentum/update, AdamW, sum of squares, scaling, copy/fill and
 // host transfers. Skipped ("skipped: no GPU") without a device. Not yet run on a GPU.
 #include <cstring>
@@ -22,16 +23,14 @@ class GpuVsCpu : public ::testing::TestWithParam<GemmMode> {
   std::unique_ptr<Backend> gpu;
 };
 
-class GpuMoe : public GpuVsCpu {};
-
-TEST_P(GpuMoe, ForwardBackward) {
-  const int64_t N = 150, D = 64, I = 48, E = 5;
-  for (bool identity : {false, true}) {
+class GpuMoe : public GpuVsCpu {
+ protected:
+  // Forward and backward of the MoE op with this routing (expert[n] in [0, E], E = skip) on
+  // both backends, outputs and every gradient compared.
+  void check(int64_t D, int64_t I, int64_t E, bool identity, const std::vector<int32_t>& expert) {
+    const int64_t N = int64_t(expert.size());
+    const std::string what = std::string(identity ? "moe identity" : "moe zero") + " N=" + std::to_string(N);
     auto x = rnd(size_t(N * D)), gu = rnd(size_t(E * 2 * I * D), 0.15), dn = rnd(size_t(E * D * I), 0.15);
-    auto expert = rnd_ints(size_t(N), int32_t(E + 1));
-    for (int64_t n = 0; n < 7; ++n) expert[size_t(n)] = int32_t(E);  // some skip tokens for sure
-    for (int64_t n = 7; n < N; ++n)
-      if (expert[size_t(n)] == 2) expert[size_t(n)] = 1;  // expert 2 gets no tokens
     auto weight = rnd_positive(size_t(N), 0.05, 1.0);
     std::vector<float> out(size_t(N * D));
     MoeArgs a;
@@ -42,7 +41,6 @@ TEST_P(GpuMoe, ForwardBackward) {
     MoeArgs g = a;
     g.x = gx.f(); g.expert = ge.i(); g.weight = gw.f(); g.gate_up = ggu.f(); g.down = gdn.f(); g.out = gout.f();
     gpu->moe(g);
-    const std::string what = identity ? "moe identity" : "moe zero";
     expect_close(gout.get(), out, GetParam().tol, what + " out");
 
     auto dout = rnd(size_t(N * D)), dx0 = rnd(size_t(N * D)), dgu0 = rnd(size_t(E * 2 * I * D)),
@@ -56,6 +54,61 @@ TEST_P(GpuMoe, ForwardBackward) {
     expect_close(gdgu.get(), dgu, GetParam().tol, what + " dgate_up");
     expect_close(gddn.get(), ddn, GetParam().tol, what + " ddown");
   }
+};
+
+TEST_P(GpuMoe, ForwardBackward) {
+  const int64_t N = 150, E = 5;
+  for (bool identity : {false, true}) {
+    auto expert = rnd_ints(size_t(N), int32_t(E + 1));
+    for (int64_t n = 0; n < 7; ++n) expert[size_t(n)] = int32_t(E);  // some skip tokens for sure
+    for (int64_t n = 7; n < N; ++n)
+      if (expert[size_t(n)] == 2) expert[size_t(n)] = 1;  // expert 2 gets no tokens
+    check(64, 48, E, identity, expert);
+  }
+}
+
+// One backend through routings whose per-expert row counts change from call to call and cross
+// powers of two (the ragged GEMM plans are shared up to each bound), with token counts spanning
+// several tiles of the routing plan's kernels, and a skewed routing (one expert takes most).
+TEST_P(GpuMoe, ChangingRoutings) {
+  const int64_t E = 4;
+  for (int64_t N : {int64_t(37), int64_t(300), int64_t(1100), int64_t(2100)}) {
+    auto expert = rnd_ints(size_t(N), int32_t(E + 1));
+    check(32, 40, E, N % 2 == 1, expert);
+    for (int64_t n = 0; n < N; ++n)
+      if (n % 7 != 0) expert[size_t(n)] = 3;  // expert 3 takes 6/7 of the tokens
+    check(32, 40, E, false, expert);
+  }
+}
+
+// The same inputs twice give bitwise the same outputs and gradients: the routing plan is
+// integer-only and every reduction has a fixed order.
+TEST_P(GpuMoe, Deterministic) {
+  const int64_t N = 1500, D = 32, I = 24, E = 6;
+  auto x = rnd(size_t(N * D)), gu = rnd(size_t(E * 2 * I * D), 0.15), dn = rnd(size_t(E * D * I), 0.15);
+  auto expert = rnd_ints(size_t(N), int32_t(E + 1));
+  auto weight = rnd_positive(size_t(N), 0.05, 1.0), dout = rnd(size_t(N * D));
+  DevBuf gx(*gpu, x), ge(*gpu, expert), gw(*gpu, weight), ggu(*gpu, gu), gdn(*gpu, dn), gdo(*gpu, dout);
+  std::vector<std::vector<float>> runs;
+  for (int run = 0; run < 2; ++run) {
+    DevBuf out(*gpu, N * D), dx(*gpu, N * D), dwt(*gpu, N), dgu(*gpu, E * 2 * I * D), ddn(*gpu, E * D * I);
+    gpu->fill(dx.f(), 0.0f, N * D);
+    gpu->fill(dgu.f(), 0.0f, E * 2 * I * D);
+    gpu->fill(ddn.f(), 0.0f, E * D * I);
+    MoeArgs g;
+    g.x = gx.f(); g.expert = ge.i(); g.weight = gw.f(); g.gate_up = ggu.f(); g.down = gdn.f(); g.out = out.f();
+    g.N = N; g.D = D; g.I = I; g.E = E; g.skip_identity = false;
+    gpu->moe(g);
+    gpu->moe_backward(g, gdo.f(), dx.f(), dwt.f(), dgu.f(), ddn.f());
+    std::vector<float> all = out.get();
+    for (const DevBuf* b : {&dx, &dwt, &dgu, &ddn}) {
+      const std::vector<float> v = b->get();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    runs.push_back(all);
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0) << "two identical MoE runs differ";
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, GpuMoe, ::testing::ValuesIn(gemm_modes()),

@@ -32,7 +32,6 @@ class CpuBackend final : public Backend {
                    int64_t W) override;
   void attention(const AttentionArgs& a) override;
   void moe(const MoeArgs& a) override;
-  void cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) override;
   void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t M,
                        int64_t K, int64_t N, bool accumulate_dx, int64_t lddy) override;
   void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t D) override;

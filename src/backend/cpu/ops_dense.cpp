@@ -104,16 +104,4 @@ void CpuBackend::route_select(const float* probs, const float* bias, int32_t* ex
   }
 }
 
-void CpuBackend::cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) {
-#pragma omp parallel for if (N * V > 65536)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* l = logits + n * V;
-    float mx = l[0];
-    for (int64_t i = 1; i < V; ++i) mx = std::max(mx, l[i]);
-    double sum = 0;
-    for (int64_t i = 0; i < V; ++i) sum += std::exp(double(l[i] - mx));
-    loss[n] = float(std::log(sum) + mx - l[target[n]]);
-  }
-}
-
 }  // namespace zaya

@@ -114,7 +114,8 @@ void CudaBackend::free(void* p) { pool_put(p); }
 
 std::string CudaBackend::diagnostics() const {
   return std::string("gemm engine ") + gemm_->engine() + ", " + std::to_string(gemm_->plans_built()) +
-         " GEMM plans built in " + std::to_string(gemm_->plan_seconds()) + " s of host time";
+         " GEMM plans built in " + std::to_string(gemm_->plan_seconds()) + " s of host time, " +
+         std::to_string(gemm_->ragged_fallbacks()) + " ragged-plan fallbacks";
 }
 
 void CudaBackend::synchronize() { GPU_CHECK(gpuStreamSynchronize(stream_)); }

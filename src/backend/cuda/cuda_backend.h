@@ -67,7 +67,6 @@ class CudaBackend final : public Backend {
                    int64_t W) override;
   void attention(const AttentionArgs& a) override;
   void moe(const MoeArgs& a) override;
-  void cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) override;
   void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t M,
                        int64_t K, int64_t N, bool accumulate_dx, int64_t lddy) override;
   void linear_fp32(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
@@ -133,6 +132,12 @@ class CudaBackend final : public Backend {
             float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact) {
     gemm_->run(M, N, K, alpha, A, B, beta, C, ldc, batch, compute);
   }
+  // A GEMM whose M or K is a routed token count (the MoE's experts): see GemmShape::Ragged.
+  void gemm_ragged(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
+                   float beta, float* C, int64_t ldc) {
+    gemm_->run(M, N, K, alpha, A, B, beta, C, ldc, {}, GemmCompute::Exact, GemmShape::Ragged);
+  }
+  const GpuGemm& gemm_engine() const { return *gemm_; }
   bool bf16_matmul() const { return options_.bf16_matmul; }
   // linear / linear_backward with an explicit operand precision (the LM head stays fp32).
   void linear_impl(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,

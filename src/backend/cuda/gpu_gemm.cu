@@ -1,9 +1,12 @@
 // The internal GEMM entry point: a BLASLt call (cuBLASLt / hipBLASLt) mapping our row-major
 // problem onto the column-major library (C^T = op(B)^T op(A)^T), or the tiled fallback.
 // Descriptors, layouts and the heuristic's algorithm are built once per problem shape (with
-// operand alignments and batch) and cached. Strided batches run as one BLASLt call.
+// operand alignments and batch) and cached; ragged shapes (MoE rows) share one plan per
+// power-of-two bound and get layouts of their actual shape per call. Strided batches run as one
+// BLASLt call.
 #include "backend/cuda/gpu_gemm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -23,9 +26,58 @@ uint32_t alignment_of(const void* p) {
   while (al > 1 && (a % al) != 0) al /= 2;
   return al;
 }
+
+// The three matrix layouts of one problem in the library's column-major view:
+// D (N x M, ld ldc) = opL(B) (N x K) * opR(A) (K x M).
+struct Layouts {
+  gpuBlasLtMatrixLayout_t l = nullptr, r = nullptr, c = nullptr;
+  Layouts() = default;
+  Layouts(const Layouts&) = delete;
+  Layouts& operator=(const Layouts&) = delete;
+  ~Layouts() {
+    if (c) gpuBlasLtMatrixLayoutDestroy(c);
+    if (r) gpuBlasLtMatrixLayoutDestroy(r);
+    if (l) gpuBlasLtMatrixLayoutDestroy(l);
+  }
+};
+
+// A column-major rows x cols layout with leading dimension ld (at least rows: a plan built
+// for a ragged bound may describe more rows than the stored matrix has).
+gpuBlasLtMatrixLayout_t make_layout(GemmType type, uint64_t rows, uint64_t cols, int64_t ld, int64_t batch_count,
+                                    int64_t batch_stride, const char* what) {
+  gpuBlasLtMatrixLayout_t lay = nullptr;
+  const auto dtype = type == GemmType::BF16 ? GPU_R_16BF : GPU_R_32F;
+  const int64_t lead = std::max<int64_t>(ld, int64_t(rows));
+  blas_check(gpuBlasLtMatrixLayoutCreate(&lay, dtype, rows, cols, lead), what);
+  if (batch_count > 1) {
+    const int32_t count = int32_t(batch_count);
+    blas_check(gpuBlasLtMatrixLayoutSetAttribute(lay, GPU_BLASLT_LAYOUT_BATCH_COUNT, &count, sizeof(count)), what);
+    blas_check(gpuBlasLtMatrixLayoutSetAttribute(lay, GPU_BLASLT_LAYOUT_BATCH_STRIDE, &batch_stride,
+                                                 sizeof(batch_stride)),
+               what);
+  }
+  return lay;
+}
+
+void make_layouts(Layouts& out, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B,
+                  int64_t ldc, const GemmBatch& batch) {
+  // Our B stored [N,K] (trans) is column-major K x N: transposed. Stored [K,N]: N x K as is.
+  const uint64_t l_rows = uint64_t(B.trans ? K : N), l_cols = uint64_t(B.trans ? N : K);
+  // Our A stored [M,K] is column-major K x M as is; stored [K,M] (trans): M x K, transposed.
+  const uint64_t r_rows = uint64_t(A.trans ? M : K), r_cols = uint64_t(A.trans ? K : M);
+  out.l = make_layout(B.type, l_rows, l_cols, B.ld, batch.count, batch.stride_b, "layout B");
+  out.r = make_layout(A.type, r_rows, r_cols, A.ld, batch.count, batch.stride_a, "layout A");
+  out.c = make_layout(GemmType::F32, uint64_t(N), uint64_t(M), ldc, batch.count, batch.stride_c, "layout C");
+}
 #endif
 
 }  // namespace
+
+int64_t ragged_bound(int64_t x) {
+  int64_t bound = 16;
+  while (bound < x) bound *= 2;
+  return bound;
+}
 
 GpuGemm::GpuGemm(gpuStream_t stream, bool portable) : stream_(stream), portable_(portable) {
 #if defined(ZAYA_GPU_BLASLT)
@@ -42,13 +94,10 @@ GpuGemm::GpuGemm(gpuStream_t stream, bool portable) : stream_(stream), portable_
 #if defined(ZAYA_GPU_BLASLT)
 struct GpuGemm::Plan {
   gpuBlasLtMatmulDesc_t desc = nullptr;
-  gpuBlasLtMatrixLayout_t lay_l = nullptr, lay_r = nullptr, lay_c = nullptr;
+  Layouts lay;  // of the shape the plan was built for
   gpuBlasLtHeuristic_t result{};
   bool found = false;
   ~Plan() {
-    if (lay_c) gpuBlasLtMatrixLayoutDestroy(lay_c);
-    if (lay_r) gpuBlasLtMatrixLayoutDestroy(lay_r);
-    if (lay_l) gpuBlasLtMatrixLayoutDestroy(lay_l);
     if (desc) gpuBlasLtMatmulDescDestroy(desc);
   }
 };
@@ -74,11 +123,11 @@ const char* GpuGemm::engine() const {
 }
 
 void GpuGemm::run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
-                  float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute) {
+                  float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape) {
   ZAYA_CHECK(A.type == B.type, "gemm: operand types differ");
   ZAYA_CHECK(batch.count >= 1, "gemm: batch count must be >= 1");
   if (M <= 0 || N <= 0) return;
-  if (handle_ && K > 0 && run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, batch, compute)) return;
+  if (handle_ && K > 0 && run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, batch, compute, shape)) return;
   const int64_t elem = A.type == GemmType::BF16 ? 2 : 4;
   for (int64_t i = 0; i < batch.count; ++i) {
     GemmOperand a = A, b = B;
@@ -89,15 +138,18 @@ void GpuGemm::run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperan
 }
 
 GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B,
-                                 const float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute) {
+                                 const float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute,
+                                 GemmShape shape) {
 #if defined(ZAYA_GPU_BLASLT)
+  const bool ragged = shape == GemmShape::Ragged;
+  const int64_t pm = ragged ? ragged_bound(M) : M, pk = ragged ? ragged_bound(K) : K;
   const uint32_t al_l = alignment_of(B.ptr), al_r = alignment_of(A.ptr), al_c = alignment_of(C);
-  std::vector<int64_t> key = {M, N, K, int64_t(A.type), A.ld, A.trans, B.ld, B.trans, ldc, al_l, al_r, al_c,
-                              batch.count, batch.stride_a, batch.stride_b, batch.stride_c, int64_t(compute)};
+  std::vector<int64_t> key = {pm, N, pk, int64_t(A.type), A.ld, A.trans, B.ld, B.trans, ldc, al_l, al_r, al_c,
+                              batch.count, batch.stride_a, batch.stride_b, batch.stride_c, int64_t(compute), ragged};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  // The MoE's per-expert GEMMs have a row count that changes with the routing, so the cache
-  // would grow with training; past kMaxPlans it starts over (a plan only matters while its
+  // Shapes outside the few dozen a step repeats (ragged ones included) could still grow the
+  // cache without end; past kMaxPlans it starts over (a plan only matters while its
   // cublasLtMatmul call is being issued, so dropping them all is safe).
   constexpr size_t kMaxPlans = 4096;
   if (plans_.size() >= kMaxPlans) {
@@ -108,32 +160,15 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
   auto handle = static_cast<gpuBlasLtHandle_t>(handle_);
   auto* plan = new Plan;
   plans_[key] = plan;
-  const auto dtype = A.type == GemmType::BF16 ? GPU_R_16BF : GPU_R_32F;
-  // Column-major view: D (N x M, ld ldc) = opL(B) (N x K) * opR(A) (K x M).
-  // Our B stored [N,K] (trans) is column-major K x N: transposed. Stored [K,N]: N x K as is.
+  // Column-major view (see Layouts): opL = op of our B, opR = op of our A.
   const gpuBlasOp_t op_l = B.trans ? GPU_BLAS_OP_T : GPU_BLAS_OP_N;
-  const uint64_t l_rows = uint64_t(B.trans ? K : N), l_cols = uint64_t(B.trans ? N : K);
-  // Our A stored [M,K] is column-major K x M as is; stored [K,M] (trans): M x K, transposed.
   const gpuBlasOp_t op_r = A.trans ? GPU_BLAS_OP_T : GPU_BLAS_OP_N;
-  const uint64_t r_rows = uint64_t(A.trans ? M : K), r_cols = uint64_t(A.trans ? K : M);
   const auto compute_type = compute == GemmCompute::Tf32 && A.type == GemmType::F32 ? GPU_BLAS_COMPUTE_32F_FAST_TF32
                                                                                     : GPU_BLAS_COMPUTE_32F;
   blas_check(gpuBlasLtMatmulDescCreate(&plan->desc, compute_type, GPU_R_32F), "matmul desc");
   blas_check(gpuBlasLtMatmulDescSetAttribute(plan->desc, GPU_BLASLT_DESC_TRANSA, &op_l, sizeof(op_l)), "transa");
   blas_check(gpuBlasLtMatmulDescSetAttribute(plan->desc, GPU_BLASLT_DESC_TRANSB, &op_r, sizeof(op_r)), "transb");
-  blas_check(gpuBlasLtMatrixLayoutCreate(&plan->lay_l, dtype, l_rows, l_cols, B.ld), "layout B");
-  blas_check(gpuBlasLtMatrixLayoutCreate(&plan->lay_r, dtype, r_rows, r_cols, A.ld), "layout A");
-  blas_check(gpuBlasLtMatrixLayoutCreate(&plan->lay_c, GPU_R_32F, uint64_t(N), uint64_t(M), ldc), "layout C");
-  if (batch.count > 1) {
-    const int32_t count = int32_t(batch.count);
-    auto set_batch = [&](gpuBlasLtMatrixLayout_t lay, int64_t stride, const char* what) {
-      blas_check(gpuBlasLtMatrixLayoutSetAttribute(lay, GPU_BLASLT_LAYOUT_BATCH_COUNT, &count, sizeof(count)), what);
-      blas_check(gpuBlasLtMatrixLayoutSetAttribute(lay, GPU_BLASLT_LAYOUT_BATCH_STRIDE, &stride, sizeof(stride)), what);
-    };
-    set_batch(plan->lay_l, batch.stride_b, "batch B");
-    set_batch(plan->lay_r, batch.stride_a, "batch A");
-    set_batch(plan->lay_c, batch.stride_c, "batch C");
-  }
+  make_layouts(plan->lay, pm, N, pk, A, B, ldc, batch);
   gpuBlasLtPreference_t pref = nullptr;
   blas_check(gpuBlasLtPreferenceCreate(&pref), "preference");
   uint64_t ws = uint64_t(workspace_bytes_);
@@ -147,31 +182,46 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
   blas_check(gpuBlasLtPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)), "align D");
 #endif
   int found = 0;
-  gpuBlasStatus_t hs = gpuBlasLtAlgoGetHeuristic(handle, plan->desc, plan->lay_l, plan->lay_r, plan->lay_c,
-                                                 plan->lay_c, pref, 1, &plan->result, &found);
+  gpuBlasStatus_t hs = gpuBlasLtAlgoGetHeuristic(handle, plan->desc, plan->lay.l, plan->lay.r, plan->lay.c,
+                                                 plan->lay.c, pref, 1, &plan->result, &found);
   plan->found = hs == GPU_BLAS_SUCCESS && found > 0;
   gpuBlasLtPreferenceDestroy(pref);
   ++plans_built_;
   plan_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return plan;
 #else
-  (void)M, (void)N, (void)K, (void)A, (void)B, (void)C, (void)ldc, (void)batch, (void)compute;
+  (void)M, (void)N, (void)K, (void)A, (void)B, (void)C, (void)ldc, (void)batch, (void)compute, (void)shape;
   return nullptr;
 #endif
 }
 
 bool GpuGemm::run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
-                         float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute) {
+                         float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute,
+                         GemmShape shape) {
 #if defined(ZAYA_GPU_BLASLT)
-  Plan* plan = plan_for(M, N, K, A, B, C, ldc, batch, compute);
+  Plan* plan = plan_for(M, N, K, A, B, C, ldc, batch, compute, shape);
   if (!plan->found) return false;  // no algorithm for this shape/alignment: the caller uses the tiled kernel
-  blas_check(gpuBlasLtMatmul(static_cast<gpuBlasLtHandle_t>(handle_), plan->desc, &alpha, B.ptr, plan->lay_l, A.ptr,
-                             plan->lay_r, &beta, C, plan->lay_c, C, plan->lay_c, &plan->result.algo, workspace_,
-                             size_t(workspace_bytes_), stream_),
-             "BLASLt matmul");
-  return true;
+  auto handle = static_cast<gpuBlasLtHandle_t>(handle_);
+  if (shape == GemmShape::Fixed) {
+    blas_check(gpuBlasLtMatmul(handle, plan->desc, &alpha, B.ptr, plan->lay.l, A.ptr, plan->lay.r, &beta, C,
+                               plan->lay.c, C, plan->lay.c, &plan->result.algo, workspace_, size_t(workspace_bytes_),
+                               stream_),
+               "BLASLt matmul");
+    return true;
+  }
+  // Ragged: the bound's algorithm on layouts of the actual shape. Should the library refuse it
+  // for this shape, an exact plan serves (and the refusal is counted).
+  Layouts lay;
+  make_layouts(lay, M, N, K, A, B, ldc, batch);
+  const gpuBlasStatus_t st = gpuBlasLtMatmul(handle, plan->desc, &alpha, B.ptr, lay.l, A.ptr, lay.r, &beta, C, lay.c,
+                                             C, lay.c, &plan->result.algo, workspace_, size_t(workspace_bytes_),
+                                             stream_);
+  if (st == GPU_BLAS_SUCCESS) return true;
+  ++ragged_fallbacks_;
+  return run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, batch, compute, GemmShape::Fixed);
 #else
   (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)B, (void)beta, (void)C, (void)ldc, (void)batch, (void)compute;
+  (void)shape;
   return false;
 #endif
 }

@@ -36,6 +36,16 @@ struct GemmBatch {
 // tiled kernel is always exact.
 enum class GemmCompute { Exact, Tf32 };
 
+// How a GEMM's shape behaves from call to call. Fixed: the same shape recurs (dense layers,
+// attention chunks), so its BLASLt plan is built for that exact shape. Ragged: M or K is a
+// token count that changes with the routing (the MoE's per-expert GEMMs); one plan serves every
+// M and K up to the next power of two, built for that bound, so the BLASLt heuristic is not
+// queried again at every step.
+enum class GemmShape { Fixed, Ragged };
+
+// The smallest power of two >= x (and >= 16): the bound a ragged dimension's plan is built for.
+int64_t ragged_bound(int64_t x);
+
 // The portable tiled kernel (gpu_gemm_tiled.cu), usable on any target.
 void gemm_tiled(gpuStream_t stream, int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A,
                 const GemmOperand& B, float beta, float* C, int64_t ldc);
@@ -49,25 +59,31 @@ class GpuGemm {
 
   // A and B must have the same type.
   void run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
-           float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact);
+           float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact,
+           GemmShape shape = GemmShape::Fixed);
   // "cublaslt", "hipblaslt" or "tiled".
   const char* engine() const;
   // Plans built so far (cache misses) and the host seconds spent building them (descriptors and
   // the BLASLt heuristic query): the cost of shapes that change from call to call.
   int64_t plans_built() const { return plans_built_; }
   double plan_seconds() const { return plan_seconds_; }
+  // Ragged calls whose bound's algorithm the library refused for the actual shape, so that an
+  // exact plan was built instead (expected 0).
+  int64_t ragged_fallbacks() const { return ragged_fallbacks_; }
 
  private:
   bool run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
-                  float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute);
+                  float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape);
   // BLASLt descriptors, layouts and the chosen algorithm of each problem shape (with operand
   // alignments and batch), built and queried once: a training step repeats a few dozen shapes.
+  // A ragged plan is built for (ragged_bound(M), N, ragged_bound(K)).
   struct Plan;
   Plan* plan_for(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, const float* C,
-                 int64_t ldc, const GemmBatch& batch, GemmCompute compute);
+                 int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape);
   std::map<std::vector<int64_t>, Plan*> plans_;
   int64_t plans_built_ = 0;
   double plan_seconds_ = 0;
+  int64_t ragged_fallbacks_ = 0;
 
   gpuStream_t stream_;
   bool portable_;

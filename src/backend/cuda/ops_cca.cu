@@ -1,6 +1,6 @@
 // GPU ops for Compressed Convolutional Attention (spec A.5-A.6): the two-stage causal conv
-// with carried state (and the packed-document variant, re-laid exactly as the CPU backend
-// does), the mean paths + QK-norm + key temperature + partial NeoX RoPE, the current/delayed
+// with carried state (the grouped stage as GEMMs from kConvGemmMinTokens tokens, else one
+// kernel; and the packed-document variant, re-laid exactly as the CPU backend does), the mean paths + QK-norm + key temperature + partial NeoX RoPE, the current/delayed
 // value heads, and KV-cache writes. All fp32 (spec A.11). Not yet run on a GPU.
 #include <cfloat>
 #include <vector>
@@ -36,6 +36,18 @@ __global__ void k_conv_grouped(const float* y, const float* w_t, const float* b_
       for (int64_t j = 0; j < t1; ++j) acc += w_t[(ci * t1 + j) * C + c] * yg[j * C + ci];
     z[i] = acc;
   }
+}
+
+// The grouped stage in one kernel (short chunks: decode), into a.z.
+void conv_grouped_direct(CudaBackend& be, const float* y, const CcaConvArgs& a) {
+  const int64_t B = a.B, T = a.T, C = a.C;
+  DeviceBuffer w_t(&be, C * a.group * a.t1 * 4);
+  k_grouped_w_transpose<<<gpu_blocks(C * a.group * a.t1), kGpuThreads, 0, be.stream()>>>(a.w_grp, w_t.f(), C, a.group,
+                                                                                          a.t1);
+  GPU_LAUNCH_CHECK();
+  k_conv_grouped<<<gpu_blocks(B * T * C), kGpuThreads, 0, be.stream()>>>(y, w_t.f(), a.b_grp, a.z, B, T, C, a.group,
+                                                                           a.t1);
+  GPU_LAUNCH_CHECK();
 }
 
 // new_state[b, p] = ext(b, T + p): written to a temporary, then copied over the state.
@@ -141,13 +153,11 @@ void CudaBackend::cca_conv_rows(const CcaConvArgs& a) {
   if (B * T == 0) return;
   DeviceBuffer y(this, B * Ly * C * 4);
   launch_conv_depthwise(stream_, a.u, a.state, a.w_dw, a.b_dw, y.f(), B, T, C, P, a.t0, a.t1);
-  DeviceBuffer w_t(this, C * a.group * a.t1 * 4);
-  k_grouped_w_transpose<<<gpu_blocks(C * a.group * a.t1), kGpuThreads, 0, stream_>>>(a.w_grp, w_t.f(), C, a.group,
-                                                                                      a.t1);
-  GPU_LAUNCH_CHECK();
-  k_conv_grouped<<<gpu_blocks(B * T * C), kGpuThreads, 0, stream_>>>(y.f(), w_t.f(), a.b_grp, a.z, B, T, C, a.group,
-                                                                       a.t1);
-  GPU_LAUNCH_CHECK();
+  if (T >= kConvGemmMinTokens) {
+    grouped_conv_gemm(*this, y.f(), a.w_grp, a.b_grp, a.z, B, T, C, a.group, a.t1);
+  } else {
+    conv_grouped_direct(*this, y.f(), a);
+  }
   if (a.state && P > 0) {
     DeviceBuffer ns(this, B * P * C * 4);
     k_conv_new_state<<<gpu_blocks(B * P * C), kGpuThreads, 0, stream_>>>(a.u, a.state, ns.f(), B, T, C, P);

@@ -1,5 +1,5 @@
 // GPU backward of the CCA ops: the two causal convolutions (zero state: training runs fresh
-// sequences), the mean paths + QK-norm + temperature + RoPE (recomputed per token and group),
+// sequences; the grouped stage as GEMMs, ops_cca_grouped_gemm.cu), the mean paths + QK-norm + temperature + RoPE (recomputed per token and group),
 // and the value shift. Weight gradients are reduced in a fixed order (no atomics). fp32
 // throughout. Not yet run on a GPU.
 #include <cfloat>
@@ -11,38 +11,6 @@
 namespace zaya {
 
 namespace {
-
-// dy[b, s, g*G + ci] = sum_j sum_co dz[b, s - j, g*G + co] * w_grp[g*G + co, ci, j]
-__global__ void k_conv_grouped_dy(const float* dz, const float* w_grp, float* dy, int64_t B, int64_t T, int64_t C,
-                                  int64_t G, int64_t t1) {
-  const int64_t Ly = T + t1 - 1;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * Ly * C; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t cc = i % C, s = (i / C) % Ly, b = i / (C * Ly);
-    const int64_t g = cc / G, ci = cc % G;
-    float acc = 0.0f;
-    for (int64_t j = 0; j < t1; ++j) {
-      const int64_t t = s - j;
-      if (t < 0 || t >= T) continue;
-      const float* dzt = dz + (b * T + t) * C + g * G;
-      for (int64_t co = 0; co < G; ++co) acc += dzt[co] * w_grp[((g * G + co) * G + ci) * t1 + j];
-    }
-    dy[i] = acc;
-  }
-}
-
-// dw_grp[c, ci, j] += sum_{b,t} dz[b, t, c] * y[b, t + j, (c / G) * G + ci]
-__global__ void k_conv_grouped_dw(const float* dz, const float* y, float* dw_grp, int64_t B, int64_t T, int64_t C,
-                                  int64_t G, int64_t t1) {
-  const int64_t Ly = T + t1 - 1;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < C * G * t1; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = i % t1, ci = (i / t1) % G, c = i / (t1 * G);
-    const int64_t col = (c / G) * G + ci;
-    double s = 0;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < T; ++t) s += double(dz[(b * T + t) * C + c]) * y[(b * Ly + t + j) * C + col];
-    dw_grp[i] += float(s);
-  }
-}
 
 // du[b, t, c] += sum_k w_dw[c, k] * dy[b, t + P - k, c]   (ext row t + P is u row t)
 __global__ void k_conv_depthwise_du(const float* dy, const float* w_dw, float* du, int64_t B, int64_t T, int64_t C,
@@ -58,16 +26,10 @@ __global__ void k_conv_depthwise_du(const float* dy, const float* w_dw, float* d
   }
 }
 
-// dw_dw[c, k] += sum_{b,s} dy[b, s, c] * ext(b, s + k, c)  (zero state)
-__global__ void k_conv_depthwise_dw(const float* dy, const float* u, float* dw_dw, int64_t B, int64_t T, int64_t C,
-                                    int64_t P, int64_t t0, int64_t Ly) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < C * t0; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i / t0, k = i % t0;
-    double s = 0;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t r = 0; r < Ly; ++r) s += double(dy[(b * Ly + r) * C + c]) * conv_ext(u, nullptr, b, r + k, c, T, C, P);
-    dw_dw[i] += float(s);
-  }
+// dw_dw[c * t0 + k] += taps[k * C + c]
+__global__ void k_add_depthwise_taps(const float* taps, float* dw_dw, int64_t C, int64_t t0) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < C * t0; i += int64_t(gridDim.x) * blockDim.x)
+    dw_dw[i] += taps[(i % t0) * C + i / t0];
 }
 
 __global__ void k_rope_table_b(const int64_t* positions, int64_t N, int64_t half, int64_t rotary_dim, double theta,
@@ -183,17 +145,23 @@ void CudaBackend::cca_conv_backward_rows(const CcaConvArgs& a, const float* dz, 
   if (B * T == 0) return;
   DeviceBuffer y(this, B * Ly * C * 4), dy(this, B * Ly * C * 4);
   launch_conv_depthwise(stream_, a.u, nullptr, a.w_dw, a.b_dw, y.f(), B, T, C, P, a.t0, a.t1);
-  k_conv_grouped_dy<<<gpu_blocks(B * Ly * C), kGpuThreads, 0, stream_>>>(dz, a.w_grp, dy.f(), B, T, C, G, a.t1);
-  GPU_LAUNCH_CHECK();
-  if (dw_grp) {
-    k_conv_grouped_dw<<<gpu_blocks(C * G * a.t1), kGpuThreads, 0, stream_>>>(dz, y.f(), dw_grp, B, T, C, G, a.t1);
-    GPU_LAUNCH_CHECK();
-  }
+  grouped_conv_gemm_backward(*this, dz, y.f(), a.w_grp, dy.f(), dw_grp, B, T, C, G, a.t1);
   if (db_grp) gpu_column_sums(*this, B * T, C, db_grp, dz, C, nullptr, nullptr, nullptr, nullptr);
   k_conv_depthwise_du<<<gpu_blocks(B * T * C), kGpuThreads, 0, stream_>>>(dy.f(), a.w_dw, du, B, T, C, P, a.t0, Ly);
   GPU_LAUNCH_CHECK();
   if (dw_dw) {
-    k_conv_depthwise_dw<<<gpu_blocks(C * a.t0), kGpuThreads, 0, stream_>>>(dy.f(), a.u, dw_dw, B, T, C, P, a.t0, Ly);
+    // Tap k: dw_dw[c, k] = sum_b sum_s dy[b, s, c] u[b, s + k - P, c] over the rows s >= P - k
+    // (earlier ones read the zero state), as deterministic column sums of products.
+    DeviceBuffer taps(this, a.t0 * C * 4);
+    fill(taps.f(), 0.0f, a.t0 * C);
+    for (int64_t k = 0; k < a.t0; ++k) {
+      const int64_t s0 = P - k, rows = Ly - s0;
+      if (rows <= 0) continue;
+      for (int64_t b = 0; b < B; ++b)
+        gpu_column_sums(*this, rows, C, taps.f() + k * C, dy.f() + (b * Ly + s0) * C, C, a.u + b * T * C, nullptr,
+                        nullptr, nullptr);
+    }
+    k_add_depthwise_taps<<<gpu_blocks(C * a.t0), kGpuThreads, 0, stream_>>>(taps.f(), dw_dw, C, a.t0);
     GPU_LAUNCH_CHECK();
   }
   if (db_dw) gpu_column_sums(*this, B * Ly, C, db_dw, dy.f(), C, nullptr, nullptr, nullptr, nullptr);

@@ -1,6 +1,6 @@
 // Pieces shared by the CCA forward and backward on the GPU: the virtual "ext" rows (state
-// rows, then the chunk's raw q||k rows), the depthwise stage, and the packed-document row
-// expansion (the same re-layout as backend/cpu/ops_cca_segments.cpp).
+// rows, then the chunk's raw q||k rows), the depthwise stage, the grouped stage as GEMMs, and
+// the packed-document row expansion (the same re-layout as backend/cpu/ops_cca_segments.cpp).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,8 @@
 #include "backend/cuda/gpu_runtime.h"
 
 namespace zaya {
+
+class CudaBackend;
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 // Row `row` of concat(state [P, C], u [T, C]) for sequence b; a null state reads as zeros.
@@ -22,6 +24,17 @@ __device__ inline float conv_ext(const float* u, const float* state, int64_t b, 
 // y[b, s, c] = b_dw[c] + sum_i w_dw[c, i] * ext(b, s + i, c) for s < T + t1 - 1.
 void launch_conv_depthwise(gpuStream_t s, const float* u, const float* state, const float* w_dw, const float* b_dw,
                            float* y, int64_t B, int64_t T, int64_t C, int64_t P, int64_t t0, int64_t t1);
+// The grouped stage through the GEMM engine (ops_cca_grouped_gemm.cu), y: [B, T + t1 - 1, C].
+// z[b, t, c] = b_grp[c] + sum_{ci, j} w_grp[c, ci, j] y[b, t + j, (c / G) * G + ci]
+void grouped_conv_gemm(CudaBackend& be, const float* y, const float* w_grp, const float* b_grp, float* z, int64_t B,
+                       int64_t T, int64_t C, int64_t G, int64_t t1);
+// Its backward: dy (overwritten, [B, T + t1 - 1, C]) and, when dw_grp is set, dw_grp += dL/dw.
+void grouped_conv_gemm_backward(CudaBackend& be, const float* dz, const float* y, const float* w_grp, float* dy,
+                                float* dw_grp, int64_t B, int64_t T, int64_t C, int64_t G, int64_t t1);
+// Chunks of at least this many tokens take the GEMM path forward; shorter ones (decode) one
+// kernel, so that a decode step is not t1 * B library calls.
+constexpr int64_t kConvGemmMinTokens = 64;
+
 // dst[rows[t], :] (+)= src[t, :] for t < T (rows of width C).
 void launch_scatter_rows(gpuStream_t s, const float* src, const int32_t* rows, int64_t T, int64_t C, float* dst,
                          bool accumulate);

@@ -98,20 +98,6 @@ __global__ void k_route_select(const float* probs, const float* bias, int32_t* e
   weight[n] = p[best];
 }
 
-__global__ void k_cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t V) {
-  __shared__ float shf[kGpuThreads];
-  __shared__ double shd[kGpuThreads];
-  const int64_t n = blockIdx.x;
-  const float* l = logits + n * V;
-  float mx = -INFINITY;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);
-  mx = block_max(mx, shf);
-  double sum = 0;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) sum += exp(double(l[i] - mx));
-  sum = block_sum(sum, shd);
-  if (threadIdx.x == 0) loss[n] = float(log(sum) + mx - l[target[n]]);
-}
-
 }  // namespace
 
 void CudaBackend::linear_impl(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K,
@@ -186,12 +172,6 @@ void CudaBackend::route_select(const float* probs, const float* bias, int32_t* e
                                int64_t classes) {
   if (N == 0) return;
   k_route_select<<<gpu_blocks(N), kGpuThreads, 0, stream_>>>(probs, bias, expert, weight, N, classes);
-  GPU_LAUNCH_CHECK();
-}
-
-void CudaBackend::cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) {
-  if (N == 0) return;
-  k_cross_entropy<<<unsigned(N), kGpuThreads, 0, stream_>>>(logits, target, loss, V);
   GPU_LAUNCH_CHECK();
 }
 

@@ -39,7 +39,7 @@ void CudaBackend::moe(const MoeArgs& a) {
     gpu_moe_gate_up(*this, plan, E, I, D, routed, xo, guo, hid.f(), act.f());
     const GemmOperand ao = operand(act.f(), routed, I, I, false, bf16, hact);
     for_each_expert(plan, E, [&](int64_t e, int64_t r0, int64_t rows) {
-      gemm(rows, D, I, 1.0f, operand_rows(ao, r0), operand_rows(dno, e * D), 0.0f, ys.f() + r0 * D, D);
+      gemm_ragged(rows, D, I, 1.0f, operand_rows(ao, r0), operand_rows(dno, e * D), 0.0f, ys.f() + r0 * D, D);
     });
   }
   k_moe_scatter<<<gpu_blocks(N * D), kGpuThreads, 0, stream_>>>(ys.f(), plan.perm.i(), a.weight, a.x, a.out, N,

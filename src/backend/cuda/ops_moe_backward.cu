@@ -56,12 +56,12 @@ void CudaBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, f
     GemmOperand dyt = dyo;
     dyt.trans = true;
     for_each_expert(plan, E, [&](int64_t e, int64_t r0, int64_t rows) {
-      gemm(rows, D, I, 1.0f, operand_rows(ao, r0), operand_rows(dno, e * D), 0.0f, ys.f() + r0 * D, D);
+      gemm_ragged(rows, D, I, 1.0f, operand_rows(ao, r0), operand_rows(dno, e * D), 0.0f, ys.f() + r0 * D, D);
       if (ddown)  // ddown[e] [D, I] += dys^T act
-        gemm(D, I, rows, 1.0f, operand_rows(dyt, r0), operand_rows(ao, r0), 1.0f, ddown + e * D * I, I);
+        gemm_ragged(D, I, rows, 1.0f, operand_rows(dyt, r0), operand_rows(ao, r0), 1.0f, ddown + e * D * I, I);
       GemmOperand dn_plain = operand_rows(dno, e * D);
       dn_plain.trans = false;  // dact = dys DN, DN stored [D, I] = [K, N]
-      gemm(rows, I, D, 1.0f, operand_rows(dyo, r0), dn_plain, 0.0f, dact.f() + r0 * I, I);
+      gemm_ragged(rows, I, D, 1.0f, operand_rows(dyo, r0), dn_plain, 0.0f, dact.f() + r0 * I, I);
     });
     gpu_swiglu_backward(stream_, hid.f(), dact.f(), dhid.f(), routed, I);
     GemmOperand dho = operand(dhid.f(), routed, 2 * I, 2 * I, false, bf16, hdhid);
@@ -69,10 +69,10 @@ void CudaBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, f
     dht.trans = true;
     for_each_expert(plan, E, [&](int64_t e, int64_t r0, int64_t rows) {
       if (dgate_up)  // dgate_up[e] [2I, D] += dhid^T xs
-        gemm(2 * I, D, rows, 1.0f, operand_rows(dht, r0), operand_rows(xo, r0), 1.0f, dgate_up + e * 2 * I * D, D);
+        gemm_ragged(2 * I, D, rows, 1.0f, operand_rows(dht, r0), operand_rows(xo, r0), 1.0f, dgate_up + e * 2 * I * D, D);
       GemmOperand gu_plain = operand_rows(guo, e * 2 * I);
       gu_plain.trans = false;  // dxs = dhid GU, GU stored [2I, D] = [K, N]
-      gemm(rows, D, 2 * I, 1.0f, operand_rows(dho, r0), gu_plain, 0.0f, dxs.f() + r0 * D, D);
+      gemm_ragged(rows, D, 2 * I, 1.0f, operand_rows(dho, r0), gu_plain, 0.0f, dxs.f() + r0 * D, D);
     });
   }
   k_moe_finish<<<unsigned(N), kGpuThreads, 0, stream_>>>(dout, ys.f(), dxs.f(), plan.perm.i(), a.weight, a.x, dx,

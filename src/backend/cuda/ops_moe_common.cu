@@ -1,52 +1,70 @@
-// The GPU MoE routing plan (one block: histogram, offsets, then a stable placement chunk by
-// chunk with one block-wide prefix sum per class), row gathers and SwiGLU forward/backward.
-// Integer-only plan, so it is deterministic. Not yet run on a GPU.
+// The GPU MoE routing plan in three kernels over tiles of 256 tokens (per-tile class counts;
+// class offsets and each tile's start per class; a stable placement by rank within the tile),
+// row gathers and SwiGLU forward/backward. Integer-only plan, so it is deterministic. The
+// three-kernel plan replaced a one-block plan (one prefix sum per class per 1024 tokens) and has
+// not yet run on a GPU.
 #include "backend/cuda/ops_moe_common.h"
+
+#include <algorithm>
 
 namespace zaya {
 
 namespace {
 
-constexpr int kPlanThreads = 1024;
 constexpr int kMaxClasses = 1024;
+constexpr int kPlanTile = 256;  // tokens per tile: the threads of a count or place block
 
-__global__ void k_moe_plan(const int32_t* expert, int64_t N, int64_t classes, int32_t* offsets, int32_t* perm) {
-  __shared__ int32_t count[kMaxClasses + 1];
-  __shared__ int32_t cursor[kMaxClasses];
-  __shared__ int32_t scan[kPlanThreads];
-  for (int64_t e = threadIdx.x; e <= classes; e += blockDim.x) count[e] = 0;
+// counts[tile, c] = tokens of class c in the tile (tile = blockIdx.x).
+__global__ void k_plan_count(const int32_t* expert, int64_t N, int64_t classes, int32_t* counts) {
+  __shared__ int32_t hist[kMaxClasses + 1];
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) hist[c] = 0;
   __syncthreads();
-  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) atomicAdd(&count[expert[n]], 1);  // integer: exact
+  const int64_t n = int64_t(blockIdx.x) * kPlanTile + threadIdx.x;
+  if (n < N) atomicAdd(&hist[expert[n]], 1);  // integer: exact in any order
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) counts[int64_t(blockIdx.x) * classes + c] = hist[c];
+}
+
+// One block. offsets[c] = tokens of classes before c (offsets[classes] = N), and
+// starts[tile, c] = offsets[c] + tokens of class c in earlier tiles: where the tile's first
+// token of class c goes.
+__global__ void k_plan_offsets(const int32_t* counts, int64_t tiles, int64_t classes, int32_t* starts,
+                               int32_t* offsets) {
+  __shared__ int32_t total[kMaxClasses + 1];
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
+    int32_t run = 0;
+    for (int64_t t = 0; t < tiles; ++t) {
+      starts[t * classes + c] = run;
+      run += counts[t * classes + c];
+    }
+    total[c] = run;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     int32_t run = 0;
-    for (int64_t e = 0; e < classes; ++e) {
-      offsets[e] = run;
-      cursor[e] = run;
-      run += count[e];
+    for (int64_t c = 0; c < classes; ++c) {
+      offsets[c] = run;
+      run += total[c];
     }
     offsets[classes] = run;
   }
   __syncthreads();
-  for (int64_t base = 0; base < N; base += blockDim.x) {
-    const int64_t n = base + threadIdx.x;
-    const int32_t cls = n < N ? expert[n] : -1;
-    for (int64_t e = 0; e < classes; ++e) {
-      // Inclusive prefix sum of (cls == e) over the chunk (Hillis-Steele, any block size).
-      scan[threadIdx.x] = cls == e ? 1 : 0;
-      __syncthreads();
-      for (unsigned off = 1; off < blockDim.x; off *= 2) {
-        const int32_t add = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
-        __syncthreads();
-        scan[threadIdx.x] += add;
-        __syncthreads();
-      }
-      if (cls == e) perm[cursor[e] + scan[threadIdx.x] - 1] = int32_t(n);
-      __syncthreads();
-      if (threadIdx.x == 0) cursor[e] += scan[blockDim.x - 1];
-      __syncthreads();
-    }
-  }
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+    for (int64_t t = 0; t < tiles; ++t) starts[t * classes + c] += offsets[c];
+}
+
+// perm[starts[tile, c] + rank] = n, rank = tokens of class c before n in its tile: stable.
+__global__ void k_plan_place(const int32_t* expert, int64_t N, int64_t classes, const int32_t* starts,
+                             int32_t* perm) {
+  __shared__ int32_t cls[kPlanTile];
+  const int64_t n = int64_t(blockIdx.x) * kPlanTile + threadIdx.x;
+  const int32_t c = n < N ? expert[n] : -1;
+  cls[threadIdx.x] = c;
+  __syncthreads();
+  if (n >= N) return;
+  int32_t rank = 0;
+  for (unsigned j = 0; j < threadIdx.x; ++j) rank += cls[j] == c;
+  perm[starts[int64_t(blockIdx.x) * classes + c] + rank] = int32_t(n);
 }
 
 __global__ void k_gather(const float* src, const int32_t* perm, const float* row_scale, int64_t rows, int64_t D,
@@ -85,8 +103,18 @@ GpuMoePlan gpu_plan_moe(CudaBackend& be, const int32_t* expert, int64_t N, int64
   GpuMoePlan plan;
   plan.perm = DeviceBuffer(&be, (N > 0 ? N : 1) * 4);
   DeviceBuffer off(&be, (classes + 1) * 4);
-  k_moe_plan<<<1, kPlanThreads, 0, be.stream()>>>(expert, N, classes, off.i(), plan.perm.i());
+  const int64_t tiles = (N + kPlanTile - 1) / kPlanTile;
+  DeviceBuffer counts(&be, std::max<int64_t>(1, tiles * classes) * 4), starts(&be, std::max<int64_t>(1, tiles * classes) * 4);
+  if (tiles > 0) {
+    k_plan_count<<<unsigned(tiles), kPlanTile, 0, be.stream()>>>(expert, N, classes, counts.i());
+    GPU_LAUNCH_CHECK();
+  }
+  k_plan_offsets<<<1, kPlanTile, 0, be.stream()>>>(counts.i(), tiles, classes, starts.i(), off.i());
   GPU_LAUNCH_CHECK();
+  if (tiles > 0) {
+    k_plan_place<<<unsigned(tiles), kPlanTile, 0, be.stream()>>>(expert, N, classes, starts.i(), plan.perm.i());
+    GPU_LAUNCH_CHECK();
+  }
   plan.offsets.resize(static_cast<size_t>(classes + 1));
   be.to_host(plan.offsets.data(), off.i(), (classes + 1) * 4);
   plan.routed = plan.offsets[size_t(E)];
@@ -115,7 +143,7 @@ void gpu_swiglu_backward(gpuStream_t s, const float* hid, const float* dact, flo
 void gpu_moe_gate_up(CudaBackend& be, const GpuMoePlan& plan, int64_t E, int64_t I, int64_t D, int64_t routed,
                      const GemmOperand& xo, const GemmOperand& guo, float* hid, float* act) {
   for_each_expert(plan, E, [&](int64_t e, int64_t r0, int64_t rows) {
-    be.gemm(rows, 2 * I, D, 1.0f, operand_rows(xo, r0), operand_rows(guo, e * 2 * I), 0.0f, hid + r0 * 2 * I, 2 * I);
+    be.gemm_ragged(rows, 2 * I, D, 1.0f, operand_rows(xo, r0), operand_rows(guo, e * 2 * I), 0.0f, hid + r0 * 2 * I, 2 * I);
   });
   gpu_swiglu(be.stream(), hid, act, routed, I);
 }

@@ -197,13 +197,4 @@ void moe(const MoeArgs& a) {
   }
 }
 
-void cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V) {
-  for (int64_t n = 0; n < N; ++n) {
-    double mx = logits[n * V], sum = 0;
-    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(logits[n * V + v]));
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(logits[n * V + v] - mx);
-    loss[n] = float(std::log(sum) + mx - logits[n * V + target[n]]);
-  }
-}
-
 }  // namespace zaya::reference

@@ -18,6 +18,5 @@ void cca_qk(const CcaQkArgs& a);
 void cca_values(const CcaValueArgs& a);
 void attention(const AttentionArgs& a);
 void moe(const MoeArgs& a);
-void cross_entropy(const float* logits, const int32_t* target, float* loss, int64_t N, int64_t V);
 
 }  // namespace zaya::reference
