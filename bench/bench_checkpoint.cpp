@@ -47,6 +47,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -59,6 +60,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "backend/backend.h"
 #include "bench_common.h"
@@ -97,64 +100,51 @@ struct Args {
           inter = 1024, router = 256;
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(
-      stderr,
-      "%s\nusage: bench_checkpoint [--root DIR] [--rounds N] [--warmup N] [--pause S] [--step-seconds S] "
-      "[--baseline-steps N]\n"
-      "                        [--staging 256,full] [--full-chunk-mib 1] [--disk vda] [--json FILE]\n"
-      "                        [--vocab V] [--d D] [--layers L] [--experts E] [--inter I]\n",
-      why);
-  std::exit(2);
+// A CLI11 check for each --staging entry: "full" or a positive number of MiB.
+std::string check_staging(const std::string& s) {
+  if (s == "full") return "";
+  int64_t mib = 0;
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), mib);
+  if (r.ec == std::errc() && r.ptr == s.data() + s.size() && mib > 0) return "";
+  return "staging '" + s + "' is neither 'full' nor a positive number of MiB";
 }
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value for " + k).c_str());
-      return argv[++i];
-    };
-    if (k == "--root")
-      a.root = val();
-    else if (k == "--rounds")
-      a.rounds = std::stoi(val());
-    else if (k == "--step-seconds")
-      a.step_seconds = std::stod(val());
-    else if (k == "--baseline-steps")
-      a.baseline_steps = std::stoi(val());
-    else if (k == "--warmup")
-      a.warmup = std::stoi(val());
-    else if (k == "--pause")
-      a.pause_seconds = std::stod(val());
-    else if (k == "--full-chunk-mib")
-      a.full_chunk_mib = std::stoll(val());
-    else if (k == "--disk")
-      a.disk = val();
-    else if (k == "--json")
-      a.json_path = val();
-    else if (k == "--vocab")
-      a.vocab = std::stoll(val());
-    else if (k == "--d")
-      a.d = std::stoll(val());
-    else if (k == "--layers")
-      a.layers = std::stoll(val());
-    else if (k == "--experts")
-      a.experts = std::stoll(val());
-    else if (k == "--inter")
-      a.inter = std::stoll(val());
-    else if (k == "--staging") {
-      a.staging.clear();
-      std::stringstream ss(val());
-      std::string s;
-      while (std::getline(ss, s, ',')) a.staging.push_back(s);
-    } else
-      usage(("unknown argument " + k).c_str());
-  }
-  if (a.rounds < 1 || a.step_seconds <= 0 || a.baseline_steps < 1 || a.warmup < 0 || a.full_chunk_mib < 1)
-    usage("bad --rounds/--step-seconds/--baseline-steps");
-  return a;
+void add_options(CLI::App& app, Args& a) {
+  app.add_option("--root", a.root, "Where the saves are written (each deleted after it committed)")
+      ->capture_default_str();
+  app.add_option("--rounds", a.rounds, "Measured rounds (every variant once per round)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--warmup", a.warmup, "Unmeasured saves of every variant first")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--pause", a.pause_seconds, "Seconds of idle disk (after sync) before each save")
+      ->capture_default_str();
+  app.add_option("--step-seconds", a.step_seconds, "Duration of a simulated training step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--baseline-steps", a.baseline_steps, "Steps without a save measured before each async save")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--staging", a.staging, "Async variants, comma-separated: staging MiB or full")
+      ->capture_default_str()
+      ->delimiter(',')
+      ->check(CLI::Validator(check_staging, "MiB|full"));
+  app.add_option("--full-chunk-mib", a.full_chunk_mib, "Chunk size of the full staging variant, MiB")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--disk", a.disk, "Block device whose written sectors are counted (/proc/diskstats)")
+      ->capture_default_str();
+  app.add_option("--json", a.json_path, "Write every result to this JSON file");
+  app.add_option("--vocab", a.vocab, "Model vocabulary size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--d", a.d, "Model hidden size")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--layers", a.layers, "Model blocks")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--experts", a.experts, "Experts per block")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--inter", a.inter, "Expert width")->capture_default_str()->check(CLI::PositiveNumber);
 }
 
 ModelConfig bench_config(const Args& a) {
@@ -529,8 +519,16 @@ std::string fmt(const char* f, double v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args a;
+  CLI::App app(
+      "bench_checkpoint: training-loop stall of the sharded async checkpoint save against a naive sync save");
+  add_options(app, a);
   try {
-    const Args a = parse(argc, argv);
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
     std::unique_ptr<Comm> comm = make_comm(CommOptions{});
     const int rank = comm->rank(), R = comm->size();
     const bool lead = rank == 0;

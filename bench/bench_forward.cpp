@@ -24,6 +24,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -32,10 +33,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
@@ -160,61 +163,78 @@ struct Args {
   int prefill_runs = 7, decode_runs = 3, peak_runs = 7;
   int64_t prompt = 64, steps = 128, gemm_n = 2048, bw_mib = 512;
   bool profile = false, skip_peaks = false, peaks_only = false;
-  std::vector<std::pair<int64_t, int64_t>> shapes{{1, 512}, {4, 256}};
+  std::string shapes = "1x512,4x256";  // prefill batches, BxT,BxT (parse_shapes)
 };
 
-[[noreturn]] void usage() {
-  std::fprintf(stderr,
-               "usage: bench_forward [--model DIR | --preset NAME] [--seed N] [--save DIR]\n"
-               "  [--shapes BxT,BxT] [--prefill-runs N] [--decode-runs N] [--prompt N] [--steps N]\n"
-               "  [--gemm-n N] [--bw-mib N] [--peak-runs N] [--skip-peaks] [--peaks-only] [--profile]\n");
-  std::exit(2);
+// "BxT,BxT,..." as (B, T) pairs; empty if any entry is malformed or not positive.
+std::vector<std::pair<int64_t, int64_t>> parse_shapes(const std::string& text) {
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t x = item.find('x');
+    if (x == std::string::npos) return {};
+    int64_t B = 0, T = 0;
+    const char* end = item.data() + item.size();
+    auto b = std::from_chars(item.data(), item.data() + x, B);
+    auto t = std::from_chars(item.data() + x + 1, end, T);
+    if (b.ec != std::errc() || b.ptr != item.data() + x || t.ec != std::errc() || t.ptr != end) return {};
+    if (B < 1 || T < 1) return {};
+    shapes.emplace_back(B, T);
+  }
+  return shapes;
 }
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage();
-      return argv[++i];
-    };
-    if (k == "--model") a.model_dir = val();
-    else if (k == "--preset") a.preset = val();
-    else if (k == "--seed") a.seed = std::stoull(val());
-    else if (k == "--save") a.save_dir = val();
-    else if (k == "--prefill-runs") a.prefill_runs = std::stoi(val());
-    else if (k == "--decode-runs") a.decode_runs = std::stoi(val());
-    else if (k == "--peak-runs") a.peak_runs = std::stoi(val());
-    else if (k == "--prompt") a.prompt = std::stoll(val());
-    else if (k == "--steps") a.steps = std::stoll(val());
-    else if (k == "--gemm-n") a.gemm_n = std::stoll(val());
-    else if (k == "--bw-mib") a.bw_mib = std::stoll(val());
-    else if (k == "--profile") a.profile = true;
-    else if (k == "--skip-peaks") a.skip_peaks = true;
-    else if (k == "--peaks-only") a.peaks_only = true;
-    else if (k == "--shapes") {
-      a.shapes.clear();
-      std::string s = val();
-      size_t p = 0;
-      while (p < s.size()) {
-        size_t q = s.find(',', p);
-        std::string t = s.substr(p, q == std::string::npos ? std::string::npos : q - p);
-        size_t x = t.find('x');
-        if (x == std::string::npos) usage();
-        a.shapes.emplace_back(std::stoll(t.substr(0, x)), std::stoll(t.substr(x + 1)));
-        if (q == std::string::npos) break;
-        p = q + 1;
-      }
-    } else usage();
-  }
-  return a;
+// A CLI11 check for --shapes.
+std::string check_shapes(const std::string& text) {
+  return parse_shapes(text).empty() ? "expected BxT[,BxT...] with positive B and T, got '" + text + "'" : "";
+}
+
+void add_options(CLI::App& app, Args& a) {
+  app.add_option("--model", a.model_dir, "Model directory to load (instead of a random --preset model)");
+  app.add_option("--preset", a.preset, "Built-in model shape, random init")->capture_default_str();
+  app.add_option("--seed", a.seed, "Random init seed (with --preset)")->capture_default_str();
+  app.add_option("--save", a.save_dir, "Also write the model to this directory");
+  app.add_option("--shapes", a.shapes, "Prefill batches, BxT,BxT")
+      ->capture_default_str()
+      ->check(CLI::Validator(check_shapes, "BxT,BxT"));
+  app.add_option("--prefill-runs", a.prefill_runs, "Timed prefill runs per shape")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--decode-runs", a.decode_runs, "Timed batch-1 decode runs")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--prompt", a.prompt, "Prompt tokens before decoding")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--steps", a.steps, "Decode steps per run")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--gemm-n", a.gemm_n, "Size of the sgemm peak measure (N^3)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--bw-mib", a.bw_mib, "Array size of the read bandwidth measure, MiB")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--peak-runs", a.peak_runs, "Timed runs of the sgemm and bandwidth measures")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--skip-peaks", a.skip_peaks, "Skip the sgemm and bandwidth measures (no MFU, no bound)");
+  app.add_flag("--peaks-only", a.peaks_only, "Only the sgemm and bandwidth measures, no model");
+  app.add_flag("--profile", a.profile, "Add a per-op breakdown of prefill and decode");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  Args args = parse(argc, argv);
+  Args args;
+  CLI::App app("bench_forward: CPU forward benchmark (sgemm peak, read bandwidth, prefill and decode tok/s)");
+  add_options(app, args);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   json out;
   const int threads = omp_get_max_threads();
   out["threads"] = threads;
@@ -294,7 +314,7 @@ int main(int argc, char** argv) try {
   // --- prefill ---
   json prefill = json::array();
   json profiles;
-  for (auto [B, T] : args.shapes) {
+  for (auto [B, T] : parse_shapes(args.shapes)) {
     const int64_t N = B * T;
     std::vector<int32_t> ids = random_ids(N, V, 42 + uint64_t(B * 100000 + T));
     std::vector<float> logits(size_t(N * V));

@@ -7,7 +7,7 @@
 // delivers --tokens tokens (inputs) from a fresh position of the stream; one warm-up run first
 // (it also pulls the shards into the page cache). busy_consumer_next_us: mean time inside next()
 // when the caller does 2 ms of other work between calls (what a training step waits for).
-//   bench_loader [--dir DIR] [--dataset-mtokens 24] [--tokens 33554432] [--runs 5] [--keep]
+// Options: --dir DIR, --dataset-mtokens 24, --tokens 33554432, --runs 5, --keep (--help lists them).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +17,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "core/error.h"
 #include "data/loader.h"
@@ -66,27 +68,44 @@ void make_dataset(const fs::path& dir, uint64_t tokens, uint64_t seed) {
   zaya::write_manifest(dir.string(), m);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
-  fs::path dir = fs::temp_directory_path() / "zaya_loader_bench";
+struct Args {
+  std::string dir = (fs::temp_directory_path() / "zaya_loader_bench").string();
   uint64_t mtokens = 24;
   int64_t tokens = 32ll << 20;
   int runs = 5;
   bool keep = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) zaya::fail("bench", a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--dir") dir = val();
-    else if (a == "--dataset-mtokens") mtokens = std::stoull(val());
-    else if (a == "--tokens") tokens = std::stoll(val());
-    else if (a == "--runs") runs = std::stoi(val());
-    else if (a == "--keep") keep = true;
-    else zaya::fail("bench", "unknown option " + a);
+};
+
+void add_options(CLI::App& app, Args& a) {
+  app.add_option("--dir", a.dir, "Where the synthetic datasets are written (reused if present)")
+      ->capture_default_str();
+  app.add_option("--dataset-mtokens", a.mtokens, "Size of each of the two datasets, in Mi tokens")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--tokens", a.tokens, "Tokens delivered per timed run")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--runs", a.runs, "Timed runs after one warm-up (median reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--keep", a.keep, "Keep the datasets afterwards (default: removed)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Args args;
+  CLI::App app("bench_loader: training data loader tokens/s, with and without the prefetch thread");
+  add_options(app, args);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   }
+  const fs::path dir = args.dir;
+  const uint64_t mtokens = args.mtokens;
+  const int64_t tokens = args.tokens;
+  const int runs = args.runs;
   make_dataset(dir / "web", mtokens << 20, 1);
   make_dataset(dir / "code", mtokens << 20, 2);
 
@@ -144,7 +163,7 @@ int main(int argc, char** argv) try {
       std::fflush(stdout);
     }
   }
-  if (!keep) fs::remove_all(dir);
+  if (!args.keep) fs::remove_all(dir);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());

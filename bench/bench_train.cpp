@@ -31,12 +31,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
@@ -85,48 +87,44 @@ struct Args {
   bool profile = false, skip_peaks = false;
 };
 
-[[noreturn]] void usage() {
-  std::fprintf(stderr,
-               "usage: bench_train [--model DIR | --preset NAME | --config FILE] [--backend cpu|cuda] [--seed N] [--data-seed N] [--batch B] [--seq T]\n"
-               "  [--warmup N] [--steps N] [--lr X] [--clip X] [--gemm-n N] [--peak-runs N] [--skip-peaks]\n"
-               "  [--profile]\n");
-  std::exit(2);
-}
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage();
-      return argv[++i];
-    };
-    if (k == "--model") a.model_dir = val();
-    else if (k == "--preset") a.preset = val();
-    else if (k == "--config") a.config_path = val();
-    else if (k == "--backend") a.backend = val();
-    else if (k == "--seed") a.seed = std::stoull(val());
-    else if (k == "--data-seed") a.data_seed = std::stoull(val());
-    else if (k == "--batch") a.B = std::stoll(val());
-    else if (k == "--seq") a.T = std::stoll(val());
-    else if (k == "--warmup") a.warmup = std::stoi(val());
-    else if (k == "--steps") a.steps = std::stoi(val());
-    else if (k == "--lr") a.lr = std::stod(val());
-    else if (k == "--clip") a.clip = std::stod(val());
-    else if (k == "--gemm-n") a.gemm_n = std::stoll(val());
-    else if (k == "--peak-runs") a.peak_runs = std::stoi(val());
-    else if (k == "--skip-peaks") a.skip_peaks = true;
-    else if (k == "--profile") a.profile = true;
-    else usage();
-  }
-  if (a.steps < 1 || a.B < 1 || a.T < 2) usage();
-  return a;
+void add_options(CLI::App& app, Args& a) {
+  app.add_option("--model", a.model_dir, "Model directory to load (instead of a random --preset model)");
+  app.add_option("--preset", a.preset, "Built-in model shape, random init")->capture_default_str();
+  app.add_option("--config", a.config_path, "A config.json instead of a preset (random init)");
+  app.add_option("--backend", a.backend, "cpu or cuda")->capture_default_str();
+  app.add_option("--seed", a.seed, "Random init seed (with --preset or --config)")->capture_default_str();
+  app.add_option("--data-seed", a.data_seed, "Seed of the random token ids")->capture_default_str();
+  app.add_option("--batch", a.B, "Sequences per step (one micro-batch)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seq", a.T, "Tokens per sequence (at least 2)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, std::numeric_limits<int64_t>::max()).description("INT>=2"));
+  app.add_option("--warmup", a.warmup, "Untimed steps first")->capture_default_str();
+  app.add_option("--steps", a.steps, "Timed steps")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", a.lr, "Learning rate")->capture_default_str();
+  app.add_option("--clip", a.clip, "Global grad-norm clip (<= 0: no clipping)")->capture_default_str();
+  app.add_option("--gemm-n", a.gemm_n, "Size of the CPU sgemm peak measure (N^3)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--peak-runs", a.peak_runs, "Timed runs of the CPU sgemm peak measure")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--skip-peaks", a.skip_peaks, "Skip the matmul peak measures (no MFU)");
+  app.add_flag("--profile", a.profile, "Add a per-op breakdown of the timed steps");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  Args args = parse(argc, argv);
+  Args args;
+  CLI::App app("bench_train: one training step (forward+backward, clip, optimizer, balancer): tok/s and MFU");
+  add_options(app, args);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   json out;
   const int threads = omp_get_max_threads();
   out["threads"] = threads;
