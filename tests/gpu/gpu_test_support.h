@@ -84,20 +84,29 @@ inline void expect_close(const std::vector<float>& gpu, const std::vector<float>
   EXPECT_LT(err, tol) << what << ": max rel err " << err;
 }
 
-// Which GEMM the backend uses: bf16 operands (the policy), fp32, or our tiled kernel in fp32.
+// Which GEMM the backend uses: bf16 operands (the policy), fp32, or our tiled kernel in fp32;
+// and for the MoE, whether its experts run as device-grouped GEMMs.
 struct GemmMode {
   const char* name;
   bool bf16;
   bool portable;
   double tol;  // for results that go through a GEMM
+  bool moe_grouped = false;
 };
 inline std::vector<GemmMode> gemm_modes() {
   return {{"bf16", true, false, kTolBf16}, {"fp32", false, false, kTolF32}, {"tiled_fp32", false, true, kTolF32}};
+}
+// gemm_modes() and the device-grouped MoE (bf16; in HIP builds it falls back to the per-expert path).
+inline std::vector<GemmMode> moe_modes() {
+  std::vector<GemmMode> modes = gemm_modes();
+  modes.push_back({"bf16_grouped", true, false, kTolBf16, true});
+  return modes;
 }
 inline std::unique_ptr<Backend> make_gpu(const GemmMode& m) {
   CudaBackendOptions o;
   o.bf16_matmul = m.bf16;
   o.portable_gemm = m.portable;
+  o.moe_device_grouped = m.moe_grouped;
   return make_cuda_backend(o);
 }
 

@@ -120,8 +120,10 @@ void make_routing_decisive(Model& m) {
   }
 }
 
+// Under both bf16 MoE paths: per-expert BLASLt GEMMs, and device-grouped GEMMs.
 TEST(GpuModelGradsBf16, DecisiveRoutingGradientsMatchCpu) {
   if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+  for (const GemmMode& mode : {gemm_modes()[0], moe_modes().back()})
   for (const std::string& kase : grad_cases()) {
     const std::string dir = test::source_path("tests/fixtures/" + kase);
     const test::FixtureBatch batch = test::load_fixture_batch(dir);
@@ -129,23 +131,25 @@ TEST(GpuModelGradsBf16, DecisiveRoutingGradientsMatchCpu) {
     auto cpu_model = load_model(dir, *cpu);
     make_routing_decisive(*cpu_model);
     const Step ref = train_step(*cpu_model, batch.ids, batch.targets, batch.B, batch.T);
-    auto gpu = make_gpu(gemm_modes()[0]);
-    ASSERT_TRUE(gemm_modes()[0].bf16);
+    ASSERT_TRUE(mode.bf16);
+    auto gpu = make_gpu(mode);
     auto model = load_model(dir, *gpu);
     make_routing_decisive(*model);
     const Step got = train_step(*model, batch.ids, batch.targets, batch.B, batch.T);
-    ASSERT_EQ(got.stats.expert_counts, ref.stats.expert_counts) << kase << ": the routing should be decisive";
+    ASSERT_EQ(got.stats.expert_counts, ref.stats.expert_counts)
+        << kase << " " << mode.name << ": the routing should be decisive";
     EXPECT_NEAR(got.stats.loss_sum / double(got.stats.tokens), ref.stats.loss_sum / double(ref.stats.tokens),
-                1e-2 * ref.stats.loss_sum / double(ref.stats.tokens)) << kase;
+                1e-2 * ref.stats.loss_sum / double(ref.stats.tokens)) << kase << " " << mode.name;
     double worst = 0;
     std::string worst_name;
     for (const ParamSpec& p : cpu_model->layout().params) {
       if (p.kind == ParamKind::Buffer) continue;
       const double e = rel_l2(got.grads.data() + p.offset, ref.grads.data() + p.offset, size_t(p.numel));
       if (e > worst) worst = e, worst_name = p.name;
-      EXPECT_LT(e, 5e-2) << kase << " " << p.name;
+      EXPECT_LT(e, 5e-2) << kase << " " << mode.name << " " << p.name;
     }
-    std::printf("  %s: bf16 gradients, worst ||gpu-cpu||/||cpu|| %.2e (%s)\n", kase.c_str(), worst, worst_name.c_str());
+    std::printf("  %s (%s): bf16 gradients, worst ||gpu-cpu||/||cpu|| %.2e (%s)\n", kase.c_str(), mode.name, worst,
+                worst_name.c_str());
   }
 }
 

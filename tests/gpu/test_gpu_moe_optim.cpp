@@ -111,7 +111,7 @@ TEST_P(GpuMoe, Deterministic) {
   EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0) << "two identical MoE runs differ";
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, GpuMoe, ::testing::ValuesIn(gemm_modes()),
+INSTANTIATE_TEST_SUITE_P(Modes, GpuMoe, ::testing::ValuesIn(moe_modes()),
                          [](const auto& info) { return std::string(info.param.name); });
 
 class GpuOptim : public GpuVsCpu {};

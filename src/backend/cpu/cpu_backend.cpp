@@ -61,6 +61,8 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
     const int gpus = cuda_device_count();
     o.device = gpus > 0 ? device % gpus : device;
     o.bf16_matmul = name == "cuda";  // cuda-fp32: every GEMM in fp32 (exact comparisons with the CPU)
+    const char* grouped = std::getenv("ZAYA_MOE_DEVICE_GROUPED");
+    o.moe_device_grouped = grouped && std::string(grouped) == "1";
     return make_cuda_backend(o);
 #else
     fail("backend", "zaya was built without CUDA; configure with -DZAYA_CUDA=ON");

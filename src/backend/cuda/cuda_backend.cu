@@ -2,6 +2,7 @@
 // pool behind alloc/free and every temporary, host<->device copies, bf16 operand staging, and
 // the factory. Not yet run on a GPU.
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gpu_grouped_gemm.h"
 
 #include <algorithm>
 #include <string>
@@ -115,7 +116,10 @@ void CudaBackend::free(void* p) { pool_put(p); }
 std::string CudaBackend::diagnostics() const {
   return std::string("gemm engine ") + gemm_->engine() + ", " + std::to_string(gemm_->plans_built()) +
          " GEMM plans built in " + std::to_string(gemm_->plan_seconds()) + " s of host time, " +
-         std::to_string(gemm_->ragged_fallbacks()) + " ragged-plan fallbacks";
+         std::to_string(gemm_->ragged_fallbacks()) + " ragged-plan fallbacks, MoE experts " +
+         (options_.moe_device_grouped && options_.bf16_matmul && grouped_gemm_available()
+              ? "as device-grouped GEMMs"
+              : "per expert from host offsets");
 }
 
 void CudaBackend::synchronize() { GPU_CHECK(gpuStreamSynchronize(stream_)); }

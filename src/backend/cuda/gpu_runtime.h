@@ -92,6 +92,9 @@ inline bool gpu_pointer_on_device(const void* p, int* device) {
 #else  // CUDA
 #define ZAYA_GPU_CUDA 1
 #include <cuda_runtime.h>
+#if defined(__CUDACC__)
+#include <mma.h>  // WMMA tensor-core fragments (gpu_grouped_gemm.cu); brings cuda_bf16.h
+#endif
 
 using gpuError_t = cudaError_t;
 using gpuStream_t = cudaStream_t;

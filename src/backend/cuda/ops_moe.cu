@@ -1,8 +1,8 @@
 // GPU mixture-of-experts forward: device routing plan, gather of each expert's tokens into
 // contiguous rows, a grouped GEMM pair per expert (gate_up, SwiGLU, down; bf16 operands by
 // policy, fp32 accumulation), and a scatter applying the unbiased router weight. Skip-class
-// tokens output 0 or weight*x. The per-expert GEMMs are launched from the host after one small
-// offsets copy (a device-side grouped GEMM is future work). Not yet run on a GPU.
+// tokens output 0 or weight*x. The experts' GEMMs run per expert from host offsets or grouped
+// from device offsets (ExpertGemms). Not yet run on a GPU in its grouped form.
 #include "backend/cuda/ops_moe_common.h"
 
 namespace zaya {
@@ -10,7 +10,8 @@ namespace zaya {
 namespace {
 
 __global__ void k_moe_scatter(const float* ys, const int32_t* perm, const float* weight, const float* x, float* out,
-                              int64_t N, int64_t routed, int64_t D, int skip_identity) {
+                              int64_t N, const int32_t* routed_dev, int64_t D, int skip_identity) {
+  const int64_t routed = *routed_dev;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N * D; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / D, d = i % D, n = perm[row];
     const float w = weight[n];
@@ -27,23 +28,22 @@ void CudaBackend::moe(const MoeArgs& a) {
   const int64_t N = a.N, D = a.D, I = a.I, E = a.E;
   if (N == 0) return;
   const bool bf16 = options_.bf16_matmul;
-  GpuMoePlan plan = gpu_plan_moe(*this, a.expert, N, E);
-  const int64_t routed = plan.routed, R = routed > 0 ? routed : 1;  // R: rows of the buffers
+  const ExpertGemms experts(*this, a.expert, N, E);
+  const GpuMoePlan& plan = experts.plan();
+  const int64_t rows = experts.rows(), R = rows > 0 ? rows : 1;  // R: rows of the buffers
   DeviceBuffer xs(this, R * D * 4), hid(this, R * 2 * I * 4), act(this, R * I * 4), ys(this, R * D * 4);
   DeviceBuffer hx, hgu, hdn, hact;
-  if (routed > 0) {
-    gpu_gather_rows(stream_, a.x, plan.perm.i(), nullptr, routed, D, xs.f());
-    const GemmOperand xo = operand(xs.f(), routed, D, D, false, bf16, hx);
+  if (rows > 0) {
+    gpu_gather_rows(stream_, a.x, plan.perm.i(), nullptr, rows, D, xs.f());
+    const GemmOperand xo = operand(xs.f(), rows, D, D, false, bf16, hx);
     const GemmOperand guo = operand(a.gate_up, E * 2 * I, D, D, true, bf16, hgu);  // each expert [2I, D]
     const GemmOperand dno = operand(a.down, E * D, I, I, true, bf16, hdn);         // each expert [D, I]
-    gpu_moe_gate_up(*this, plan, E, I, D, routed, xo, guo, hid.f(), act.f());
-    const GemmOperand ao = operand(act.f(), routed, I, I, false, bf16, hact);
-    for_each_expert(plan, E, [&](int64_t e, int64_t r0, int64_t rows) {
-      gemm_ragged(rows, D, I, 1.0f, operand_rows(ao, r0), operand_rows(dno, e * D), 0.0f, ys.f() + r0 * D, D);
-    });
+    gpu_moe_gate_up(*this, experts, I, D, xo, guo, hid.f(), act.f());
+    const GemmOperand ao = operand(act.f(), rows, I, I, false, bf16, hact);
+    experts.by_rows(D, I, ao, dno, D * I, 0.0f, ys.f(), D);  // ys = act DN_e^T
   }
   k_moe_scatter<<<gpu_blocks(N * D), kGpuThreads, 0, stream_>>>(ys.f(), plan.perm.i(), a.weight, a.x, a.out, N,
-                                                                routed, D, a.skip_identity);
+                                                                plan.routed_dev(E), D, a.skip_identity);
   GPU_LAUNCH_CHECK();
 }
 

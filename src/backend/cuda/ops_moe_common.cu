@@ -1,11 +1,13 @@
 // The GPU MoE routing plan in three kernels over tiles of 256 tokens (per-tile class counts;
 // class offsets and each tile's start per class; a stable placement by rank within the tile),
-// row gathers and SwiGLU forward/backward. Integer-only plan, so it is deterministic. The
+// row gathers, SwiGLU forward/backward and the experts' GEMMs (ExpertGemms). Integer-only plan, so it is deterministic. The
 // three-kernel plan replaced a one-block plan (one prefix sum per class per 1024 tokens) and has
 // not yet run on a GPU.
 #include "backend/cuda/ops_moe_common.h"
 
 #include <algorithm>
+
+#include "backend/cuda/gpu_grouped_gemm.h"
 
 namespace zaya {
 
@@ -97,27 +99,30 @@ __global__ void k_swiglu_backward(const float* hid, const float* dact, float* dh
 
 }  // namespace
 
-GpuMoePlan gpu_plan_moe(CudaBackend& be, const int32_t* expert, int64_t N, int64_t E) {
+GpuMoePlan gpu_plan_moe(CudaBackend& be, const int32_t* expert, int64_t N, int64_t E, bool to_host) {
   const int64_t classes = E + 1;
   if (classes > kMaxClasses) fail("cuda", "moe: at most " + std::to_string(kMaxClasses - 1) + " experts");
   GpuMoePlan plan;
   plan.perm = DeviceBuffer(&be, (N > 0 ? N : 1) * 4);
-  DeviceBuffer off(&be, (classes + 1) * 4);
+  plan.offsets_dev = DeviceBuffer(&be, (classes + 1) * 4);
   const int64_t tiles = (N + kPlanTile - 1) / kPlanTile;
-  DeviceBuffer counts(&be, std::max<int64_t>(1, tiles * classes) * 4), starts(&be, std::max<int64_t>(1, tiles * classes) * 4);
+  DeviceBuffer counts(&be, std::max<int64_t>(1, tiles * classes) * 4),
+      starts(&be, std::max<int64_t>(1, tiles * classes) * 4);
   if (tiles > 0) {
     k_plan_count<<<unsigned(tiles), kPlanTile, 0, be.stream()>>>(expert, N, classes, counts.i());
     GPU_LAUNCH_CHECK();
   }
-  k_plan_offsets<<<1, kPlanTile, 0, be.stream()>>>(counts.i(), tiles, classes, starts.i(), off.i());
+  k_plan_offsets<<<1, kPlanTile, 0, be.stream()>>>(counts.i(), tiles, classes, starts.i(), plan.offsets_dev.i());
   GPU_LAUNCH_CHECK();
   if (tiles > 0) {
     k_plan_place<<<unsigned(tiles), kPlanTile, 0, be.stream()>>>(expert, N, classes, starts.i(), plan.perm.i());
     GPU_LAUNCH_CHECK();
   }
-  plan.offsets.resize(static_cast<size_t>(classes + 1));
-  be.to_host(plan.offsets.data(), off.i(), (classes + 1) * 4);
-  plan.routed = plan.offsets[size_t(E)];
+  if (to_host) {
+    plan.offsets.resize(static_cast<size_t>(classes + 1));
+    be.to_host(plan.offsets.data(), plan.offsets_dev.i(), (classes + 1) * 4);
+    plan.routed = plan.offsets[size_t(E)];
+  }
   return plan;
 }
 
@@ -140,12 +145,53 @@ void gpu_swiglu_backward(gpuStream_t s, const float* hid, const float* dact, flo
   GPU_LAUNCH_CHECK();
 }
 
-void gpu_moe_gate_up(CudaBackend& be, const GpuMoePlan& plan, int64_t E, int64_t I, int64_t D, int64_t routed,
-                     const GemmOperand& xo, const GemmOperand& guo, float* hid, float* act) {
-  for_each_expert(plan, E, [&](int64_t e, int64_t r0, int64_t rows) {
-    be.gemm_ragged(rows, 2 * I, D, 1.0f, operand_rows(xo, r0), operand_rows(guo, e * 2 * I), 0.0f, hid + r0 * 2 * I, 2 * I);
-  });
-  gpu_swiglu(be.stream(), hid, act, routed, I);
+ExpertGemms::ExpertGemms(CudaBackend& be, const int32_t* expert, int64_t N, int64_t E)
+    : be_(be),
+      E_(E),
+      grouped_(be.moe_device_grouped() && be.bf16_matmul() && grouped_gemm_available()),
+      plan_(gpu_plan_moe(be, expert, N, E, /*to_host=*/!grouped_)),
+      rows_(grouped_ ? N : plan_.routed) {}
+
+void ExpertGemms::by_rows(int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& W, int64_t stride_w,
+                          float beta, float* C, int64_t ldc) const {
+  if (grouped_) {
+    ZAYA_CHECK(A.type == GemmType::BF16 && W.type == GemmType::BF16 && !A.trans, "moe: grouped operands");
+    grouped_gemm_rows(be_.stream(), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f, static_cast<const bf16_t*>(A.ptr),
+                      A.ld, static_cast<const bf16_t*>(W.ptr), W.ld, W.trans, stride_w, beta, C, ldc);
+    return;
+  }
+  const int64_t elem = W.type == GemmType::BF16 ? 2 : 4;
+  for (int64_t e = 0; e < E_; ++e) {
+    const int64_t r0 = plan_.offsets[size_t(e)], rows = plan_.offsets[size_t(e + 1)] - r0;
+    if (rows == 0) continue;
+    GemmOperand w = W;
+    w.ptr = static_cast<const char*>(W.ptr) + e * stride_w * elem;
+    be_.gemm_ragged(rows, N, K, 1.0f, operand_rows(A, r0), w, beta, C + r0 * ldc, ldc);
+  }
+}
+
+void ExpertGemms::weight_grads(int64_t M, int64_t N, const GemmOperand& A, const GemmOperand& B, float* C,
+                               int64_t ldc, int64_t stride_c) const {
+  ZAYA_CHECK(!A.trans && !B.trans, "moe: weight gradient operands are stored by rows");
+  if (grouped_) {
+    ZAYA_CHECK(A.type == GemmType::BF16 && B.type == GemmType::BF16, "moe: grouped operands");
+    grouped_gemm_weights(be_.stream(), plan_.offsets_dev.i(), E_, M, N, 1.0f, static_cast<const bf16_t*>(A.ptr), A.ld,
+                         static_cast<const bf16_t*>(B.ptr), B.ld, 1.0f, C, ldc, stride_c);
+    return;
+  }
+  GemmOperand at = A;
+  at.trans = true;  // stored [rows, M]: the logical [M, rows]
+  for (int64_t e = 0; e < E_; ++e) {
+    const int64_t r0 = plan_.offsets[size_t(e)], rows = plan_.offsets[size_t(e + 1)] - r0;
+    if (rows == 0) continue;
+    be_.gemm_ragged(M, N, rows, 1.0f, operand_rows(at, r0), operand_rows(B, r0), 1.0f, C + e * stride_c, ldc);
+  }
+}
+
+void gpu_moe_gate_up(CudaBackend& be, const ExpertGemms& experts, int64_t I, int64_t D, const GemmOperand& xo,
+                     const GemmOperand& guo, float* hid, float* act) {
+  experts.by_rows(2 * I, D, xo, guo, 2 * I * D, 0.0f, hid, 2 * I);
+  gpu_swiglu(be.stream(), hid, act, experts.rows(), I);
 }
 
 }  // namespace zaya

@@ -1,7 +1,8 @@
 // Shared by the GPU MoE forward and backward: the routing plan built on the device (class
 // histogram, offsets, a stable token permutation grouping tokens by class, class E = skip
-// last, identical to backend/cpu's plan_moe), row gathers, SwiGLU, operand offsets, the loop
-// over experts and the experts' gate_up half (forward, and recomputed in the backward).
+// last, identical to backend/cpu's plan_moe), row gathers, SwiGLU, the experts' GEMMs over
+// their contiguous rows (per expert from host offsets, or grouped from device offsets) and the
+// experts' gate_up half (forward, and recomputed in the backward).
 #pragma once
 
 #include <cstdint>
@@ -13,13 +14,16 @@ namespace zaya {
 
 struct GpuMoePlan {
   DeviceBuffer perm;             // [N] int32: token of each grouped row
-  std::vector<int32_t> offsets;  // host [E + 2]: class e owns grouped rows offsets[e]..offsets[e+1]
-  int64_t routed = 0;            // tokens sent to an expert: grouped rows [0, routed) (= offsets[E])
+  DeviceBuffer offsets_dev;      // [E + 2] int32 on the device: class e owns grouped rows offsets[e]..offsets[e+1]
+  std::vector<int32_t> offsets;  // the same on the host; empty when the plan stays on the device
+  int64_t routed = -1;           // tokens sent to an expert (= offsets[E]); -1 when the plan stays on the device
+  // Device pointer to the routed count (offsets_dev[E]): what the scatter kernels read.
+  const int32_t* routed_dev(int64_t E) const { return offsets_dev.i() + E; }
 };
 
-// Builds the plan on the device; copies the E + 2 offsets to the host (one synchronisation)
-// so that the per-expert GEMMs can be launched.
-GpuMoePlan gpu_plan_moe(CudaBackend& be, const int32_t* expert, int64_t N, int64_t E);
+// Builds the plan on the device. With to_host, copies the E + 2 offsets to the host (one
+// synchronisation) so that per-expert GEMMs can be launched from there.
+GpuMoePlan gpu_plan_moe(CudaBackend& be, const int32_t* expert, int64_t N, int64_t E, bool to_host);
 
 // dst[i, :] = src[perm[i], :] * (row_scale ? row_scale[perm[i]] : 1) for i < rows.
 void gpu_gather_rows(gpuStream_t s, const float* src, const int32_t* perm, const float* row_scale, int64_t rows,
@@ -36,19 +40,41 @@ inline GemmOperand operand_rows(GemmOperand o, int64_t rows) {
   return o;
 }
 
-// Calls f(e, r0, rows) for each of the E experts that has tokens: grouped rows [r0, r0 + rows).
-template <class F>
-void for_each_expert(const GpuMoePlan& plan, int64_t E, F&& f) {
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = plan.offsets[size_t(e)], rows = plan.offsets[size_t(e + 1)] - r0;
-    if (rows > 0) f(e, r0, rows);
-  }
-}
+// The experts' GEMMs of one MoE call over the plan's grouped rows. Operands come from
+// CudaBackend::operand (bf16 under the bf16 policy). Device-grouped (one launch per product,
+// no host offsets) when the backend asks for it, the operands are bf16 and the build has the
+// grouped kernels; otherwise one ragged-plan BLASLt GEMM per expert with rows.
+class ExpertGemms {
+ public:
+  // Builds the routing plan of expert[N] (classes 0..E, E = skip).
+  ExpertGemms(CudaBackend& be, const int32_t* expert, int64_t N, int64_t E);
+  const GpuMoePlan& plan() const { return plan_; }
+  bool grouped() const { return grouped_; }
+  // Rows of the grouped-row buffers: the routed count (host offsets), or N (device offsets:
+  // rows past the routed ones are not computed and must not be read).
+  int64_t rows() const { return rows_; }
+  // C[r, :] = A[r, :] op(W_e) + beta * C[r, :] for the rows r of every expert e. A: [rows, K]
+  // as stored; W_e = W + e * stride_w elements, its logical [K, N] stored [N, K] (W.trans) or
+  // [K, N]; C fp32 with row stride ldc.
+  void by_rows(int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& W, int64_t stride_w, float beta,
+               float* C, int64_t ldc) const;
+  // C_e += A_e^T B_e for every expert e over its rows: A [rows, M], B [rows, N] as stored
+  // (A.trans and B.trans false); C_e = C + e * stride_c, fp32 [M, N] with row stride ldc.
+  void weight_grads(int64_t M, int64_t N, const GemmOperand& A, const GemmOperand& B, float* C, int64_t ldc,
+                    int64_t stride_c) const;
 
-// The gate_up half of every expert over the `routed` grouped rows: hid [routed, 2I] = xs GU_e^T
-// per expert (xo: the gathered inputs [routed, D]; guo: all experts' gate_up, each [2I, D],
-// transposed), then act [routed, I] = SwiGLU(hid).
-void gpu_moe_gate_up(CudaBackend& be, const GpuMoePlan& plan, int64_t E, int64_t I, int64_t D, int64_t routed,
-                     const GemmOperand& xo, const GemmOperand& guo, float* hid, float* act);
+ private:
+  CudaBackend& be_;
+  int64_t E_;
+  bool grouped_;
+  GpuMoePlan plan_;
+  int64_t rows_;
+};
+
+// The gate_up half of every expert over the grouped rows: hid [rows, 2I] = xs GU_e^T per
+// expert (xo: the gathered inputs [rows, D]; guo: all experts' gate_up, each [2I, D],
+// transposed), then act [rows, I] = SwiGLU(hid).
+void gpu_moe_gate_up(CudaBackend& be, const ExpertGemms& experts, int64_t I, int64_t D, const GemmOperand& xo,
+                     const GemmOperand& guo, float* hid, float* act);
 
 }  // namespace zaya
