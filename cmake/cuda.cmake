@@ -3,11 +3,11 @@
 #   -DZAYA_CUDA=ON  builds the .cu files with nvcc for CMAKE_CUDA_ARCHITECTURES (default 80;90)
 #                   into zaya_lib (compile definition ZAYA_CUDA, so make_backend("cuda") works),
 #                   linked with cuBLASLt, plus the GPU tests in tests/gpu. The NCCL communicator
-#                   (comm_nccl.cu) is built and libnccl linked when NCCL is found (next to the
-#                   CUDA toolkit, or under ZAYA_NCCL_ROOT); zaya_lib then has ZAYA_HAVE_NCCL.
+#                   (every comm_nccl*.cu) is built and libnccl linked when NCCL is found (next to
+#                   the CUDA toolkit, or under ZAYA_NCCL_ROOT); zaya_lib then has ZAYA_HAVE_NCCL.
 #   -DZAYA_HIP=ON   compiles the same .cu files with hipcc for ZAYA_HIP_ARCH (default gfx90a),
 #                   objects only (target zaya_hip_objects): a compile check, not a runnable build.
-#                   comm_nccl.cu only when RCCL is found (ZAYA_HAVE_RCCL; Debian has no RCCL).
+#                   comm_nccl*.cu only when RCCL is found (ZAYA_HAVE_RCCL; Debian has no RCCL).
 # Included from the top-level CMakeLists.txt before zaya_lib exists, so the links into
 # zaya_lib and the tests are deferred to the end of the top-level directory.
 option(ZAYA_CUDA "Build the CUDA backend (needs nvcc and cuBLASLt)" OFF)
@@ -17,8 +17,9 @@ set(ZAYA_HIP_ARCH "gfx90a" CACHE STRING "AMD offload architecture for ZAYA_HIP")
 set(ZAYA_NCCL_ROOT "" CACHE PATH "Where NCCL is installed when it is not next to the CUDA toolkit")
 file(GLOB ZAYA_GPU_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.cu)
 file(GLOB ZAYA_GPU_HEADERS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/*.h)
-# The NCCL/RCCL communicator: compiled only where its collective library is found.
-set(ZAYA_GPU_COMM_SOURCE ${CMAKE_SOURCE_DIR}/src/backend/cuda/comm_nccl.cu)
+# The NCCL/RCCL communicator (the communicator, its watchdog, its arrival channel): every
+# comm_nccl*.cu, compiled only where its collective library is found.
+file(GLOB ZAYA_GPU_COMM_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/comm_nccl*.cu)
 
 if(ZAYA_CUDA)
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
@@ -36,16 +37,16 @@ if(ZAYA_CUDA)
     set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
   endif()
 
-  # NCCL: the communicator of multi-GPU data parallelism (src/backend/cuda/comm_nccl.cu).
+  # NCCL: the communicator of multi-GPU data parallelism (src/backend/cuda/comm_nccl*.cu).
   find_path(ZAYA_NCCL_INCLUDE nccl.h HINTS ${ZAYA_NCCL_ROOT}/include ${CUDAToolkit_INCLUDE_DIRS})
   find_library(ZAYA_NCCL_LIBRARY nccl HINTS ${ZAYA_NCCL_ROOT}/lib ${ZAYA_NCCL_ROOT}/lib64 ${CUDAToolkit_LIBRARY_DIR})
   set(ZAYA_CUDA_SOURCES ${ZAYA_GPU_SOURCES})
   if(ZAYA_NCCL_INCLUDE AND ZAYA_NCCL_LIBRARY)
     message(STATUS "zaya CUDA: NCCL communicator on (${ZAYA_NCCL_LIBRARY})")
   else()
-    list(REMOVE_ITEM ZAYA_CUDA_SOURCES ${ZAYA_GPU_COMM_SOURCE})
+    list(REMOVE_ITEM ZAYA_CUDA_SOURCES ${ZAYA_GPU_COMM_SOURCES})
     message(STATUS "zaya CUDA: NCCL not found (nccl.h / libnccl; set ZAYA_NCCL_ROOT): the NCCL communicator "
-                   "(comm_nccl.cu) is left out")
+                   "(comm_nccl*.cu) is left out")
   endif()
 
   add_library(zaya_cuda OBJECT ${ZAYA_CUDA_SOURCES})
@@ -94,9 +95,9 @@ if(ZAYA_HIP)
     list(APPEND ZAYA_HIP_DEFS -DZAYA_HAVE_RCCL -I${ZAYA_RCCL_INCLUDE})
     message(STATUS "zaya HIP: RCCL communicator on (${ZAYA_RCCL_INCLUDE})")
   else()
-    list(REMOVE_ITEM ZAYA_HIP_SOURCES ${ZAYA_GPU_COMM_SOURCE})
+    list(REMOVE_ITEM ZAYA_HIP_SOURCES ${ZAYA_GPU_COMM_SOURCES})
     message(STATUS "zaya HIP: no RCCL found (rccl/rccl.h or rccl.h under /opt/rocm/include): the RCCL "
-                   "communicator (comm_nccl.cu) is left out")
+                   "communicator (comm_nccl*.cu) is left out")
   endif()
   set(ZAYA_HIP_OBJECTS)
   foreach(src ${ZAYA_HIP_SOURCES})

@@ -3,10 +3,10 @@
 # file only, with nvcc for sm_80 and sm_90 and with hipcc for gfx90a (when hipcc is installed).
 # Exits non-zero on any compile error. A missing compiler is reported and skipped, unless
 # STRICT=1 (then it is an error). JOBS (default 1) compiles that many files at once.
-# The NCCL/RCCL communicator (comm_nccl.cu) needs the collective library's header: nccl.h for
-# nvcc (next to nvcc, under ZAYA_NCCL_ROOT, or in /usr/include; missing counts like a missing
+# The NCCL/RCCL communicator (every comm_nccl*.cu) needs the collective library's header: nccl.h
+# for nvcc (next to nvcc, under ZAYA_NCCL_ROOT, or in /usr/include; missing counts like a missing
 # compiler), rccl.h for hipcc (under ZAYA_RCCL_ROOT or /opt/rocm; Debian has no RCCL package, so
-# without it the file is skipped for hipcc with a "skipped" line, which is not an error).
+# without it those files are skipped for hipcc with a "skipped" line each, which is not an error).
 #   scripts/gpu_compile_check.sh            # objects go to a temporary directory, removed after
 #   OUT_DIR=/tmp/gpu_objs JOBS=4 scripts/gpu_compile_check.sh
 set -uo pipefail
@@ -30,7 +30,7 @@ fi
 hipcc="${HIPCC:-$(command -v hipcc || true)}"
 
 sources=("$root"/src/backend/cuda/*.cu)
-comm_source="$root/src/backend/cuda/comm_nccl.cu"
+comm_sources=("$root"/src/backend/cuda/comm_nccl*.cu)  # the NCCL/RCCL communicator's files
 failures=0
 missing=0
 compiled=0
@@ -45,13 +45,31 @@ find_header() {
   done
 }
 
-# Sets srcs to every source, or every source but comm_nccl.cu when $1 is empty (no header).
+# Whether $1 is one of comm_sources.
+is_comm_source() {
+  local comm
+  for comm in "${comm_sources[@]}"; do
+    if [ "$1" = "$comm" ]; then return 0; fi
+  done
+  return 1
+}
+
+# Sets srcs to every source, or every source but the comm_nccl*.cu files when $1 is empty (no
+# header).
 select_sources() {
   srcs=()
   local src
   for src in "${sources[@]}"; do
-    if [ -z "$1" ] && [ "$src" = "$comm_source" ]; then continue; fi
+    if [ -z "$1" ] && is_comm_source "$src"; then continue; fi
     srcs+=("$src")
+  done
+}
+
+# One "skip" line per comm_nccl*.cu: $1 = label, $2 = why.
+skip_comm_sources() {
+  local src
+  for src in "${comm_sources[@]}"; do
+    echo "skip  $1 $(basename "$src"): skipped: $2"
   done
 }
 
@@ -86,7 +104,7 @@ if [ -n "$nvcc" ]; then
   if [ -n "$nccl_inc" ]; then
     nccl_flags=(-I"$nccl_inc")
   else
-    echo "skip  nvcc sm_80+sm_90 comm_nccl.cu: skipped: no nccl.h (install NCCL or set ZAYA_NCCL_ROOT)"
+    skip_comm_sources "nvcc sm_80+sm_90" "no nccl.h (install NCCL or set ZAYA_NCCL_ROOT)"
     missing=$((missing + 1))
   fi
   select_sources "$nccl_inc"
@@ -105,7 +123,7 @@ if [ -n "$hipcc" ]; then
   if [ -n "$rccl_inc" ]; then
     rccl_flags=(-DZAYA_HAVE_RCCL -I"$rccl_inc")
   else
-    echo "skip  hipcc gfx90a comm_nccl.cu: skipped: no rccl.h (Debian has no RCCL package; set ZAYA_RCCL_ROOT where it is installed)"
+    skip_comm_sources "hipcc gfx90a" "no rccl.h (Debian has no RCCL package; set ZAYA_RCCL_ROOT where it is installed)"
   fi
   select_sources "$rccl_inc"
   run_all "hipcc gfx90a" hip "$hipcc" --offload-arch=gfx90a -std=c++20 -O2 -DZAYA_HIP -I"$root/src" "${rccl_flags[@]}" -x hip

@@ -1,5 +1,6 @@
 // The NCCL communicator (RCCL on HIP); the contract is in comm_nccl.h, the operation record and
-// helpers in comm_nccl_op.h. Run on one GPU with one rank (tests/gpu/test_gpu_comm.cpp).
+// helpers in comm_nccl_op.h, the watchdog in comm_nccl_watchdog.h and the arrival channel in
+// comm_nccl_arrival.h. Run on one GPU with one rank (tests/gpu/test_gpu_comm.cpp).
 //
 // Structure: every call checks its arguments (device memory of our GPU, counts, peers), builds
 // an NcclOp and publishes it to the watchdog's list before launching anything, so a launch that
@@ -11,9 +12,10 @@
 // 500 us; it does not block in gpuEventSynchronize, so that a failure found by the watchdog
 // thread, which marks the operation done with an error, can wake it).
 //
-// The watchdog thread polls every published operation: its event, its arrival messages (when the
-// arrival channel is on), its deadline; and ncclCommGetAsyncError. An operation leaves the list
-// when its data and its arrival messages have completed.
+// The watchdog thread (comm_nccl_watchdog.cu) polls every published operation: its event, its
+// arrival messages (when the arrival channel is on), its deadline; and ncclCommGetAsyncError. An
+// operation leaves the list when its data and its arrival messages have completed. This file
+// posts each operation's arrival messages (comm_nccl_arrival.cu) before publishing it.
 #define ZAYA_GPU_WANT_COLLECTIVES 1
 #include "backend/cuda/gpu_runtime.h"
 
@@ -21,25 +23,21 @@
 #error "comm_nccl.cu needs NCCL (CUDA) or RCCL (HIP with ZAYA_HAVE_RCCL); cmake/cuda.cmake leaves it out otherwise"
 #endif
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "backend/cuda/comm_nccl.h"
+#include "backend/cuda/comm_nccl_arrival.h"
 #include "backend/cuda/comm_nccl_op.h"
+#include "backend/cuda/comm_nccl_watchdog.h"
 #include "ckpt/dist_agree.h"
 #include "core/error.h"
-#include "dist/comm_mpi.h"
 #include "dist/comm_op.h"
 
 namespace zaya {
@@ -82,7 +80,9 @@ class NcclComm final : public Comm {
         local_rank_(bootstrap.local_rank()),
         local_size_(bootstrap.local_size()),
         producer_(producer != nullptr ? static_cast<gpuStream_t>(producer) : gpuStreamLegacy),
-        uneven_always_(uneven_paths_always) {
+        uneven_always_(uneven_paths_always),
+        arrivals_(rank_, size_),
+        watchdog_(device_, timeout_s_, rank_, size_, local_rank_, comm_, arrivals_) {
     try {
       init(bootstrap);
     } catch (...) {
@@ -223,16 +223,8 @@ class NcclComm final : public Comm {
            "each rank needs a GPU of its own: pass the rank's local_rank() as the device and launch at most as "
            "many ranks per node as it has GPUs");
     bootstrap.broadcast(&id, int64_t(sizeof(id)), CommType::U8, 0)->wait();
-    // 3. Arrival tracking needs every rank to take part: on only when every rank runs the watchdog.
-    int32_t mine = timeout_s_ > 0 ? 1 : 0, all = 0;
-    bootstrap.all_reduce(&mine, &all, 1, CommType::I32, ReduceOp::Min)->wait();
-    if (size_ == 1)
-      arrival_off_ = "none (this communicator has no peers)";
-    else if (all != 1)
-      arrival_off_ = "unknown (arrival tracking is off: some rank runs with the watchdog disabled)";
-    else if (bootstrap.name() != "mpi")
-      arrival_off_ = "unknown (arrival tracking needs the MPI bootstrap communicator; this one is '" +
-                     bootstrap.name() + "')";
+    // 3. Whether the arrival channel is on, agreed over the bootstrap.
+    arrivals_.agree(bootstrap, timeout_s_);
 
     // 4. The stream, the fence event and the barrier's scratch word.
     check_gpu(gpuStreamCreateWithFlags(&stream_, gpuStreamNonBlocking), "gpuStreamCreateWithFlags");
@@ -244,46 +236,28 @@ class NcclComm final : public Comm {
     check_gpu(gpuStreamSynchronize(stream_), "gpuStreamSynchronize");
 
     // 5. NCCL, under the watchdog's deadline (ncclCommInitRank blocks until every rank has called it).
-    init_started_ = Clock::now();
-    initializing_.store(true);
-    watchdog_ = std::thread([this] { watch(); });
+    watchdog_.start_init();
     ncclComm_t c = nullptr;
     const ncclResult_t rc = ncclCommInitRank(&c, size_, id, rank_);
-    initializing_.store(false);
+    watchdog_.init_done();
     if (rc != ncclSuccess)
       fail("comm", "ncclCommInitRank on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
                        " (device " + std::to_string(device_) + ") failed: " + ncclGetErrorString(rc),
            "NCCL_DEBUG=INFO shows why; every rank needs its own GPU");
     comm_.store(c, std::memory_order_release);
 
-    // 6. The arrival channel: a private MPI communicator (collective over MPI_COMM_WORLD, which is
-    // what the MPI bootstrap spans). Its own watchdog is a backstop only (2 x timeout + 10 s), so
-    // that this communicator's watchdog reports a missing peer first, naming the operation.
-    if (arrival_off_.empty()) {
-      CommOptions channel_options;
-      channel_options.timeout_s = 2 * timeout_s_ + 10;
-      channel_ = make_mpi_comm(channel_options);
-      if (channel_->rank() != rank_ || channel_->size() != size_)
-        fail("comm", "the MPI arrival channel's ranks differ from the bootstrap's",
-             "the MPI bootstrap communicator must span MPI_COMM_WORLD");
-    }
+    // 6. The arrival channel (when on): a private MPI communicator.
+    arrivals_.open(timeout_s_);
   }
 
   // Everything the constructor may have made, in reverse; also the destructor's second half.
   // Waits for every published operation (the watchdog still applies), then stops the watchdog.
   void release() {
-    if (watchdog_.joinable()) {
-      {
-        std::lock_guard<std::mutex> g(watch_mutex_);
-        stopping_ = true;
-      }
-      watch_cv_.notify_all();
-      watchdog_.join();
-    }
+    watchdog_.stop();
     DeviceGuard d(device_);
     ncclComm_t c = comm_.exchange(nullptr);
-    if (c != nullptr && !aborted_.load()) (void)ncclCommDestroy(c);
-    channel_.reset();
+    if (c != nullptr && !watchdog_.aborted()) (void)ncclCommDestroy(c);
+    arrivals_.close();
     if (stream_) (void)gpuStreamSynchronize(stream_);
     for (void* p : retired_) (void)gpuFree(p);
     retired_.clear();
@@ -316,11 +290,10 @@ class NcclComm final : public Comm {
   void check_usable(const OpPtr& op) {
     if (closed_)
       fail("comm", std::string(comm_op_kind_name(op->kind)) + " issued on an NCCL communicator that is being destroyed");
-    if (failed_.load()) {
-      std::lock_guard<std::mutex> g(watch_mutex_);
-      fail("comm", std::string(comm_op_kind_name(op->kind)) + " issued on an NCCL communicator that has failed: " + failure_,
+    if (watchdog_.failed())
+      fail("comm", std::string(comm_op_kind_name(op->kind)) + " issued on an NCCL communicator that has failed: " +
+                       watchdog_.failure(),
            "the communicator was aborted; restart the job");
-    }
   }
 
   template <class Launch>
@@ -332,8 +305,8 @@ class NcclComm final : public Comm {
     op->seq = ++collectives_;
     op->issued = Clock::now();
     op->state.store(kLaunching);
-    post_collective_arrivals(*op);
-    publish(op);
+    arrivals_.post_collective(*op);
+    watchdog_.publish(op);
     std::string err = fence_locked();
     if (err.empty()) err = launch();
     finish_launch(*op, err);
@@ -345,8 +318,8 @@ class NcclComm final : public Comm {
     check_usable(op);
     op->seq = ++messages_;
     op->issued = Clock::now();
-    post_message_arrival(*op);
-    publish(op);
+    arrivals_.post_message(*op);
+    watchdog_.publish(op);
     queued_.push_back(op);
     return std::make_unique<NcclRequest>(std::move(op), this);
   }
@@ -360,7 +333,7 @@ class NcclComm final : public Comm {
 
   // After a launch: the op's event, or its error.
   void finish_launch(NcclOp& op, std::string err) {
-    if (err.empty() && failed_.load()) err = "the communicator failed during the launch";
+    if (err.empty() && watchdog_.failed()) err = "the communicator failed during the launch";
     if (err.empty()) err = gpu_text(gpuEventCreateWithFlags(&op.event, gpuEventDisableTiming), "gpuEventCreateWithFlags");
     if (err.empty()) err = gpu_text(gpuEventRecord(op.event, stream_), "gpuEventRecord");
     if (!err.empty()) {
@@ -382,7 +355,7 @@ class NcclComm final : public Comm {
     batch.swap(queued_);
     for (const OpPtr& op : batch) op->state.store(kLaunching);
     std::string err;
-    if (failed_.load()) err = "the communicator failed before this message was launched";
+    if (watchdog_.failed()) err = "the communicator failed before this message was launched";
     if (err.empty()) err = fence_locked();
     for (size_t begin = 0; begin < batch.size();) {
       size_t end = begin + 1;
@@ -514,237 +487,6 @@ class NcclComm final : public Comm {
     return staging_;
   }
 
-  // ---- arrival messages (private MPI channel) ----
-
-  void post_collective_arrivals(NcclOp& op) {
-    if (!channel_) return;
-    op.out = Arrival{op.seq, static_cast<int64_t>(op.kind), static_cast<int64_t>(op.type), op.detail, op.bytes};
-    op.heard.assign(size_t(size_), 0);
-    op.heard[size_t(rank_)] = 1;
-    op.in.assign(size_t(size_ - 1), Arrival{});
-    size_t i = 0;
-    try {
-      for (int p = 0; p < size_; ++p) {
-        if (p == rank_) continue;
-        op.in_from.push_back(p);
-        op.in_handles.push_back(channel_->recv(&op.in[i++], kArrivalInts, CommType::I64, p, kCollectiveArrivalTag));
-      }
-      for (int p = 0; p < size_; ++p)
-        if (p != rank_) op.out_handles.push_back(channel_->send(&op.out, kArrivalInts, CommType::I64, p, kCollectiveArrivalTag));
-    } catch (const Error& e) {
-      op.arrival_error = e.message();
-    }
-  }
-
-  // A send tells its receiver what it sends; a receive listens for that.
-  void post_message_arrival(NcclOp& op) {
-    if (!channel_) return;
-    op.heard.assign(size_t(size_), 0);
-    op.heard[size_t(rank_)] = 1;
-    try {
-      if (op.kind == OpKind::Send) {
-        op.out = Arrival{op.seq, static_cast<int64_t>(op.kind), static_cast<int64_t>(op.type), op.detail, op.bytes};
-        op.out_handles.push_back(channel_->send(&op.out, kArrivalInts, CommType::I64, op.peer, kMessageArrivalTag));
-      } else {
-        op.in.assign(1, Arrival{});
-        op.in_from.push_back(op.peer);
-        op.in_handles.push_back(channel_->recv(&op.in[0], kArrivalInts, CommType::I64, op.peer, kMessageArrivalTag));
-      }
-    } catch (const Error& e) {
-      op.arrival_error = e.message();
-    }
-  }
-
-  // A peer's arrival message that describes another operation is a program bug: report and exit.
-  void check_arrival(const NcclOp& op, size_t i) {
-    const Arrival& in = op.in[i];
-    const int peer = op.in_from[i];
-    std::string theirs = "an unknown operation";
-    const bool valid = in.kind >= 0 && in.kind <= static_cast<int64_t>(OpKind::Recv) && in.type >= 0 &&
-                       in.type <= static_cast<int64_t>(CommType::U8);
-    if (valid)
-      theirs = describe_parts(static_cast<OpKind>(in.kind), in.seq, in.bytes, static_cast<CommType>(in.type), in.detail,
-                              in.kind == static_cast<int64_t>(OpKind::Send) ? rank_ : -1);
-    std::string line;
-    if (op.collective()) {
-      const Arrival& out = op.out;
-      if (in.seq == out.seq && in.kind == out.kind && in.type == out.type && in.detail == out.detail &&
-          in.bytes == out.bytes)
-        return;
-      line = "zaya: comm: collective mismatch on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
-             ": this rank issued " + op.describe() + " but rank " + std::to_string(peer) + " issued " + theirs +
-             " at the same position; every rank must issue the same collectives in the same order";
-    } else {
-      if (in.kind == static_cast<int64_t>(OpKind::Send) && in.type == static_cast<int64_t>(op.type) &&
-          in.detail == op.detail && in.bytes == op.bytes)
-        return;
-      line = "zaya: comm: message mismatch on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
-             ": this rank issued " + op.describe() + " but the matching message from rank " + std::to_string(peer) +
-             " is " + theirs + "; NCCL has no tags: messages between two ranks match in the order they were issued";
-    }
-    fatal_line(line, kCommMismatchExitCode, aborted_.load() ? nullptr : comm());
-  }
-
-  // Tests op's outstanding arrival messages; true when none is left. Watchdog thread only.
-  bool poll_arrivals(NcclOp& op) {
-    bool all = true;
-    for (size_t i = 0; i < op.in_handles.size(); ++i) {
-      if (!op.in_handles[i]) continue;
-      bool done = false;
-      try {
-        done = op.in_handles[i]->test();
-        if (done) {
-          op.heard[size_t(op.in_from[i])] = 1;
-          if (op.arrival_error.empty()) check_arrival(op, i);
-        }
-      } catch (const Error& e) {
-        done = true;
-        if (op.arrival_error.empty()) op.arrival_error = e.message();
-      }
-      if (done)
-        op.in_handles[i].reset();
-      else
-        all = false;
-    }
-    for (CommHandle& h : op.out_handles) {
-      if (!h) continue;
-      bool done = false;
-      try {
-        done = h->test();
-      } catch (const Error& e) {
-        done = true;
-        if (op.arrival_error.empty()) op.arrival_error = e.message();
-      }
-      if (done)
-        h.reset();
-      else
-        all = false;
-    }
-    return all;
-  }
-
-  // ---- the watchdog ----
-
-  void publish(const OpPtr& op) {
-    {
-      std::lock_guard<std::mutex> g(watch_mutex_);
-      watch_list_.push_back(op);
-    }
-    watch_cv_.notify_all();
-  }
-
-  void watch() {
-    DeviceGuard d(device_);
-    std::vector<OpPtr> ops;
-    auto backoff = std::chrono::microseconds(50);
-    for (;;) {
-      {
-        std::unique_lock<std::mutex> lock(watch_mutex_);
-        if (watch_list_.empty() && !initializing_.load())
-          watch_cv_.wait(lock, [&] { return stopping_ || !watch_list_.empty() || initializing_.load(); });
-        else
-          watch_cv_.wait_for(lock, backoff);
-        if (stopping_ && watch_list_.empty()) return;
-        ops = watch_list_;
-      }
-      const auto now = Clock::now();
-      const std::chrono::duration<double> limit(timeout_s_);
-      if (initializing_.load() && timeout_s_ > 0 && now - init_started_ > limit)
-        fatal_line("zaya: comm watchdog: ncclCommInitRank on rank " + std::to_string(rank_) + " of " +
-                       std::to_string(size_) + where() + " timed out after " + seconds() +
-                       " s; peers not heard from: unknown (NCCL's own bootstrap does not say)",
-                   kCommTimeoutExitCode, nullptr);
-      check_async_error();
-      bool progress = false;
-      std::vector<const NcclOp*> retired;
-      for (const OpPtr& op : ops) {
-        const bool data = op_done(*op);
-        const bool arrivals = poll_arrivals(*op);
-        if (data && arrivals) {
-          retired.push_back(op.get());
-          progress = true;
-        } else if (timeout_s_ > 0 && now - op->issued > limit) {
-          expire(*op);
-        }
-      }
-      ops.clear();  // our references go before the list drops its own
-      if (!retired.empty()) {
-        std::lock_guard<std::mutex> g(watch_mutex_);
-        std::erase_if(watch_list_, [&](const OpPtr& op) {
-          return std::find(retired.begin(), retired.end(), op.get()) != retired.end();
-        });
-      }
-      backoff = progress ? std::chrono::microseconds(50) : std::min(backoff * 2, std::chrono::microseconds(1000));
-    }
-  }
-
-  // An asynchronous NCCL error (a peer or the network failed): abort, and fail every pending op.
-  void check_async_error() {
-    ncclComm_t c = comm();
-    if (c == nullptr || failed_.load()) return;
-    ncclResult_t async = ncclSuccess;
-    if (ncclCommGetAsyncError(c, &async) != ncclSuccess || async == ncclSuccess || async == ncclInProgress) return;
-    std::string why = std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(async);
-#if defined(ZAYA_GPU_NCCL_LAST_ERROR)
-    if (const char* detail = ncclGetLastError(c); detail != nullptr && *detail != '\0') why += std::string(" (") + detail + ")";
-#endif
-    std::vector<OpPtr> pending;
-    {
-      std::lock_guard<std::mutex> g(watch_mutex_);
-      failure_ = why;
-      pending = watch_list_;
-    }
-    failed_.store(true);
-    aborted_.store(true);
-    (void)ncclCommAbort(c);
-    for (const OpPtr& op : pending) {
-      if (op->state.load() == kDone) continue;
-      op->set_error(why);
-      op->state.store(kDone, std::memory_order_release);
-    }
-  }
-
-  [[noreturn]] void expire(const NcclOp& op) {
-    std::string state;
-    const int s = op.state.load();
-    if (s == kQueued) state = " (not launched: messages are launched at the next wait(), test() or collective of this rank)";
-    if (s == kLaunching) state = " (still being launched: NCCL blocked on the host)";
-    fatal_line("zaya: comm watchdog: " + op.describe() + state + " on rank " + std::to_string(rank_) + " of " +
-                   std::to_string(size_) + where() + " timed out after " + seconds() +
-                   " s; peers not heard from: " + silent_peers(op),
-               kCommTimeoutExitCode, aborted_.load() ? nullptr : comm());
-  }
-
-  std::string where() const {
-    return " (local rank " + std::to_string(local_rank_) + ", device " + std::to_string(device_) + ")";
-  }
-  std::string seconds() const {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%.1f", timeout_s_);
-    return text;
-  }
-
-  // The peers whose arrival message for op has not come. Watchdog thread only.
-  std::string silent_peers(const NcclOp& op) const {
-    const bool tracked = arrival_off_.empty() && op.arrival_error.empty() && !op.heard.empty();
-    if (!op.collective()) {
-      if (op.kind == OpKind::Recv && tracked && op.heard[size_t(op.peer)])
-        return "none (rank " + std::to_string(op.peer) +
-               " has issued the matching send; the transfer is stuck inside NCCL or on the GPU)";
-      return std::to_string(op.peer);
-    }
-    if (!arrival_off_.empty()) return arrival_off_;
-    if (!op.arrival_error.empty()) return "unknown (the arrival channel failed: " + op.arrival_error + ")";
-    std::string list;
-    for (int p = 0; p < size_; ++p) {
-      if (op.heard[size_t(p)]) continue;
-      if (!list.empty()) list += ", ";
-      list += std::to_string(p);
-    }
-    if (list.empty()) return "none (every peer has reached this operation; it is stuck inside NCCL or on the GPU)";
-    return list;
-  }
-
   // ---- argument checks (thrown from the call itself) ----
 
   static void check_count(const char* op, int64_t count) {
@@ -792,25 +534,16 @@ class NcclComm final : public Comm {
   gpuEvent_t fence_ = nullptr;    // recorded on the producer stream before each launch
   void* scratch_ = nullptr;       // the barrier's int32
   std::atomic<ncclComm_t> comm_{nullptr};
-  std::unique_ptr<Comm> channel_;  // arrival messages; null when arrival tracking is off
-  std::string arrival_off_;        // why it is off ("" when on)
+  NcclArrivals arrivals_;  // the arrival channel (its messages; why it is off)
+  NcclWatchdog watchdog_;  // the watchdog thread, its list and the failure state (reads comm_, arrivals_)
 
-  std::mutex issue_mutex_;  // guards everything below up to the watchdog's state
+  std::mutex issue_mutex_;  // guards everything below
   bool closed_ = false;
   int64_t collectives_ = 0, messages_ = 0;
   std::vector<OpPtr> queued_;  // sends and receives waiting for the next flush
   void* staging_ = nullptr;
   int64_t staging_bytes_ = 0;
   std::vector<void*> retired_;  // outgrown staging buffers
-
-  std::mutex watch_mutex_;  // guards watch_list_, stopping_, failure_
-  std::condition_variable watch_cv_;
-  std::vector<OpPtr> watch_list_;  // published, not yet retired
-  bool stopping_ = false;
-  std::string failure_;
-  std::atomic<bool> failed_{false}, aborted_{false}, initializing_{false};
-  Clock::time_point init_started_;
-  std::thread watchdog_;
 };
 
 void NcclRequest::block() {

@@ -1,8 +1,9 @@
 // The NCCL communicator (RCCL on HIP): the Comm interface (dist/comm.h) on device buffers. Plain
-// C++ (no vendor header). Defined in comm_nccl.cu, which is compiled and linked only in a
-// -DZAYA_CUDA=ON build that found NCCL (compile definition ZAYA_HAVE_NCCL), and compiled (objects
-// only) for -DZAYA_HIP=ON where RCCL is installed (ZAYA_HAVE_RCCL). Compiled, never run on a GPU
-// yet: see docs/gpu.md, "NCCL / RCCL".
+// C++ (no vendor header). Defined in comm_nccl.cu (with its watchdog in comm_nccl_watchdog.cu and
+// its arrival channel in comm_nccl_arrival.cu); the comm_nccl*.cu files are compiled and linked
+// only in a -DZAYA_CUDA=ON build that found NCCL (compile definition ZAYA_HAVE_NCCL), and compiled
+// (objects only) for -DZAYA_HIP=ON where RCCL is installed (ZAYA_HAVE_RCCL). Compiled, never run
+// on a GPU yet: see docs/gpu.md, "NCCL / RCCL".
 //
 // Bootstrap: make_nccl_comm is collective over `bootstrap` (the MPI or single-process
 // communicator, host memory). Rank 0 calls ncclGetUniqueId and broadcasts the id through

@@ -1,7 +1,8 @@
 // The NCCL communicator's pieces below the communicator itself (comm_nccl.cu): the NCCL names
 // of our types and reductions, the record of one operation (NcclOp: what it is, its state, its
-// event, its arrival messages) and when it is done, error texts, the fatal one-line exit of the
-// watchdog, and the device guard. Included by comm_nccl.cu only (it needs NCCL or RCCL).
+// event, its arrival messages) and when it is done, error texts, and the device guard. Shared by
+// the communicator, its arrival channel (comm_nccl_arrival.h) and its watchdog
+// (comm_nccl_watchdog.h); included by comm_nccl*.cu only (they need NCCL or RCCL).
 #pragma once
 #ifndef ZAYA_GPU_WANT_COLLECTIVES
 #define ZAYA_GPU_WANT_COLLECTIVES 1
@@ -12,18 +13,13 @@
 #error "comm_nccl_op.h needs NCCL (CUDA) or RCCL (HIP with ZAYA_HAVE_RCCL)"
 #endif
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -70,10 +66,7 @@ struct Arrival {
   int64_t detail = -1;  // ReduceOp, broadcast root, or message tag
   int64_t bytes = -1;
 };
-constexpr int64_t kArrivalInts = sizeof(Arrival) / sizeof(int64_t);
 static_assert(sizeof(Arrival) == 5 * sizeof(int64_t), "Arrival is sent as 5 int64");
-constexpr int kCollectiveArrivalTag = 1;  // tags on the private arrival channel
-constexpr int kMessageArrivalTag = 2;
 
 enum OpState : int {
   kQueued,     // a send/recv waiting for the next flush
@@ -156,27 +149,6 @@ inline std::string gpu_text(gpuError_t e, const char* call) {
 
 inline char* at(const void* base, int64_t elements, int64_t element_size) {
   return static_cast<char*>(const_cast<void*>(base)) + elements * element_size;
-}
-
-// Writes line to stderr in one write (after flushing stdout if nobody holds it). Then, when comm
-// is given, ncclCommAbort (a helper thread exits anyway should it not return within 10 s), and
-// _Exit(code).
-[[noreturn]] inline void fatal_line(const std::string& line, int code, ncclComm_t comm) {
-  if (ftrylockfile(stdout) == 0) {
-    fflush_unlocked(stdout);
-    funlockfile(stdout);
-  }
-  const std::string text = line + "\n";
-  ssize_t written = ::write(2, text.data(), text.size());
-  (void)written;
-  if (comm != nullptr) {
-    std::thread([code] {
-      std::this_thread::sleep_for(std::chrono::seconds(10));
-      std::_Exit(code);
-    }).detach();
-    (void)ncclCommAbort(comm);
-  }
-  std::_Exit(code);
 }
 
 // Makes `device` current for the calling thread, and restores the previous one. Errors are
