@@ -70,6 +70,7 @@ int main(int argc, char** argv) try {
   const ModelConfig c = a.config_path.empty() ? preset_config(a.preset) : load_config_file(a.config_path);
   Model model(c, *be);
   model.init_random(a.seed);
+  be->set_weights_frozen(true);  // as zaya generate: a GPU converts each weight to bf16 once
   const int64_t V = c.vocab_size, B = a.B, P = a.P, K = a.K;
   std::vector<int32_t> prompt(static_cast<size_t>(B * P));
   uint64_t s = a.seed;

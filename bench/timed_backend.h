@@ -49,6 +49,7 @@ class TimedBackend final : public Backend {
   double matmul_peak_gflops() override { return in_.matmul_peak_gflops(); }
   int64_t peak_memory_bytes() const override { return in_.peak_memory_bytes(); }
   std::string diagnostics() const override { return in_.diagnostics(); }
+  void set_weights_frozen(bool frozen) override { in_.set_weights_frozen(frozen); }
   void free(void* p) override { in_.free(p); }
 
   void linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,

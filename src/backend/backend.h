@@ -219,6 +219,11 @@ class Backend {
   virtual int64_t peak_memory_bytes() const { return 0; }
   // One line of backend-specific counters for benchmarks ("" = none).
   virtual std::string diagnostics() const { return ""; }
+  // Inference (generate, score): from set_weights_frozen(true) until set_weights_frozen(false),
+  // the weights passed to the ops (linear's w, the MoE's experts) do not change, so a backend
+  // may keep converted copies of them instead of converting at every call (the GPU keeps bf16
+  // shadows). Unfreeze before changing weights. Default: nothing kept.
+  virtual void set_weights_frozen(bool frozen) { (void)frozen; }
   // Host <-> backend transfers (no-ops beyond memcpy on the CPU).
   virtual void to_host(void* host, const void* src, int64_t bytes) = 0;
   virtual void from_host(void* dst, const void* host, int64_t bytes) = 0;

@@ -1,6 +1,6 @@
 // Whole-model checks of the GPU backend against the CPU backend: every parameter gradient of
-// a training step on each golden fixture model (tests/fixtures/<case>), and a 50-step training
-// run of zaya-tiny (Muon + AdamW) compared loss by loss. fp32 GEMMs: 1e-4 on gradients and
+// a training step on each golden fixture model (tests/fixtures/<case>), a 50-step training
+// run of zaya-tiny (Muon + AdamW) compared loss by loss, and the bf16 shadows of frozen weights. fp32 GEMMs: 1e-4 on gradients and
 // the routing must agree exactly; bf16 GEMMs (the policy): loss within 1e-2 and gradients
 // within 5e-2 of the CPU's norm (argmax routing may flip on near-ties, spec A.11).
 // Skipped ("skipped: no GPU") without a device. Not yet run on a GPU: the tolerances are
@@ -151,6 +151,36 @@ TEST(GpuModelGradsBf16, DecisiveRoutingGradientsMatchCpu) {
     std::printf("  %s (%s): bf16 gradients, worst ||gpu-cpu||/||cpu|| %.2e (%s)\n", kase.c_str(), mode.name, worst,
                 worst_name.c_str());
   }
+}
+
+// Frozen weights (inference): the bf16 shadows give bitwise the logits of converting at every
+// call, are reused, and after unfreezing and changing the weights the new ones are used.
+TEST(GpuModel, FrozenWeightsKeepShadows) {
+  if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+  const std::string dir = test::source_path("tests/fixtures/" + grad_cases()[0]);
+  const test::FixtureBatch batch = test::load_fixture_batch(dir);
+  ASSERT_TRUE(gemm_modes()[0].bf16);
+  auto gpu = make_gpu(gemm_modes()[0]);
+  auto model = load_model(dir, *gpu);
+  const int64_t V = model->config().vocab_size;
+  auto logits = [&] {
+    std::vector<float> out(static_cast<size_t>(batch.B * batch.T * V));
+    ForwardOutputs o;
+    o.logits = out.data();
+    model->forward(batch.ids.data(), batch.B, batch.T, nullptr, o);
+    return out;
+  };
+  const std::vector<float> plain = logits();
+  gpu->set_weights_frozen(true);
+  EXPECT_EQ(logits(), plain) << "first frozen forward (makes the shadows)";
+  EXPECT_EQ(logits(), plain) << "second frozen forward (uses them)";
+  gpu->set_weights_frozen(false);
+  gpu->scale_inplace(model->params(), 1.5f, model->layout().total);
+  const std::vector<float> changed = logits();
+  EXPECT_NE(changed, plain);
+  gpu->set_weights_frozen(true);
+  EXPECT_EQ(logits(), changed) << "shadows of the changed weights";
+  gpu->set_weights_frozen(false);
 }
 
 // 50 optimizer steps of zaya-tiny on the same synthetic batches (a repeating token pattern

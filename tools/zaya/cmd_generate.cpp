@@ -27,6 +27,7 @@ void run_generate(const GenerateOptions& o) {
   if (o.prompt.empty() == o.ids.empty()) fail("generate", "pass exactly one of --prompt TEXT or --ids 1,2,3");
   auto be = make_backend(o.backend);
   auto model = load_model(o.model_dir, *be);
+  be->set_weights_frozen(true);  // inference: a GPU converts each weight to bf16 once
   auto tok = find_tokenizer(o.tokenizer, o.model_dir);
   std::vector<int32_t> prompt;
   if (!o.ids.empty()) {

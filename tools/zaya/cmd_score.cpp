@@ -69,6 +69,7 @@ void run_score(const std::string& model_dir, const std::string& ids_path, const 
   auto batch = read_id_batch(ids_path);
   auto be = make_backend(backend);
   auto model = load_model(model_dir, *be);
+  be->set_weights_frozen(true);  // inference: a GPU converts each weight to bf16 once
   const ModelConfig& c = model->config();
   const int64_t B = int64_t(batch.size()), T = int64_t(batch[0].size()), V = c.vocab_size, L = c.num_hidden_layers;
   std::vector<int32_t> ids;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 namespace zaya {
 
@@ -63,6 +64,10 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
 }
 
 CudaBackend::~CudaBackend() {
+  {  // the shadows' buffers go back to the pool first (moved out: pool_put looks at shadows_)
+    auto dying = std::move(shadows_);
+    shadows_.clear();
+  }
   if (stream_) (void)gpuStreamSynchronize(stream_);
   gemm_.reset();
   for (auto& kv : live_) (void)gpuFree(kv.first);
@@ -97,8 +102,10 @@ void CudaBackend::pool_put(void* p) {
   if (!p) return;
   auto it = live_.find(p);
   ZAYA_CHECK(it != live_.end(), "cuda free: pointer was not allocated by this backend");
-  free_.emplace(it->second, p);
+  const int64_t bytes = it->second;
+  free_.emplace(bytes, p);
   live_.erase(it);
+  if (!shadows_.empty()) drop_shadows_in(p, bytes);
 }
 
 void CudaBackend::release_free_blocks() {
@@ -168,6 +175,54 @@ GemmOperand CudaBackend::operand(const float* p, int64_t rows, int64_t cols, int
   o.type = GemmType::BF16;
   o.ld = cols;
   return o;
+}
+
+GemmOperand CudaBackend::weight_operand(const float* w, int64_t rows, int64_t cols, bool trans, bool bf16,
+                                        DeviceBuffer& holder) {
+  if (!bf16 || !weights_frozen_) return operand(w, rows, cols, cols, trans, bf16, holder);
+  auto it = shadows_.find(w);
+  if (it != shadows_.end() && (it->second.rows != rows || it->second.cols != cols)) {
+    WeightShadow stale = std::move(it->second);  // freed after the erase (pool_put reads shadows_)
+    shadows_.erase(it);
+    it = shadows_.end();
+  }
+  if (it == shadows_.end()) {
+    WeightShadow sh;
+    sh.bf16 = DeviceBuffer(this, rows * cols * 2);
+    sh.rows = rows;
+    sh.cols = cols;
+    gpu_to_bf16(stream_, w, rows, cols, cols, sh.bf16.h());
+    it = shadows_.emplace(w, std::move(sh)).first;
+  }
+  GemmOperand o;
+  o.ptr = it->second.bf16.h();
+  o.type = GemmType::BF16;
+  o.ld = cols;
+  o.trans = trans;
+  return o;
+}
+
+void CudaBackend::set_weights_frozen(bool frozen) {
+  weights_frozen_ = frozen;
+  if (frozen) return;
+  auto dying = std::move(shadows_);  // freed at the end of this scope, with shadows_ already empty
+  shadows_.clear();
+}
+
+// A block going back to the pool may hold weights: their shadows go with it. The shadows'
+// buffers are released after the map is updated (releasing calls pool_put, which reads it).
+void CudaBackend::drop_shadows_in(const void* block, int64_t bytes) {
+  const char* lo = static_cast<const char*>(block);
+  std::vector<WeightShadow> dying;
+  for (auto it = shadows_.begin(); it != shadows_.end();) {
+    const char* w = reinterpret_cast<const char*>(it->first);
+    if (w >= lo && w < lo + bytes) {
+      dying.push_back(std::move(it->second));
+      it = shadows_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {

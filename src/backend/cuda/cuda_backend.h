@@ -116,6 +116,7 @@ class CudaBackend final : public Backend {
   double matmul_peak_gflops() override;  // gpu_peak.cu
   int64_t peak_memory_bytes() const override { return peak_reserved_bytes_; }
   std::string diagnostics() const override;  // cuda_backend.cu: GEMM engine, plans built, their host time
+  void set_weights_frozen(bool frozen) override;
 
   // ---- internals shared by the ops_*.cu files ----
   gpuStream_t stream() const { return stream_; }
@@ -128,6 +129,10 @@ class CudaBackend final : public Backend {
   // or (bf16 = true) a packed bf16 copy made in `holder`.
   GemmOperand operand(const float* p, int64_t rows, int64_t cols, int64_t ld, bool trans, bool bf16,
                       DeviceBuffer& holder);
+  // The same for a packed weight matrix [rows, cols]: while the weights are frozen, its bf16
+  // copy is made once and kept (a bf16 shadow), so decode does not convert every weight at
+  // every step.
+  GemmOperand weight_operand(const float* w, int64_t rows, int64_t cols, bool trans, bool bf16, DeviceBuffer& holder);
   void gemm(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
             float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact) {
     gemm_->run(M, N, K, alpha, A, B, beta, C, ldc, batch, compute);
@@ -162,6 +167,14 @@ class CudaBackend final : public Backend {
   gpuStream_t stream_ = nullptr;
   std::unique_ptr<GpuGemm> gemm_;
   std::unordered_map<void*, int64_t> live_;  // pool block -> its size in bytes
+  // bf16 copies of frozen weight matrices, by the weights' address (set_weights_frozen).
+  struct WeightShadow {
+    DeviceBuffer bf16;
+    int64_t rows = 0, cols = 0;
+  };
+  bool weights_frozen_ = false;
+  std::unordered_map<const float*, WeightShadow> shadows_;
+  void drop_shadows_in(const void* block, int64_t bytes);
   std::multimap<int64_t, void*> free_;       // reusable blocks by size
   void release_free_blocks();
 };

@@ -230,7 +230,7 @@ using gpuBlasOp_t = hipblasOperation_t;
 
 // ---- Collectives: NCCL on CUDA, RCCL on HIP (only where ZAYA_HAVE_RCCL is defined) ----
 // Opt-in: a file that needs them defines ZAYA_GPU_WANT_COLLECTIVES before including this header
-// (only comm_nccl.cu does), so the other kernels neither pull in nccl.h (and its fp16/bf16/fp8
+// (only the comm_nccl*.cu files do), so the other kernels neither pull in nccl.h (and its fp16/bf16/fp8
 // headers) nor need NCCL installed. ZAYA_GPU_COLLECTIVES is then 1 when the library's header was
 // included. RCCL declares the nccl* API under the same names (ncclComm_t, ncclAllReduce, ...), so
 // the two differ only in the header. RCCL's header is <rccl/rccl.h> from ROCm 5.x on (older

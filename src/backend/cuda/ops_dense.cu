@@ -106,7 +106,7 @@ void CudaBackend::linear_impl(const float* x, const float* w, const float* bias,
   if (ldy == 0) ldy = N;
   DeviceBuffer hx, hw;
   const GemmOperand A = operand(x, M, K, K, false, bf16, hx);
-  const GemmOperand B = operand(w, N, K, K, true, bf16, hw);
+  const GemmOperand B = weight_operand(w, N, K, true, bf16, hw);
   if (bias && !accumulate) {
     k_set_rows<<<gpu_blocks(M * N), kGpuThreads, 0, stream_>>>(y, bias, M, N, ldy);
     GPU_LAUNCH_CHECK();

@@ -36,8 +36,8 @@ void CudaBackend::moe(const MoeArgs& a) {
   if (rows > 0) {
     gpu_gather_rows(stream_, a.x, plan.perm.i(), nullptr, rows, D, xs.f());
     const GemmOperand xo = operand(xs.f(), rows, D, D, false, bf16, hx);
-    const GemmOperand guo = operand(a.gate_up, E * 2 * I, D, D, true, bf16, hgu);  // each expert [2I, D]
-    const GemmOperand dno = operand(a.down, E * D, I, I, true, bf16, hdn);         // each expert [D, I]
+    const GemmOperand guo = weight_operand(a.gate_up, E * 2 * I, D, true, bf16, hgu);  // each expert [2I, D]
+    const GemmOperand dno = weight_operand(a.down, E * D, I, true, bf16, hdn);         // each expert [D, I]
     gpu_moe_gate_up(*this, experts, I, D, xo, guo, hid.f(), act.f());
     const GemmOperand ao = operand(act.f(), rows, I, I, false, bf16, hact);
     experts.by_rows(D, I, ao, dno, D * I, 0.0f, ys.f(), D);  // ys = act DN_e^T
