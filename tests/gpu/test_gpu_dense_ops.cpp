@@ -28,17 +28,22 @@ std::vector<float> block(const std::vector<float>& a, int64_t rows, int64_t cols
   return out;
 }
 
+// Variants: bias or not, accumulate or not, a padded output row stride, and (variant & 4) the
+// bias one float past an aligned address, which the BLASLt bias epilogue is not given.
 TEST_P(GpuDense, Linear) {
   const int64_t M = 37, K = 70, N = 45;
-  for (int variant = 0; variant < 4; ++variant) {
-    const bool with_bias = variant & 1, accumulate = variant & 2;
-    const int64_t ldy = variant == 3 ? N + 7 : N;
-    auto x = rnd(size_t(M * K)), w = rnd(size_t(N * K), 0.2), bias = rnd(static_cast<size_t>(N)), y0 = rnd(size_t(M * ldy));
+  for (int variant = 0; variant < 8; ++variant) {
+    const bool with_bias = variant & 1, accumulate = variant & 2, shifted_bias = variant & 4;
+    const int64_t ldy = (variant & 3) == 3 ? N + 7 : N;
+    auto x = rnd(size_t(M * K)), w = rnd(size_t(N * K), 0.2), bias = rnd(static_cast<size_t>(N + 1)),
+         y0 = rnd(size_t(M * ldy));
+    const float* host_bias = bias.data() + (shifted_bias ? 1 : 0);
     std::vector<float> y = y0;
-    cpu.linear(x.data(), w.data(), with_bias ? bias.data() : nullptr, y.data(), M, K, N, accumulate, ldy);
+    cpu.linear(x.data(), w.data(), with_bias ? host_bias : nullptr, y.data(), M, K, N, accumulate, ldy);
     DevBuf dx(*gpu, x), dw(*gpu, w), db(*gpu, bias), dy(*gpu, M * ldy);
     if (accumulate) dy.upload(y0);
-    gpu->linear(dx.f(), dw.f(), with_bias ? db.f() : nullptr, dy.f(), M, K, N, accumulate, ldy);
+    const float* dev_bias = db.f() + (shifted_bias ? 1 : 0);
+    gpu->linear(dx.f(), dw.f(), with_bias ? dev_bias : nullptr, dy.f(), M, K, N, accumulate, ldy);
     expect_close(block(dy.get(), M, N, ldy), block(y, M, N, ldy), tol(), "linear variant " + std::to_string(variant));
   }
   // One row (decode) and a large K.

@@ -137,6 +137,11 @@ class CudaBackend final : public Backend {
             float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact) {
     gemm_->run(M, N, K, alpha, A, B, beta, C, ldc, batch, compute);
   }
+  // A single GEMM, then C[m, n] += bias[n] (bias may be null): the BLASLt bias epilogue.
+  void gemm_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
+                 float* C, int64_t ldc, const float* bias) {
+    gemm_->run_bias(M, N, K, alpha, A, B, beta, C, ldc, bias);
+  }
   // A GEMM whose M or K is a routed token count (the MoE's experts): see GemmShape::Ragged.
   void gemm_ragged(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
                    float beta, float* C, int64_t ldc) {

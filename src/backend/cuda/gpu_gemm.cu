@@ -1,10 +1,13 @@
 // The internal GEMM entry point: a BLASLt call (cuBLASLt / hipBLASLt) mapping our row-major
-// problem onto the column-major library (C^T = op(B)^T op(A)^T), or the tiled fallback.
+// problem onto the column-major library (C^T = op(B)^T op(A)^T), or the tiled fallback; a row
+// bias through the BLASLt bias epilogue (16-byte aligned vectors) or a kernel after the GEMM.
 // Descriptors, layouts and the heuristic's algorithm are built once per problem shape (with
 // operand alignments and batch) and cached; ragged shapes (MoE rows) share one plan per
 // power-of-two bound and get layouts of their actual shape per call. Strided batches run as one
 // BLASLt call.
 #include "backend/cuda/gpu_gemm.h"
+
+#include "backend/cuda/gpu_device.h"
 
 #include <algorithm>
 #include <chrono>
@@ -26,6 +29,10 @@ uint32_t alignment_of(const void* p) {
   while (al > 1 && (a % al) != 0) al /= 2;
   return al;
 }
+
+// The BLASLt bias epilogue is given 16-byte aligned vectors only (less aligned ones have been
+// seen to fail); others are added by k_add_row_bias.
+constexpr uint32_t kEpilogueBiasAlignment = 16;
 
 // The three matrix layouts of one problem in the library's column-major view:
 // D (N x M, ld ldc) = opL(B) (N x K) * opR(A) (K x M).
@@ -70,6 +77,11 @@ void make_layouts(Layouts& out, int64_t M, int64_t N, int64_t K, const GemmOpera
   out.c = make_layout(GemmType::F32, uint64_t(N), uint64_t(M), ldc, batch.count, batch.stride_c, "layout C");
 }
 #endif
+
+__global__ void k_add_row_bias(float* C, const float* bias, int64_t M, int64_t N, int64_t ldc) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x)
+    C[(i / N) * ldc + i % N] += bias[i % N];
+}
 
 }  // namespace
 
@@ -137,15 +149,31 @@ void GpuGemm::run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperan
   }
 }
 
+void GpuGemm::run_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
+                       float beta, float* C, int64_t ldc, const float* bias) {
+  if (!bias) return run(M, N, K, alpha, A, B, beta, C, ldc);
+  ZAYA_CHECK(A.type == B.type, "gemm: operand types differ");
+  if (M <= 0 || N <= 0) return;
+#if defined(ZAYA_GPU_BLASLT)
+  if (handle_ && K > 0 && alignment_of(bias) >= kEpilogueBiasAlignment &&
+      run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, {}, GemmCompute::Exact, GemmShape::Fixed, bias))
+    return;
+#endif
+  run(M, N, K, alpha, A, B, beta, C, ldc);
+  k_add_row_bias<<<gpu_blocks(M * N), kGpuThreads, 0, stream_>>>(C, bias, M, N, ldc);
+  GPU_LAUNCH_CHECK();
+}
+
 GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B,
                                  const float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute,
-                                 GemmShape shape) {
+                                 GemmShape shape, const float* bias) {
 #if defined(ZAYA_GPU_BLASLT)
   const bool ragged = shape == GemmShape::Ragged;
   const int64_t pm = ragged ? ragged_bound(M) : M, pk = ragged ? ragged_bound(K) : K;
   const uint32_t al_l = alignment_of(B.ptr), al_r = alignment_of(A.ptr), al_c = alignment_of(C);
   std::vector<int64_t> key = {pm, N, pk, int64_t(A.type), A.ld, A.trans, B.ld, B.trans, ldc, al_l, al_r, al_c,
-                              batch.count, batch.stride_a, batch.stride_b, batch.stride_c, int64_t(compute), ragged};
+                              batch.count, batch.stride_a, batch.stride_b, batch.stride_c, int64_t(compute), ragged,
+                              bias != nullptr};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   // Shapes outside the few dozen a step repeats (ragged ones included) could still grow the
@@ -168,6 +196,17 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
   blas_check(gpuBlasLtMatmulDescCreate(&plan->desc, compute_type, GPU_R_32F), "matmul desc");
   blas_check(gpuBlasLtMatmulDescSetAttribute(plan->desc, GPU_BLASLT_DESC_TRANSA, &op_l, sizeof(op_l)), "transa");
   blas_check(gpuBlasLtMatmulDescSetAttribute(plan->desc, GPU_BLASLT_DESC_TRANSB, &op_r, sizeof(op_r)), "transb");
+  if (bias) {  // the bias vector runs along D's column-major rows: our N columns, as wanted
+    const gpuBlasLtEpilogue_t epilogue = GPU_BLASLT_EPILOGUE_BIAS;
+    blas_check(gpuBlasLtMatmulDescSetAttribute(plan->desc, GPU_BLASLT_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+               "epilogue");
+    const gpuDataType_t bias_type = GPU_R_32F;  // fp32 like C (not the operands' bf16)
+    blas_check(gpuBlasLtMatmulDescSetAttribute(plan->desc, GPU_BLASLT_DESC_BIAS_DATA_TYPE, &bias_type,
+                                               sizeof(bias_type)),
+               "bias type");
+    blas_check(gpuBlasLtMatmulDescSetAttribute(plan->desc, GPU_BLASLT_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+               "bias pointer");
+  }
   make_layouts(plan->lay, pm, N, pk, A, B, ldc, batch);
   gpuBlasLtPreference_t pref = nullptr;
   blas_check(gpuBlasLtPreferenceCreate(&pref), "preference");
@@ -191,17 +230,21 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
   return plan;
 #else
   (void)M, (void)N, (void)K, (void)A, (void)B, (void)C, (void)ldc, (void)batch, (void)compute, (void)shape;
+  (void)bias;
   return nullptr;
 #endif
 }
 
 bool GpuGemm::run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
                          float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute,
-                         GemmShape shape) {
+                         GemmShape shape, const float* bias) {
 #if defined(ZAYA_GPU_BLASLT)
-  Plan* plan = plan_for(M, N, K, A, B, C, ldc, batch, compute, shape);
+  Plan* plan = plan_for(M, N, K, A, B, C, ldc, batch, compute, shape, bias);
   if (!plan->found) return false;  // no algorithm for this shape/alignment: the caller uses the tiled kernel
   auto handle = static_cast<gpuBlasLtHandle_t>(handle_);
+  if (bias)  // this call's vector (the plan is shared by every bias of its key)
+    blas_check(gpuBlasLtMatmulDescSetAttribute(plan->desc, GPU_BLASLT_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+               "bias pointer");
   if (shape == GemmShape::Fixed) {
     blas_check(gpuBlasLtMatmul(handle, plan->desc, &alpha, B.ptr, plan->lay.l, A.ptr, plan->lay.r, &beta, C,
                                plan->lay.c, C, plan->lay.c, &plan->result.algo, workspace_, size_t(workspace_bytes_),
@@ -221,7 +264,7 @@ bool GpuGemm::run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const Gem
   return run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, batch, compute, GemmShape::Fixed);
 #else
   (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)B, (void)beta, (void)C, (void)ldc, (void)batch, (void)compute;
-  (void)shape;
+  (void)shape, (void)bias;
   return false;
 #endif
 }

@@ -1,5 +1,5 @@
-// The GPU backend's one internal GEMM: row-major C[M,N] = alpha * op(A) op(B) + beta * C with
-// fp32 or bf16 operands, fp32 accumulation and an fp32 C. cuBLASLt on CUDA, hipBLASLt on HIP
+// The GPU backend's one internal GEMM: row-major C[M,N] = alpha * op(A) op(B) + beta * C
+// (+ a bias on every row) with fp32 or bf16 operands, fp32 accumulation and an fp32 C. cuBLASLt on CUDA, hipBLASLt on HIP
 // when found (ZAYA_HAVE_HIPBLASLT), otherwise (or when asked, `portable`) our own tiled kernel.
 // beta == 0 never reads C (outputs may hold NaN poison).
 #pragma once
@@ -23,6 +23,16 @@ struct GemmOperand {
   int64_t ld = 0;
   bool trans = false;
 };
+
+// An fp32 operand as stored, row stride ld.
+inline GemmOperand f32_operand(const float* p, int64_t ld, bool trans) {
+  GemmOperand o;
+  o.ptr = p;
+  o.type = GemmType::F32;
+  o.ld = ld;
+  o.trans = trans;
+  return o;
+}
 
 // A strided batch of same-shape GEMMs: problem i uses A + i*stride_a, B + i*stride_b and
 // C + i*stride_c (elements of each operand's type). count = 1 is a single GEMM.
@@ -61,6 +71,10 @@ class GpuGemm {
   void run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
            float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact,
            GemmShape shape = GemmShape::Fixed);
+  // The same single GEMM, then C[m, n] += bias[n]: through the BLASLt bias epilogue when bias
+  // is 16-byte aligned (no pass over C of its own), else a row-bias kernel after the GEMM.
+  void run_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
+                float* C, int64_t ldc, const float* bias);
   // "cublaslt", "hipblaslt" or "tiled".
   const char* engine() const;
   // Plans built so far (cache misses) and the host seconds spent building them (descriptors and
@@ -72,14 +86,16 @@ class GpuGemm {
   int64_t ragged_fallbacks() const { return ragged_fallbacks_; }
 
  private:
+  // bias: the epilogue's bias vector (nullptr: none).
   bool run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
-                  float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape);
+                  float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape,
+                  const float* bias = nullptr);
   // BLASLt descriptors, layouts and the chosen algorithm of each problem shape (with operand
   // alignments and batch), built and queried once: a training step repeats a few dozen shapes.
   // A ragged plan is built for (ragged_bound(M), N, ragged_bound(K)).
   struct Plan;
   Plan* plan_for(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, const float* C,
-                 int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape);
+                 int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape, const float* bias);
   std::map<std::vector<int64_t>, Plan*> plans_;
   int64_t plans_built_ = 0;
   double plan_seconds_ = 0;

@@ -42,18 +42,17 @@ DeviceBuffer weights_by_tap(CudaBackend& be, const float* w_grp, int64_t C, int6
   return w_r;
 }
 
-GemmOperand f32_operand(const float* p, int64_t ld, bool trans) {
-  GemmOperand o;
-  o.ptr = p;
-  o.type = GemmType::F32;
-  o.ld = ld;
-  o.trans = trans;
-  return o;
-}
-
-void check_groups(int64_t C, int64_t G) {
+// The C / G head groups as one strided batch: group g's columns start g * G into the
+// activation rows (A and C), its per-tap weights g * t1 * G * G into w_r (B).
+GemmBatch head_groups(int64_t C, int64_t G, int64_t t1) {
   if (G <= 0 || C % G != 0)
     fail("cuda", "cca_conv: " + std::to_string(C) + " channels are not whole groups of " + std::to_string(G));
+  GemmBatch groups;
+  groups.count = C / G;
+  groups.stride_a = G;
+  groups.stride_b = t1 * G * G;
+  groups.stride_c = G;
+  return groups;
 }
 
 }  // namespace
@@ -61,16 +60,11 @@ void check_groups(int64_t C, int64_t G) {
 void grouped_conv_gemm(CudaBackend& be, const float* y, const float* w_grp, const float* b_grp, float* z, int64_t B,
                        int64_t T, int64_t C, int64_t G, int64_t t1) {
   if (B * T * C == 0) return;
-  check_groups(C, G);
+  const GemmBatch groups = head_groups(C, G, t1);
   const int64_t Ly = T + t1 - 1;
   const DeviceBuffer w_r = weights_by_tap(be, w_grp, C, G, t1);
   k_bias_rows<<<gpu_blocks(B * T * C), kGpuThreads, 0, be.stream()>>>(z, b_grp, B * T, C);
   GPU_LAUNCH_CHECK();
-  GemmBatch groups;  // group g: y and z columns g*G.., weights g*t1*G*G..
-  groups.count = C / G;
-  groups.stride_a = G;
-  groups.stride_b = t1 * G * G;
-  groups.stride_c = G;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < t1; ++j) {
       // z[b, t, co] += sum_ci y[b, t + j, ci] W_j[co, ci]: A = y rows [T, G], B = W_j stored [co][ci] (trans).
@@ -83,15 +77,10 @@ void grouped_conv_gemm_backward(CudaBackend& be, const float* dz, const float* y
                                 float* dw_grp, int64_t B, int64_t T, int64_t C, int64_t G, int64_t t1) {
   const int64_t Ly = T + t1 - 1;
   if (B * Ly * C == 0) return;
-  check_groups(C, G);
+  const GemmBatch groups = head_groups(C, G, t1);
   be.fill(dy, 0.0f, B * Ly * C);
   if (T == 0) return;
   const DeviceBuffer w_r = weights_by_tap(be, w_grp, C, G, t1);
-  GemmBatch groups;
-  groups.count = C / G;
-  groups.stride_a = G;
-  groups.stride_b = t1 * G * G;
-  groups.stride_c = G;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < t1; ++j) {
       // dy[b, t + j, ci] += sum_co dz[b, t, co] W_j[co, ci]: B = W_j stored [co][ci] = [K][N].
@@ -100,9 +89,7 @@ void grouped_conv_gemm_backward(CudaBackend& be, const float* dz, const float* y
     }
   if (!dw_grp) return;
   DeviceBuffer dw_r(&be, C * G * t1 * 4);
-  GemmBatch dw_groups;  // group g: dz and y columns g*G.., dw_r matrices g*t1*G*G..
-  dw_groups.count = C / G;
-  dw_groups.stride_a = G;
+  GemmBatch dw_groups = groups;  // group g: dz and y columns g*G.., dw_r matrices g*t1*G*G..
   dw_groups.stride_b = G;
   dw_groups.stride_c = t1 * G * G;
   for (int64_t j = 0; j < t1; ++j)

@@ -9,16 +9,6 @@ namespace {
 
 constexpr float kSqrtHalf = 0.70710678118654752440f;
 
-__global__ void k_set_rows(float* y, const float* bias, int64_t M, int64_t N, int64_t ldy) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x)
-    y[(i / N) * ldy + i % N] = bias[i % N];
-}
-
-__global__ void k_add_rows(float* y, const float* bias, int64_t M, int64_t N, int64_t ldy) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x)
-    y[(i / N) * ldy + i % N] += bias[i % N];
-}
-
 __global__ void k_embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N * D; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = table[int64_t(ids[i / D]) * D + i % D];
@@ -107,17 +97,7 @@ void CudaBackend::linear_impl(const float* x, const float* w, const float* bias,
   DeviceBuffer hx, hw;
   const GemmOperand A = operand(x, M, K, K, false, bf16, hx);
   const GemmOperand B = weight_operand(w, N, K, true, bf16, hw);
-  if (bias && !accumulate) {
-    k_set_rows<<<gpu_blocks(M * N), kGpuThreads, 0, stream_>>>(y, bias, M, N, ldy);
-    GPU_LAUNCH_CHECK();
-    gemm(M, N, K, 1.0f, A, B, 1.0f, y, ldy);
-    return;
-  }
-  gemm(M, N, K, 1.0f, A, B, accumulate ? 1.0f : 0.0f, y, ldy);
-  if (bias) {
-    k_add_rows<<<gpu_blocks(M * N), kGpuThreads, 0, stream_>>>(y, bias, M, N, ldy);
-    GPU_LAUNCH_CHECK();
-  }
+  gemm_bias(M, N, K, 1.0f, A, B, accumulate ? 1.0f : 0.0f, y, ldy, bias);  // bias: the GEMM's epilogue
 }
 
 void CudaBackend::linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K,

@@ -78,14 +78,6 @@ void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, i
   const bool transposed = rows > cols;
   const int64_t r = transposed ? cols : rows, c = transposed ? rows : cols, n = r * c;
   const GemmCompute nc = options_.bf16_matmul ? GemmCompute::Tf32 : GemmCompute::Exact;
-  auto f32 = [](const float* p, int64_t ld, bool trans) {
-    GemmOperand o;
-    o.ptr = p;
-    o.type = GemmType::F32;
-    o.ld = ld;
-    o.trans = trans;
-    return o;
-  };
   DeviceBuffer ssq(this, batch * 8), xb(this, batch * n * 4), yb(this, batch * n * 4), A(this, batch * r * r * 4),
       Bm(this, batch * r * r * 4);
   for (int64_t i = 0; i < batch; ++i) gpu_sum_squares(*this, x + i * n, n, ssq.d() + i);
@@ -97,12 +89,12 @@ void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, i
   for (int s = 0; s < steps; ++s) {
     // Under the bf16 policy the products run in TF32 (fp32 operands on the tensor cores, fp32
     // accumulation: ~1e-3 from fp32, about 8x its rate); otherwise exactly in fp32.
-    const GemmOperand x_op = f32(X, c, false);
-    gemm(r, r, c, 1.0f, x_op, f32(X, c, true), 0.0f, A.f(), r, bx, nc);  // A = X X^T
+    const GemmOperand x_op = f32_operand(X, c, false);
+    gemm(r, r, c, 1.0f, x_op, f32_operand(X, c, true), 0.0f, A.f(), r, bx, nc);  // A = X X^T
     copy(Bm.f(), A.f(), batch * r * r);
-    gemm(r, r, r, kNsC, f32(A.f(), r, false), f32(A.f(), r, false), kNsB, Bm.f(), r, ba, nc);  // B = b A + c A A
+    gemm(r, r, r, kNsC, f32_operand(A.f(), r, false), f32_operand(A.f(), r, false), kNsB, Bm.f(), r, ba, nc);  // B = b A + c A A
     copy(Y, X, batch * n);
-    gemm(r, c, r, 1.0f, f32(Bm.f(), r, false), x_op, kNsA, Y, c, bb, nc);  // Y = a X + B X
+    gemm(r, c, r, 1.0f, f32_operand(Bm.f(), r, false), x_op, kNsA, Y, c, bb, nc);  // Y = a X + B X
     float* t = X;
     X = Y;
     Y = t;
