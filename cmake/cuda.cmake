@@ -5,13 +5,15 @@
 #                   linked with cuBLASLt, plus the GPU tests in tests/gpu. The NCCL communicator
 #                   (every comm_nccl*.cu) is built and libnccl linked when NCCL is found (next to
 #                   the CUDA toolkit, or under ZAYA_NCCL_ROOT); zaya_lib then has ZAYA_HAVE_NCCL.
-#   -DZAYA_HIP=ON   compiles the same .cu files with hipcc for ZAYA_HIP_ARCH (default gfx90a),
-#                   objects only (target zaya_hip_objects): a compile check, not a runnable build.
-#                   comm_nccl*.cu only when RCCL is found (ZAYA_HAVE_RCCL; Debian has no RCCL).
+#   -DZAYA_HIP=ON   compiles the same .cu files with hipcc for ZAYA_HIP_ARCH (default gfx90a)
+#                   (target zaya_hip_objects) and, when the HIP runtime (libamdhip64) is found,
+#                   links them into zaya_lib as ZAYA_CUDA does: zaya, the tests and the GPU tests
+#                   for AMD GPUs (the GPU backend keeps its name, "cuda"). comm_nccl*.cu only
+#                   when RCCL is found (ZAYA_HAVE_RCCL; Debian has no RCCL).
 # Included from the top-level CMakeLists.txt before zaya_lib exists, so the links into
 # zaya_lib and the tests are deferred to the end of the top-level directory.
 option(ZAYA_CUDA "Build the CUDA backend (needs nvcc and cuBLASLt)" OFF)
-option(ZAYA_HIP "Compile the GPU backend with hipcc for AMD GPUs (objects only)" OFF)
+option(ZAYA_HIP "Build the GPU backend with hipcc for AMD GPUs" OFF)
 set(ZAYA_HIP_ARCH "gfx90a" CACHE STRING "AMD offload architecture for ZAYA_HIP")
 
 set(ZAYA_NCCL_ROOT "" CACHE PATH "Where NCCL is installed when it is not next to the CUDA toolkit")
@@ -20,6 +22,10 @@ file(GLOB ZAYA_GPU_HEADERS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cud
 # The NCCL/RCCL communicator (the communicator, its watchdog, its arrival channel): every
 # comm_nccl*.cu, compiled only where its collective library is found.
 file(GLOB ZAYA_GPU_COMM_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backend/cuda/comm_nccl*.cu)
+
+if(ZAYA_CUDA AND ZAYA_HIP)
+  message(FATAL_ERROR "ZAYA_CUDA and ZAYA_HIP build the same sources for different GPUs: choose one")
+endif()
 
 if(ZAYA_CUDA)
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
@@ -106,12 +112,32 @@ if(ZAYA_HIP)
     add_custom_command(
       OUTPUT ${obj}
       COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/hip
-      COMMAND ${ZAYA_HIPCC} --offload-arch=${ZAYA_HIP_ARCH} -std=c++20 -O2 ${ZAYA_HIP_DEFS} -I${CMAKE_SOURCE_DIR}/src
-              -x hip -c ${src} -o ${obj}
+      COMMAND ${ZAYA_HIPCC} --offload-arch=${ZAYA_HIP_ARCH} -std=c++20 -O2 -Wall -Wextra -Wno-unused-parameter
+              ${ZAYA_HIP_DEFS} -I${CMAKE_SOURCE_DIR}/src -x hip -c ${src} -o ${obj}
       DEPENDS ${src} ${ZAYA_GPU_HEADERS} ${CMAKE_SOURCE_DIR}/src/backend/backend.h
       COMMENT "hipcc ${ZAYA_HIP_ARCH}: ${name}.cu"
       VERBATIM)
     list(APPEND ZAYA_HIP_OBJECTS ${obj})
   endforeach()
   add_custom_target(zaya_hip_objects ALL DEPENDS ${ZAYA_HIP_OBJECTS})
+
+  # The linked build: the objects join zaya_lib with the HIP runtime, so make_backend("cuda")
+  # is the HIP backend and the GPU tests build (they skip without a device).
+  find_library(ZAYA_AMDHIP64 amdhip64 PATHS /opt/rocm/lib)
+  if(ZAYA_AMDHIP64)
+    message(STATUS "zaya HIP: linked into zaya_lib (${ZAYA_AMDHIP64})")
+    function(zaya_hip_attach)
+      set_source_files_properties(${ZAYA_HIP_OBJECTS} PROPERTIES EXTERNAL_OBJECT TRUE GENERATED TRUE)
+      target_sources(zaya_lib PRIVATE ${ZAYA_HIP_OBJECTS})
+      add_dependencies(zaya_lib zaya_hip_objects)
+      target_link_libraries(zaya_lib PUBLIC ${ZAYA_AMDHIP64})
+      target_compile_definitions(zaya_lib PUBLIC ZAYA_CUDA)
+      if(ZAYA_BUILD_TESTS)
+        include(${CMAKE_SOURCE_DIR}/tests/gpu/CMakeLists.txt)
+      endif()
+    endfunction()
+    cmake_language(DEFER CALL zaya_hip_attach)
+  else()
+    message(STATUS "zaya HIP: no HIP runtime (libamdhip64) found: objects only, nothing linked")
+  endif()
 endif()

@@ -7,6 +7,8 @@
 # for nvcc (next to nvcc, under ZAYA_NCCL_ROOT, or in /usr/include; missing counts like a missing
 # compiler), rccl.h for hipcc (under ZAYA_RCCL_ROOT or /opt/rocm; Debian has no RCCL package, so
 # without it those files are skipped for hipcc with a "skipped" line each, which is not an error).
+# HIP=0 leaves hipcc out (CI: scripts/hip_build_check.sh compiles the same files with hipcc and
+# links them).
 #   scripts/gpu_compile_check.sh            # objects go to a temporary directory, removed after
 #   OUT_DIR=/tmp/gpu_objs JOBS=4 scripts/gpu_compile_check.sh
 set -uo pipefail
@@ -28,6 +30,7 @@ if [ -z "$nvcc" ]; then
   elif [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
 fi
 hipcc="${HIPCC:-$(command -v hipcc || true)}"
+want_hip="${HIP:-1}"
 
 sources=("$root"/src/backend/cuda/*.cu)
 comm_sources=("$root"/src/backend/cuda/comm_nccl*.cu)  # the NCCL/RCCL communicator's files
@@ -116,7 +119,9 @@ else
   missing=$((missing + 1))
 fi
 
-if [ -n "$hipcc" ]; then
+if [ "$want_hip" = 0 ]; then
+  echo "hipcc left out (HIP=0)"
+elif [ -n "$hipcc" ]; then
   rccl_inc="$(find_header rccl/rccl.h "${ZAYA_RCCL_ROOT:+$ZAYA_RCCL_ROOT/include}" /opt/rocm/include /usr/include)"
   [ -n "$rccl_inc" ] || rccl_inc="$(find_header rccl.h "${ZAYA_RCCL_ROOT:+$ZAYA_RCCL_ROOT/include}" /opt/rocm/include /usr/include)"
   rccl_flags=()
