@@ -48,28 +48,37 @@ __device__ void block_tile(const Bf16View& a, const Bf16View& b, int64_t M, int6
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int wm = warp / 4, wn = warp % 4;
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kFragM][kFragN];
+#pragma unroll
   for (int i = 0; i < kFragM; ++i)
+#pragma unroll
     for (int j = 0; j < kFragN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
   for (int64_t k0 = 0; k0 < K; k0 += kBK) {
     load_tile(As, kLdA, kBM, kBK, a, m0, k0, M, K);  // As[m][k] = opA(m0 + m, k0 + k)
     load_tile(Bs, kLdB, kBK, kBN, b, k0, n0, K, N);  // Bs[k][n] = opB(k0 + k, n0 + n)
     __syncthreads();
+#pragma unroll
     for (int kk = 0; kk < kBK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[kFragM];
       wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb[kFragN];
+#pragma unroll
       for (int i = 0; i < kFragM; ++i)
         wmma::load_matrix_sync(fa[i], reinterpret_cast<const __nv_bfloat16*>(As + (wm * kWarpM + i * 16) * kLdA + kk),
                                kLdA);
+#pragma unroll
       for (int j = 0; j < kFragN; ++j)
         wmma::load_matrix_sync(fb[j], reinterpret_cast<const __nv_bfloat16*>(Bs + kk * kLdB + wn * kWarpN + j * 16),
                                kLdB);
+#pragma unroll
       for (int i = 0; i < kFragM; ++i)
+#pragma unroll
         for (int j = 0; j < kFragN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
     }
     __syncthreads();
   }
   float* sc = scratch[warp];
+#pragma unroll
   for (int i = 0; i < kFragM; ++i)
+#pragma unroll
     for (int j = 0; j < kFragN; ++j) {
       wmma::store_matrix_sync(sc, acc[i][j], 16, wmma::mem_row_major);
       __syncwarp();
