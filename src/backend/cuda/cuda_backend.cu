@@ -123,7 +123,8 @@ void CudaBackend::free(void* p) { pool_put(p); }
 std::string CudaBackend::diagnostics() const {
   return std::string("gemm engine ") + gemm_->engine() + ", " + std::to_string(gemm_->plans_built()) +
          " GEMM plans built in " + std::to_string(gemm_->plan_seconds()) + " s of host time, " +
-         std::to_string(gemm_->ragged_fallbacks()) + " ragged-plan fallbacks, MoE experts " +
+         std::to_string(gemm_->ragged_fallbacks()) + " ragged-plan and " +
+         std::to_string(gemm_->epilogue_fallbacks()) + " bias-epilogue fallbacks, MoE experts " +
          (options_.moe_device_grouped && options_.bf16_matmul && grouped_gemm_available()
               ? "as device-grouped GEMMs"
               : "per expert from host offsets");

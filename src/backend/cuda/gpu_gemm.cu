@@ -173,7 +173,7 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
   const uint32_t al_l = alignment_of(B.ptr), al_r = alignment_of(A.ptr), al_c = alignment_of(C);
   std::vector<int64_t> key = {pm, N, pk, int64_t(A.type), A.ld, A.trans, B.ld, B.trans, ldc, al_l, al_r, al_c,
                               batch.count, batch.stride_a, batch.stride_b, batch.stride_c, int64_t(compute), ragged,
-                              bias != nullptr};
+                              bias ? int64_t(alignment_of(bias)) : 0};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   // Shapes outside the few dozen a step repeats (ragged ones included) could still grow the
@@ -246,10 +246,14 @@ bool GpuGemm::run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const Gem
     blas_check(gpuBlasLtMatmulDescSetAttribute(plan->desc, GPU_BLASLT_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                "bias pointer");
   if (shape == GemmShape::Fixed) {
-    blas_check(gpuBlasLtMatmul(handle, plan->desc, &alpha, B.ptr, plan->lay.l, A.ptr, plan->lay.r, &beta, C,
-                               plan->lay.c, C, plan->lay.c, &plan->result.algo, workspace_, size_t(workspace_bytes_),
-                               stream_),
-               "BLASLt matmul");
+    const gpuBlasStatus_t st = gpuBlasLtMatmul(handle, plan->desc, &alpha, B.ptr, plan->lay.l, A.ptr, plan->lay.r,
+                                               &beta, C, plan->lay.c, C, plan->lay.c, &plan->result.algo, workspace_,
+                                               size_t(workspace_bytes_), stream_);
+    if (st != GPU_BLAS_SUCCESS && bias) {  // refused with the epilogue: run_bias adds the bias itself
+      ++epilogue_fallbacks_;
+      return false;
+    }
+    blas_check(st, "BLASLt matmul");
     return true;
   }
   // Ragged: the bound's algorithm on layouts of the actual shape. Should the library refuse it

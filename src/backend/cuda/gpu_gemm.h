@@ -84,6 +84,8 @@ class GpuGemm {
   // Ragged calls whose bound's algorithm the library refused for the actual shape, so that an
   // exact plan was built instead (expected 0).
   int64_t ragged_fallbacks() const { return ragged_fallbacks_; }
+  // Bias-epilogue calls the library refused, whose bias a kernel added instead (expected 0).
+  int64_t epilogue_fallbacks() const { return epilogue_fallbacks_; }
 
  private:
   // bias: the epilogue's bias vector (nullptr: none).
@@ -100,6 +102,7 @@ class GpuGemm {
   int64_t plans_built_ = 0;
   double plan_seconds_ = 0;
   int64_t ragged_fallbacks_ = 0;
+  int64_t epilogue_fallbacks_ = 0;
 
   gpuStream_t stream_;
   bool portable_;

@@ -1,7 +1,9 @@
 // GPU ops for Compressed Convolutional Attention (spec A.5-A.6): the two-stage causal conv
 // with carried state (the grouped stage as GEMMs from kConvGemmMinTokens tokens, else one
-// kernel; and the packed-document variant, re-laid exactly as the CPU backend does), the mean paths + QK-norm + key temperature + partial NeoX RoPE, the current/delayed
-// value heads, and KV-cache writes. All fp32 (spec A.11). Not yet run on a GPU.
+// kernel; and the packed-document variant, re-laid exactly as the CPU backend does), the mean
+// paths + QK-norm + key temperature + partial NeoX RoPE, the current/delayed value heads, and
+// KV-cache writes. All fp32 (spec A.11). The GEMM path of the grouped stage has not yet run on
+// a GPU; the rest passed against the CPU backend on an H100.
 #include <cfloat>
 #include <vector>
 

@@ -1,7 +1,8 @@
 // GPU backward of the CCA ops: the two causal convolutions (zero state: training runs fresh
-// sequences; the grouped stage as GEMMs, ops_cca_grouped_gemm.cu), the mean paths + QK-norm + temperature + RoPE (recomputed per token and group),
-// and the value shift. Weight gradients are reduced in a fixed order (no atomics). fp32
-// throughout. Not yet run on a GPU.
+// sequences; the grouped stage as GEMMs, ops_cca_grouped_gemm.cu, and the depthwise weight
+// gradient as column sums), the mean paths + QK-norm + temperature + RoPE (recomputed per token
+// and group), and the value shift. Weight gradients are reduced in a fixed order (no atomics).
+// fp32 throughout. The conv's GEMM and column-sum paths have not yet run on a GPU.
 #include <cfloat>
 #include <vector>
 
