@@ -9,7 +9,11 @@
 // completed. Requests must be waited on in the order they were issued when they use the same
 // buffers; the MPI communicator runs operations that touch the same memory (one of them writing
 // it) in the order they were issued, and others concurrently. Every rank must issue the same
-// collectives in the same order (as with MPI).
+// collectives in the same order (as with MPI). The NCCL communicator runs everything on one
+// ordered stream, so there point-to-point messages must also sit at the same place among the
+// collectives on the two ranks involved: a send issued before a collective on one rank and
+// received after it on the other deadlocks there (it completes under MPI). The trainer sends no
+// messages on its device communicator.
 //
 // In place: all_reduce with send == recv; reduce_scatter with send == recv (the result is written
 // at the start of the buffer); all_gather with send == recv + offset of this rank's block (the

@@ -9,8 +9,9 @@
 // flight; the same checks again on a communicator that takes the uneven-count paths for every
 // count. Rank 0 prints "nccl_check: N ranks OK"; every rank exits 0, or 1 on any mismatch.
 //
-// Skips (rank 0 prints "nccl_check: skipped: ..." and every rank exits 0) without a GPU, or when
-// a node has fewer GPUs than ranks (NCCL refuses two ranks on one GPU).
+// Skips (rank 0 prints "nccl_check: skipped: ..." and every rank exits 0) when a rank has no GPU
+// or ranks would share one (nccl_shared_gpus: NCCL refuses two ranks on one GPU). A launcher that
+// shows each rank one GPU runs the checks (each rank uses nccl_device_for(local rank)).
 //
 // nccl_check --watchdog-test (N >= 2): rank 1 sleeps 40 s before an all_reduce; rank 0's
 // watchdog (10 s: its deadline also covers ncclCommInitRank, which may take seconds) must print its line naming peer 1 and exit with kCommTimeoutExitCode. Getting
@@ -245,24 +246,18 @@ int run(bool watchdog_test) {
   boot_options.timeout_s = 120;
   std::unique_ptr<Comm> boot = make_comm(boot_options);
   g_rank = boot->rank();
-  // Every rank needs a GPU of its own: agree before touching NCCL.
-  const int gpus = cuda_device_count();
-  int32_t mine = gpus > 0 && gpus >= boot->local_size() ? 1 : 0, all = 0;
-  boot->all_reduce(&mine, &all, 1, CommType::I32, ReduceOp::Min)->wait();
-  if (all == 0) {
-    if (boot->rank() == 0) {
-      if (gpus == 0)
-        std::printf("nccl_check: skipped: no GPU\n");
-      else
-        std::printf("nccl_check: skipped: a node has fewer GPUs than ranks (NCCL needs one GPU per rank)\n");
-    }
+  // Every rank needs a GPU of its own (the ranks' GPUs compared by host and PCI bus id, so a
+  // launcher that shows each rank one GPU counts as well as one that shows them all).
+  const std::string shared = nccl_shared_gpus(*boot, boot->local_rank());
+  if (!shared.empty()) {
+    if (boot->rank() == 0) std::printf("nccl_check: skipped: %s (NCCL needs one GPU per rank)\n", shared.c_str());
     return 0;
   }
   if (watchdog_test && boot->size() < 2) {
     std::fprintf(stderr, "nccl_check --watchdog-test needs at least 2 ranks\n");
     return 1;
   }
-  const int device = boot->local_rank();
+  const int device = nccl_device_for(boot->local_rank());
   CudaBackendOptions bo;
   bo.device = device;
   std::unique_ptr<Backend> be = make_cuda_backend(bo);

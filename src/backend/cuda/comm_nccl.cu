@@ -201,7 +201,9 @@ class NcclComm final : public Comm {
       (void)gpuGetLastError();
       restore.device = -1;
     }
-    // 1. The device, agreed over the bootstrap so that no rank is left waiting in a collective.
+    // 1. The device, then the stream, the fence event and the barrier's scratch word; every
+    // rank's failures are agreed over the bootstrap so that no rank is left waiting in a
+    // collective for one that failed.
     std::string local;
     int count = 0;
     if (gpuGetDeviceCount(&count) != gpuSuccess) {
@@ -214,26 +216,22 @@ class NcclComm final : public Comm {
       local = "device " + std::to_string(device_) + " does not exist (" + std::to_string(count) + " found)";
     else
       local = gpu_text(gpuSetDevice(device_), "gpuSetDevice");
-    // 2. The unique id, made by rank 0.
-    ncclUniqueId id{};
-    if (local.empty() && rank_ == 0) local = nccl_text(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (local.empty()) local = create_stream_objects();
+    const char* hint =
+        "each rank needs a GPU of its own: pass the rank's local_rank() as the device and launch at most as many "
+        "ranks per node as it has GPUs";
     std::string agreed = dist_agree::first_error(bootstrap, local);
-    if (!agreed.empty())
-      fail("comm", "cannot create the NCCL communicator: " + agreed,
-           "each rank needs a GPU of its own: pass the rank's local_rank() as the device and launch at most as "
-           "many ranks per node as it has GPUs");
+    if (!agreed.empty()) fail("comm", "cannot create the NCCL communicator: " + agreed, hint);
+    // 2. One GPU per rank (the same verdict on every rank).
+    const std::string shared = nccl_shared_gpus(bootstrap, device_);
+    if (!shared.empty()) fail("comm", "cannot create the NCCL communicator: " + shared, hint);
+    // 3. The unique id, made by rank 0 and broadcast once every rank is known to be ready.
+    ncclUniqueId id{};
+    agreed = dist_agree::first_error(bootstrap, rank_ == 0 ? nccl_text(ncclGetUniqueId(&id), "ncclGetUniqueId") : "");
+    if (!agreed.empty()) fail("comm", "cannot create the NCCL communicator: " + agreed);
     bootstrap.broadcast(&id, int64_t(sizeof(id)), CommType::U8, 0)->wait();
-    // 3. Whether the arrival channel is on, agreed over the bootstrap.
+    // 4. Whether the arrival channel is on, agreed over the bootstrap.
     arrivals_.agree(bootstrap, timeout_s_);
-
-    // 4. The stream, the fence event and the barrier's scratch word.
-    check_gpu(gpuStreamCreateWithFlags(&stream_, gpuStreamNonBlocking), "gpuStreamCreateWithFlags");
-    check_gpu(gpuEventCreateWithFlags(&fence_, gpuEventDisableTiming), "gpuEventCreateWithFlags");
-    void* scratch = nullptr;
-    check_gpu(gpuMalloc(&scratch, 256), "gpuMalloc");
-    scratch_ = scratch;
-    check_gpu(gpuMemsetAsync(scratch_, 0, 256, stream_), "gpuMemsetAsync");
-    check_gpu(gpuStreamSynchronize(stream_), "gpuStreamSynchronize");
 
     // 5. NCCL, under the watchdog's deadline (ncclCommInitRank blocks until every rank has called it).
     watchdog_.start_init();
@@ -248,6 +246,19 @@ class NcclComm final : public Comm {
 
     // 6. The arrival channel (when on): a private MPI communicator.
     arrivals_.open(timeout_s_);
+  }
+
+  // The communication stream, the fence event and the barrier's scratch word (zeroed): "" or
+  // what failed.
+  std::string create_stream_objects() {
+    std::string e = gpu_text(gpuStreamCreateWithFlags(&stream_, gpuStreamNonBlocking), "gpuStreamCreateWithFlags");
+    if (e.empty()) e = gpu_text(gpuEventCreateWithFlags(&fence_, gpuEventDisableTiming), "gpuEventCreateWithFlags");
+    void* scratch = nullptr;
+    if (e.empty()) e = gpu_text(gpuMalloc(&scratch, 256), "gpuMalloc");
+    scratch_ = scratch;
+    if (e.empty()) e = gpu_text(gpuMemsetAsync(scratch_, 0, 256, stream_), "gpuMemsetAsync");
+    if (e.empty()) e = gpu_text(gpuStreamSynchronize(stream_), "gpuStreamSynchronize");
+    return e;
   }
 
   // Everything the constructor may have made, in reverse; also the destructor's second half.
@@ -269,11 +280,6 @@ class NcclComm final : public Comm {
     fence_ = nullptr;
     if (stream_) (void)gpuStreamDestroy(stream_);
     stream_ = nullptr;
-  }
-
-  static void check_gpu(gpuError_t e, const char* call) {
-    const std::string text = gpu_text(e, call);
-    if (!text.empty()) fail("comm", "NCCL communicator: " + text);
   }
 
   // ---- issuing ----
@@ -397,7 +403,10 @@ class NcclComm final : public Comm {
   }
 
   // Equal counts: ncclReduceScatter (in place at NCCL's offset when send == recv, then the block
-  // is moved to the start). Uneven: padded to the largest count in the staging buffer.
+  // is moved to the start). Uneven: one group of ncclReduce, one rooted at each rank with a
+  // block, so every rank receives its own block reduced and the traffic is that of the blocks
+  // themselves (no padding to the largest). In place, this rank's block is reduced where it lies
+  // and then moved to the start (through the staging buffer when the two ranges overlap).
   std::string launch_reduce_scatter(const void* send, void* recv, const std::vector<int64_t>& counts, CommType type,
                                     ReduceOp op) {
     const int64_t es = comm_type_size(type);
@@ -418,58 +427,68 @@ class NcclComm final : public Comm {
                      "gpuMemcpyAsync");
       return e;
     }
-    char* pad = static_cast<char*>(staging(int64_t(size_) * largest * es, &e));
-    if (pad == nullptr) return e;
-    int64_t off = 0;
-    for (int r = 0; r < size_ && e.empty(); ++r) {
+    const std::vector<int64_t> off = block_offsets(counts);
+    const bool in_place = send == recv;
+    char* own = at(send, off[size_t(rank_)], es);  // this rank's block of the input
+    e = nccl_text(ncclGroupStart(), "ncclGroupStart");
+    if (!e.empty()) return e;
+    std::string first;
+    for (int r = 0; r < size_; ++r) {
       const int64_t c = counts[size_t(r)];
-      if (c > 0)
-        e = gpu_text(gpuMemcpyAsync(pad + int64_t(r) * largest * es, at(send, off, es), size_t(c * es),
-                                    gpuMemcpyDeviceToDevice, stream_),
-                     "gpuMemcpyAsync");
-      off += c;
+      if (c == 0) continue;
+      char* input = at(send, off[size_t(r)], es);
+      // The root writes its result (in place: over its own block); the others only send.
+      void* output = r == rank_ ? (in_place ? static_cast<void*>(own) : recv) : static_cast<void*>(input);
+      const ncclResult_t rc = ncclReduce(input, output, size_t(c), nccl_type(type), nccl_op(op), r, comm(), stream_);
+      if (first.empty()) first = nccl_text(rc, "ncclReduce");
     }
-    char* block = pad + int64_t(rank_) * largest * es;
+    const std::string end = nccl_text(ncclGroupEnd(), "ncclGroupEnd");
+    e = first.empty() ? end : first;
+    if (!e.empty() || !in_place || mine == 0 || own == recv) return e;
+    const int64_t shift = off[size_t(rank_)];
+    if (shift >= mine)  // [shift, shift + mine) and [0, mine) do not overlap
+      return gpu_text(gpuMemcpyAsync(recv, own, size_t(mine * es), gpuMemcpyDeviceToDevice, stream_),
+                      "gpuMemcpyAsync");
+    char* tmp = static_cast<char*>(staging(mine * es, &e));
+    if (tmp == nullptr) return e;
+    e = gpu_text(gpuMemcpyAsync(tmp, own, size_t(mine * es), gpuMemcpyDeviceToDevice, stream_), "gpuMemcpyAsync");
     if (e.empty())
-      e = nccl_text(ncclReduceScatter(pad, block, size_t(largest), nccl_type(type), nccl_op(op), comm(), stream_),
-                    "ncclReduceScatter");
-    if (e.empty() && mine > 0)
-      e = gpu_text(gpuMemcpyAsync(recv, block, size_t(mine * es), gpuMemcpyDeviceToDevice, stream_), "gpuMemcpyAsync");
+      e = gpu_text(gpuMemcpyAsync(recv, tmp, size_t(mine * es), gpuMemcpyDeviceToDevice, stream_), "gpuMemcpyAsync");
     return e;
   }
 
-  // Equal counts: ncclAllGather (in place when send is this rank's block of recv). Uneven: this
-  // rank's block is copied into place, then one group sends it to every peer and receives every
-  // peer's block at its offset.
+  // Equal counts: ncclAllGather (in place when send is this rank's block of recv). Uneven: one
+  // group of ncclBroadcast, one rooted at each rank with a block, each landing at the block's
+  // offset of recv on every rank (the root's own block in place when it is already there).
   std::string launch_all_gather(const void* send, void* recv, const std::vector<int64_t>& counts, CommType type) {
     const int64_t es = comm_type_size(type);
-    const int64_t mine = counts[size_t(rank_)];
+    const int64_t mine = counts[size_t(rank_)];  // the equal count
     int64_t largest = 0;
     const bool equal = equal_counts(counts, uneven_always_, &largest);
     if (largest == 0) return "";
     if (equal)
       return nccl_text(ncclAllGather(send, recv, size_t(mine), nccl_type(type), comm(), stream_), "ncclAllGather");
-    std::vector<int64_t> off(counts.size() + 1, 0);
-    for (size_t r = 0; r < counts.size(); ++r) off[r + 1] = off[r] + counts[r];
-    char* own = at(recv, off[size_t(rank_)], es);
-    std::string e;
-    if (mine > 0 && send != own)
-      e = gpu_text(gpuMemcpyAsync(own, send, size_t(mine * es), gpuMemcpyDeviceToDevice, stream_), "gpuMemcpyAsync");
-    if (!e.empty()) return e;
-    e = nccl_text(ncclGroupStart(), "ncclGroupStart");
+    const std::vector<int64_t> off = block_offsets(counts);
+    std::string e = nccl_text(ncclGroupStart(), "ncclGroupStart");
     if (!e.empty()) return e;
     std::string first;
-    auto note = [&](ncclResult_t rc, const char* call) {
-      if (first.empty()) first = nccl_text(rc, call);
-    };
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      if (mine > 0) note(ncclSend(own, size_t(mine), nccl_type(type), p, comm(), stream_), "ncclSend");
-      const int64_t c = counts[size_t(p)];
-      if (c > 0) note(ncclRecv(at(recv, off[size_t(p)], es), size_t(c), nccl_type(type), p, comm(), stream_), "ncclRecv");
+    for (int r = 0; r < size_; ++r) {
+      const int64_t c = counts[size_t(r)];
+      if (c == 0) continue;
+      char* dst = at(recv, off[size_t(r)], es);
+      const void* src = r == rank_ ? send : dst;  // only the root's send buffer is read
+      const ncclResult_t rc = ncclBroadcast(src, dst, size_t(c), nccl_type(type), r, comm(), stream_);
+      if (first.empty()) first = nccl_text(rc, "ncclBroadcast");
     }
     const std::string end = nccl_text(ncclGroupEnd(), "ncclGroupEnd");
     return first.empty() ? end : first;
+  }
+
+  // off[r] = the first element of rank r's block; off[size] = the total.
+  static std::vector<int64_t> block_offsets(const std::vector<int64_t>& counts) {
+    std::vector<int64_t> off(counts.size() + 1, 0);
+    for (size_t r = 0; r < counts.size(); ++r) off[r + 1] = off[r] + counts[r];
+    return off;
   }
 
   // The staging buffer, at least `bytes` long; null (and *err) when it cannot be allocated. A
@@ -569,7 +588,8 @@ bool NcclRequest::test() {
 
 std::unique_ptr<Comm> make_nccl_comm(Comm& bootstrap, int device, const CommOptions& options, void* producer_stream,
                                      bool uneven_paths_always) {
-  return std::make_unique<NcclComm>(bootstrap, device, apply_comm_env(options), producer_stream, uneven_paths_always);
+  return std::make_unique<NcclComm>(bootstrap, nccl_device_for(device), apply_comm_env(options), producer_stream,
+                                    uneven_paths_always);
 }
 
 }  // namespace zaya

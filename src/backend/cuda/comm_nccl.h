@@ -5,6 +5,12 @@
 // (objects only) for -DZAYA_HIP=ON where RCCL is installed (ZAYA_HAVE_RCCL). Compiled, never run
 // on a GPU yet: see docs/gpu.md, "NCCL / RCCL".
 //
+// Devices: `device` is the rank's local rank (as for make_backend), and the rank uses GPU
+// nccl_device_for(device) = device mod the GPUs it can see, so a launcher that shows each rank
+// one GPU (CUDA_VISIBLE_DEVICES per rank) works as well as one that shows them all. NCCL needs a
+// GPU per rank: ranks that would share one (same host, same PCI bus id) get a clear error from
+// make_nccl_comm, on every rank, before NCCL is initialised.
+//
 // Bootstrap: make_nccl_comm is collective over `bootstrap` (the MPI or single-process
 // communicator, host memory). Rank 0 calls ncclGetUniqueId and broadcasts the id through
 // bootstrap; every rank then calls ncclCommInitRank with bootstrap's rank and size. Failures
@@ -23,12 +29,13 @@
 // test() returned true), work enqueued afterwards on any stream sees the results.
 //
 // Uneven counts (reduce_scatter / all_gather, per-rank counts): NCCL's collectives take one count
-// for every rank. Equal counts use ncclReduceScatter / ncclAllGather directly. Uneven all_gather
-// runs as one group (ncclGroupStart/End) of ncclSend/ncclRecv that lands every block directly at
-// its offset (no staging, no arithmetic). Uneven reduce_scatter pads each block to the largest
-// count in a device staging buffer and runs ncclReduceScatter on it (NCCL does the reduction;
-// the padding's results are discarded), then copies this rank's block out. The staging buffer
-// grows geometrically and is kept; buffers it outgrew are freed when the communicator is
+// for every rank. Equal counts use ncclReduceScatter / ncclAllGather directly. Uneven ones run as
+// one group (ncclGroupStart/End) of rooted collectives, one per rank with a non-empty block:
+// ncclReduce rooted at the block's owner (reduce_scatter) and ncclBroadcast from it landing at
+// the block's offset (all_gather), so memory and traffic follow the blocks themselves, not the
+// largest one times the ranks (whole-tensor buckets are rarely even). An in-place reduce_scatter
+// whose block overlaps its destination moves it through a device staging buffer of one block,
+// which grows geometrically and is kept; buffers it outgrew are freed when the communicator is
 // destroyed (an operation still queued on the stream may use them).
 //
 // Messages: NCCL has no tags. Messages between two ranks match in the order they were issued;
@@ -58,6 +65,7 @@
 // when the communicator is destroyed, which also waits for every operation to complete).
 #pragma once
 #include <memory>
+#include <string>
 
 #include "dist/comm.h"
 
@@ -71,5 +79,14 @@ namespace zaya {
 // a communicator of one rank are always equal).
 std::unique_ptr<Comm> make_nccl_comm(Comm& bootstrap, int device, const CommOptions& options,
                                      void* producer_stream = nullptr, bool uneven_paths_always = false);
+
+// The GPU a rank with this local rank uses: device mod the visible GPUs (device itself when none
+// is visible or it is negative). make_backend maps ranks to GPUs the same way. comm_nccl_gpus.cu.
+int nccl_device_for(int device);
+
+// Collective over bootstrap: "" when every rank's GPU (nccl_device_for(device); identified by
+// host name and PCI bus id) is its own, else which ranks share which GPU. Every rank returns the
+// same text. A rank without a usable GPU is reported too. comm_nccl_gpus.cu.
+std::string nccl_shared_gpus(Comm& bootstrap, int device);
 
 }  // namespace zaya

@@ -32,6 +32,7 @@ using gpuEvent_t = hipEvent_t;
 #define gpuGetDeviceCount hipGetDeviceCount
 #define gpuSetDevice hipSetDevice
 #define gpuGetDevice hipGetDevice
+#define gpuDeviceGetPCIBusId hipDeviceGetPCIBusId
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
 #define gpuMemcpyAsync hipMemcpyAsync
@@ -105,6 +106,7 @@ using gpuEvent_t = cudaEvent_t;
 #define gpuGetDeviceCount cudaGetDeviceCount
 #define gpuSetDevice cudaSetDevice
 #define gpuGetDevice cudaGetDevice
+#define gpuDeviceGetPCIBusId cudaDeviceGetPCIBusId
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
 #define gpuMemcpyAsync cudaMemcpyAsync
