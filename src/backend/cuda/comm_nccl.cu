@@ -82,7 +82,7 @@ class NcclComm final : public Comm {
         producer_(producer != nullptr ? static_cast<gpuStream_t>(producer) : gpuStreamLegacy),
         uneven_always_(uneven_paths_always),
         arrivals_(rank_, size_),
-        watchdog_(device_, timeout_s_, rank_, size_, local_rank_, comm_, arrivals_) {
+        watchdog_(device_, timeout_s_, rank_, size_, local_rank_, comm_, arrivals_, issue_mutex_) {
     try {
       init(bootstrap);
     } catch (...) {
@@ -92,7 +92,7 @@ class NcclComm final : public Comm {
   }
   ~NcclComm() override {
     {
-      std::lock_guard<std::mutex> g(issue_mutex_);
+      std::lock_guard<std::timed_mutex> g(issue_mutex_);
       closed_ = true;
       DeviceGuard d(device_);
       flush_locked();
@@ -179,7 +179,7 @@ class NcclComm final : public Comm {
 
   // Launches the queued sends and receives (requests call it when theirs is still queued).
   void flush() {
-    std::lock_guard<std::mutex> g(issue_mutex_);
+    std::lock_guard<std::timed_mutex> g(issue_mutex_);
     DeviceGuard d(device_);
     flush_locked();
   }
@@ -267,7 +267,7 @@ class NcclComm final : public Comm {
     watchdog_.stop();
     DeviceGuard d(device_);
     ncclComm_t c = comm_.exchange(nullptr);
-    if (c != nullptr && !watchdog_.aborted()) (void)ncclCommDestroy(c);
+    if (c != nullptr && !watchdog_.aborted()) watchdog_.destroy(c);
     arrivals_.close();
     if (stream_) (void)gpuStreamSynchronize(stream_);
     for (void* p : retired_) (void)gpuFree(p);
@@ -304,7 +304,7 @@ class NcclComm final : public Comm {
 
   template <class Launch>
   CommHandle issue_collective(OpPtr op, Launch&& launch) {
-    std::lock_guard<std::mutex> g(issue_mutex_);
+    std::lock_guard<std::timed_mutex> g(issue_mutex_);
     check_usable(op);
     DeviceGuard d(device_);
     flush_locked();  // queued messages go first: the stream runs operations in issue order
@@ -320,7 +320,7 @@ class NcclComm final : public Comm {
   }
 
   CommHandle issue_message(OpPtr op) {
-    std::lock_guard<std::mutex> g(issue_mutex_);
+    std::lock_guard<std::timed_mutex> g(issue_mutex_);
     check_usable(op);
     op->seq = ++messages_;
     op->issued = Clock::now();
@@ -556,7 +556,7 @@ class NcclComm final : public Comm {
   NcclArrivals arrivals_;  // the arrival channel (its messages; why it is off)
   NcclWatchdog watchdog_;  // the watchdog thread, its list and the failure state (reads comm_, arrivals_)
 
-  std::mutex issue_mutex_;  // guards everything below
+  std::timed_mutex issue_mutex_;  // guards everything below; the watchdog takes it before aborting
   bool closed_ = false;
   int64_t collectives_ = 0, messages_ = 0;
   std::vector<OpPtr> queued_;  // sends and receives waiting for the next flush

@@ -129,7 +129,11 @@ void NcclWatchdog::check_async_error() {
     failure_ = why;
     pending = watch_list_;
   }
-  failed_.store(true);
+  failed_.store(true);  // issuing threads check it, under issuing_, before they use the handle
+  // Abort once no launch is using the handle; a launch stuck inside NCCL for a second is what the
+  // abort unblocks, so then abort anyway.
+  std::unique_lock<std::timed_mutex> launches(issuing_, std::defer_lock);
+  (void)launches.try_lock_for(std::chrono::seconds(1));
   aborted_.store(true);
   (void)ncclCommAbort(c);
   for (const OpPtr& op : pending) {
@@ -148,6 +152,32 @@ void NcclWatchdog::expire(const NcclOp& op) {
                  std::to_string(size_) + where() + " timed out after " + seconds() +
                  " s; peers not heard from: " + arrivals_.silent_peers(op),
              kCommTimeoutExitCode, aborted_.load() ? nullptr : comm());
+}
+
+void NcclWatchdog::destroy(ncclComm_t c) {
+  if (c == nullptr) return;
+  if (timeout_s_ <= 0) {
+    (void)ncclCommDestroy(c);
+    return;
+  }
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread deadline([&] {
+    std::unique_lock<std::mutex> lock(m);
+    if (!cv.wait_for(lock, std::chrono::duration<double>(timeout_s_), [&] { return done; }))
+      fatal_line("zaya: comm watchdog: ncclCommDestroy on rank " + std::to_string(rank_) + " of " +
+                     std::to_string(size_) + where() + " did not return after " + seconds() +
+                     " s (a peer has probably failed)",
+                 kCommTimeoutExitCode, nullptr);
+  });
+  (void)ncclCommDestroy(c);
+  {
+    std::lock_guard<std::mutex> g(m);
+    done = true;
+  }
+  cv.notify_one();
+  deadline.join();
 }
 
 std::string NcclWatchdog::where() const {

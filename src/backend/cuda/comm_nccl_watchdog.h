@@ -4,8 +4,10 @@
 // messages have completed. On expiry (of an operation, or of ncclCommInitRank while it runs) it
 // prints one line naming the operation and the peers not heard from, calls ncclCommAbort and
 // exits with kCommTimeoutExitCode; an arrival message describing another operation exits with
-// kCommMismatchExitCode; an asynchronous NCCL error aborts the communicator and fails every
-// pending operation. Defined in comm_nccl_watchdog.cu.
+// kCommMismatchExitCode; an asynchronous NCCL error aborts the communicator (once no launch is
+// in progress, or after a second: the abort is what unblocks a launch stuck in NCCL) and fails
+// every pending operation. ncclCommDestroy at teardown runs under the same deadline. Defined in
+// comm_nccl_watchdog.cu.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -23,16 +25,18 @@ namespace zaya::nccl_detail {
 class NcclWatchdog {
  public:
   // comm: the communicator's NCCL handle (null until ncclCommInitRank returns); arrivals: its
-  // arrival channel. Both are the communicator's and outlive the thread (stop() joins it).
+  // arrival channel; issuing: the mutex its issuing threads hold while they use the handle. All
+  // are the communicator's and outlive the thread (stop() joins it).
   NcclWatchdog(int device, double timeout_s, int rank, int size, int local_rank,
-               const std::atomic<ncclComm_t>& comm, const NcclArrivals& arrivals)
+               const std::atomic<ncclComm_t>& comm, const NcclArrivals& arrivals, std::timed_mutex& issuing)
       : device_(device),
         timeout_s_(timeout_s),
         rank_(rank),
         size_(size),
         local_rank_(local_rank),
         comm_(comm),
-        arrivals_(arrivals) {}
+        arrivals_(arrivals),
+        issuing_(issuing) {}
   ~NcclWatchdog() { stop(); }
   NcclWatchdog(const NcclWatchdog&) = delete;
   NcclWatchdog& operator=(const NcclWatchdog&) = delete;
@@ -51,6 +55,9 @@ class NcclWatchdog {
   std::string failure();
   // Whether the thread has called ncclCommAbort (the handle must then not be destroyed).
   bool aborted() const { return aborted_.load(); }
+  // ncclCommDestroy(c) under the deadline: should it not return within timeout_s (a peer that
+  // failed can hold it), one line and _Exit(kCommTimeoutExitCode). Call after stop().
+  void destroy(ncclComm_t c);
 
  private:
   ncclComm_t comm() const { return comm_.load(std::memory_order_acquire); }
@@ -65,6 +72,7 @@ class NcclWatchdog {
   const int rank_, size_, local_rank_;
   const std::atomic<ncclComm_t>& comm_;
   const NcclArrivals& arrivals_;
+  std::timed_mutex& issuing_;
 
   std::mutex watch_mutex_;  // guards watch_list_, stopping_, failure_
   std::condition_variable watch_cv_;
