@@ -27,6 +27,16 @@ if(ZAYA_CUDA AND ZAYA_HIP)
   message(FATAL_ERROR "ZAYA_CUDA and ZAYA_HIP build the same sources for different GPUs: choose one")
 endif()
 
+# Run at the end of the top-level directory, once zaya_lib holds the GPU backend (CUDA or HIP):
+# make_backend("cuda") is then linked in (ZAYA_CUDA), and the GPU tests are added.
+function(zaya_gpu_backend_linked)
+  target_compile_definitions(zaya_lib PUBLIC ZAYA_CUDA)
+  if(ZAYA_BUILD_TESTS)
+    # include(), not add_subdirectory(): subdirectories cannot be added in deferred calls.
+    include(${CMAKE_SOURCE_DIR}/tests/gpu/CMakeLists.txt)
+  endif()
+endfunction()
+
 if(ZAYA_CUDA)
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES "80;90")
@@ -71,11 +81,7 @@ if(ZAYA_CUDA)
     # The objects of zaya_cuda become part of zaya_lib; its usage requirements (cudart,
     # cublasLt) propagate to everything that links zaya_lib.
     target_link_libraries(zaya_lib PUBLIC zaya_cuda)
-    target_compile_definitions(zaya_lib PUBLIC ZAYA_CUDA)
-    if(ZAYA_BUILD_TESTS)
-      # include(), not add_subdirectory(): subdirectories cannot be added in deferred calls.
-      include(${CMAKE_SOURCE_DIR}/tests/gpu/CMakeLists.txt)
-    endif()
+    zaya_gpu_backend_linked()
   endfunction()
   cmake_language(DEFER CALL zaya_cuda_attach)
 endif()
@@ -131,10 +137,7 @@ if(ZAYA_HIP)
       target_sources(zaya_lib PRIVATE ${ZAYA_HIP_OBJECTS})
       add_dependencies(zaya_lib zaya_hip_objects)
       target_link_libraries(zaya_lib PUBLIC ${ZAYA_AMDHIP64})
-      target_compile_definitions(zaya_lib PUBLIC ZAYA_CUDA)
-      if(ZAYA_BUILD_TESTS)
-        include(${CMAKE_SOURCE_DIR}/tests/gpu/CMakeLists.txt)
-      endif()
+      zaya_gpu_backend_linked()
     endfunction()
     cmake_language(DEFER CALL zaya_hip_attach)
   else()
