@@ -14,8 +14,9 @@
 // shows each rank one GPU runs the checks (each rank uses nccl_device_for(local rank)).
 //
 // nccl_check --watchdog-test (N >= 2): rank 1 sleeps 40 s before an all_reduce; rank 0's
-// watchdog (10 s: its deadline also covers ncclCommInitRank, which may take seconds) must print its line naming peer 1 and exit with kCommTimeoutExitCode. Getting
-// past the all_reduce is a failure. Never run on a GPU yet.
+// watchdog (10 s: its deadline also covers ncclCommInitRank, which may take seconds) must print
+// its line naming peer 1 and exit with kCommTimeoutExitCode. Getting past the all_reduce is a
+// failure. Run with one rank on an H100; never with two or more (no machine with two GPUs).
 #include <unistd.h>
 
 #include <algorithm>

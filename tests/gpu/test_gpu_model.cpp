@@ -3,8 +3,8 @@
 // run of zaya-tiny (Muon + AdamW) compared loss by loss, and the bf16 shadows of frozen weights. fp32 GEMMs: 1e-4 on gradients and
 // the routing must agree exactly; bf16 GEMMs (the policy): loss within 1e-2 and gradients
 // within 5e-2 of the CPU's norm (argmax routing may flip on near-ties, spec A.11).
-// Skipped ("skipped: no GPU") without a device. Not yet run on a GPU: the tolerances are
-// the targets. Measured on an H100: fp32 passes on every fixture. Under bf16 the routers (fp32
+// Skipped ("skipped: no GPU") without a device. Measured on an H100: fp32 passes on every
+// fixture. Under bf16 the routers (fp32
 // GEMMs, Backend::linear_fp32) still see bf16-rounded attention outputs, and these random tiny
 // models have routing margins of only 2e-3, so a router may pick another expert than the CPU's;
 // bf16 gradients are therefore checked on the same fixtures with a decisive routing.

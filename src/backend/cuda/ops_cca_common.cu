@@ -1,5 +1,6 @@
 // Launchers shared by the GPU CCA forward and backward: the depthwise conv stage and the row
-// scatter/gather used by the packed-document re-layout. Not yet run on a GPU.
+// scatter/gather used by the packed-document re-layout. Passed against the CPU backend on an
+// H100.
 #include "backend/cuda/gpu_device.h"
 #include "backend/cuda/ops_cca_common.h"
 
