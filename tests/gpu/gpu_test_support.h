@@ -96,10 +96,11 @@ struct GemmMode {
 inline std::vector<GemmMode> gemm_modes() {
   return {{"bf16", true, false, kTolBf16}, {"fp32", false, false, kTolF32}, {"tiled_fp32", false, true, kTolF32}};
 }
-// gemm_modes() and the device-grouped MoE (bf16; in HIP builds it falls back to the per-expert path).
+// gemm_modes() and the device-grouped MoE: on the tensor cores, and with the portable FMA kernel.
 inline std::vector<GemmMode> moe_modes() {
   std::vector<GemmMode> modes = gemm_modes();
   modes.push_back({"bf16_grouped", true, false, kTolBf16, true});
+  modes.push_back({"bf16_tiled_grouped", true, true, kTolBf16, true});
   return modes;
 }
 inline std::unique_ptr<Backend> make_gpu(const GemmMode& m) {

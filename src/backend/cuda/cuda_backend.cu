@@ -2,7 +2,6 @@
 // pool behind alloc/free and every temporary, host<->device copies, bf16 operand staging, and
 // the factory. Passed on an H100, except the bf16 shadows of frozen weights, which came later.
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/gpu_grouped_gemm.h"
 
 #include <algorithm>
 #include <string>
@@ -125,9 +124,8 @@ std::string CudaBackend::diagnostics() const {
          " GEMM plans built in " + std::to_string(gemm_->plan_seconds()) + " s of host time, " +
          std::to_string(gemm_->ragged_fallbacks()) + " ragged-plan and " +
          std::to_string(gemm_->epilogue_fallbacks()) + " bias-epilogue fallbacks, MoE experts " +
-         (options_.moe_device_grouped && options_.bf16_matmul && grouped_gemm_available()
-              ? "as device-grouped GEMMs"
-              : "per expert from host offsets");
+         (options_.moe_device_grouped && options_.bf16_matmul ? "as device-grouped GEMMs"
+                                                              : "per expert from host offsets");
 }
 
 void CudaBackend::synchronize() { GPU_CHECK(gpuStreamSynchronize(stream_)); }

@@ -151,6 +151,7 @@ class CudaBackend final : public Backend {
   const GpuGemm& gemm_engine() const { return *gemm_; }
   bool bf16_matmul() const { return options_.bf16_matmul; }
   bool moe_device_grouped() const { return options_.moe_device_grouped; }
+  bool portable_gemm() const { return options_.portable_gemm; }
   // linear / linear_backward with an explicit operand precision (the LM head stays fp32).
   void linear_impl(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
                    bool accumulate, int64_t ldy, bool bf16);

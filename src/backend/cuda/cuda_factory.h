@@ -15,8 +15,9 @@ struct CudaBackendOptions {
   bool bf16_matmul = true;
   // true: our tiled GEMM kernel even where cuBLASLt/hipBLASLt exists (tests the HIP path on CUDA).
   bool portable_gemm = false;
-  // true (with bf16_matmul, CUDA builds): the MoE's experts run as grouped GEMMs driven by the
-  // routing offsets on the device, with no host round trip per layer (gpu_grouped_gemm.h).
+  // true (with bf16_matmul): the MoE's experts run as grouped GEMMs driven by the routing
+  // offsets on the device, with no host round trip per layer (gpu_grouped_gemm.h; tensor cores
+  // on CUDA sm_80+, FMAs on HIP or with portable_gemm).
   // false: one BLASLt GEMM per expert after copying the offsets to the host. Off by default
   // until the grouped kernels have been checked on a GPU; make_backend turns it on when the
   // environment sets ZAYA_MOE_DEVICE_GROUPED=1.

@@ -1,9 +1,9 @@
 // Grouped GEMMs over expert-contiguous rows whose extents live in device memory: expert e owns
 // rows offsets[e] .. offsets[e + 1] (the MoE routing plan's offsets, never copied to the host),
 // so a layer's experts run as one launch each with no host round trip. bf16 operands, fp32
-// accumulation on the tensor cores (WMMA, CUDA sm_80 and newer) and an fp32 output. HIP builds
-// compile it out (grouped_gemm_available() is false there) and keep the per-expert BLASLt loop.
-// Not yet run on a GPU; opt-in (CudaBackendOptions::moe_device_grouped) until it has been.
+// accumulation and an fp32 output: on the tensor cores (WMMA) when tensor_cores is asked for in
+// a CUDA build on sm_80 or newer, else with FMAs on any target (HIP included). Not yet run on a
+// GPU; opt-in (CudaBackendOptions::moe_device_grouped) until it has been.
 #pragma once
 
 #include <cstdint>
@@ -21,24 +21,21 @@ struct Bf16View {
   bool trans = false;
 };
 
-// Whether this build has the grouped kernels (CUDA); false on HIP.
-bool grouped_gemm_available();
-
 // Rows kind. For the rows r of every expert e:
 //   C[r, 0:N] = alpha * A[r, 0:K] op(B_e) + beta * C[r, 0:N]
 // A: [rows, K] row-major (lda). B_e = B + e * stride_b, its logical [K, N] stored [N, K]
 // (b_trans, the weights as stored) or [K, N]. C fp32 (ldc). max_rows >= offsets[E] sizes the
 // grid (the token count). beta == 0 never reads C.
-void grouped_gemm_rows(gpuStream_t s, const int32_t* offsets, int64_t E, int64_t max_rows, int64_t N, int64_t K,
-                       float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, bool b_trans,
-                       int64_t stride_b, float beta, float* C, int64_t ldc);
+void grouped_gemm_rows(gpuStream_t s, bool tensor_cores, const int32_t* offsets, int64_t E, int64_t max_rows,
+                       int64_t N, int64_t K, float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb,
+                       bool b_trans, int64_t stride_b, float beta, float* C, int64_t ldc);
 
 // Weights kind (K = the expert's rows). For every expert e:
 //   C_e[0:M, 0:N] = alpha * A_e^T B_e + beta * C_e
 // A_e, B_e: expert e's rows of A [rows, M] (lda) and B [rows, N] (ldb); C_e = C + e * stride_c,
 // fp32 [M, N] (ldc). An expert with no rows gets beta * C_e.
-void grouped_gemm_weights(gpuStream_t s, const int32_t* offsets, int64_t E, int64_t M, int64_t N, float alpha,
-                          const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                          int64_t stride_c);
+void grouped_gemm_weights(gpuStream_t s, bool tensor_cores, const int32_t* offsets, int64_t E, int64_t M, int64_t N,
+                          float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, float beta,
+                          float* C, int64_t ldc, int64_t stride_c);
 
 }  // namespace zaya
