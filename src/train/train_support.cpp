@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <limits>
 
 #include "core/error.h"
 
@@ -95,7 +96,8 @@ void reload_curve(const std::string& path, int64_t up_to_step, LossCurve* curve)
   for (const std::string& line : kept) {
     auto j = nlohmann::json::parse(line);
     curve->steps.push_back(j["step"].get<double>());
-    curve->train_loss.push_back(j.value("loss", NAN));
+    // A double default: with NAN (a float) nlohmann's value() would return a float.
+    curve->train_loss.push_back(j.value("loss", std::numeric_limits<double>::quiet_NaN()));
     if (j.contains("val_loss")) {
       curve->val_steps.push_back(j["step"].get<double>());
       curve->val_loss.push_back(j["val_loss"].get<double>());

@@ -256,6 +256,8 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   auto t_start = clock_type::now();
   int64_t steps_this_run = 0;
   double last_loss = NAN, last_val = NAN;
+  // A run resumed at its last step trains nothing here: the last logged training loss stands.
+  if (!curve.train_loss.empty()) last_loss = curve.train_loss.back();
   size_t phase = 0;
   TrainMicroBatch mb;
   std::vector<int64_t> counts;

@@ -106,6 +106,12 @@ TEST(Trainer, ResumeIsBitExact) {
   for (size_t i = 0; i < straight_losses.size(); ++i)
     EXPECT_EQ(resumed_losses[i], straight_losses[i]) << "step " << i + 1;
   EXPECT_EQ(second.final_weights_hash, straight.final_weights_hash);
+  // Run again once finished: nothing left to train, and the summary keeps the last logged loss
+  // (it printed "nan" before).
+  TrainSummary third = train(r2, quiet);
+  EXPECT_EQ(third.steps, r.schedule.total_steps);
+  EXPECT_EQ(third.final_train_loss, second.final_train_loss);
+  EXPECT_EQ(third.final_weights_hash, straight.final_weights_hash);
 
   // The balancing biases moved away from their init and survived the round trip.
   auto ck = load_latest_dist_checkpoint(r2.run_dir + "/checkpoints");

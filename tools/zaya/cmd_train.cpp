@@ -3,6 +3,7 @@
 // `mpirun -np N` every process is one data-parallel rank (ZeRO-1 over MPI).
 // `zaya export --checkpoint DIR --out HFDIR`: a training checkpoint to an HF model directory.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -72,7 +73,10 @@ void add_train(CLI::App& app) {
     if (comm->rank() != 0) return;
     std::printf("\nrun directory     %s\n", s.run_dir.c_str());
     std::printf("steps             %lld (%lld tokens)\n", (long long)s.steps, (long long)s.tokens);
-    std::printf("final train loss  %.4f nats/token\n", s.final_train_loss);
+    if (std::isfinite(s.final_train_loss))
+      std::printf("final train loss  %.4f nats/token\n", s.final_train_loss);
+    else
+      std::printf("final train loss  n/a (no training step logged)\n");
     if (s.final_val_loss > 0)
       std::printf("validation loss   %.4f nats/token (unigram baseline %.4f)\n", s.final_val_loss, s.unigram_baseline);
     if (!s.sample.empty()) std::printf("sample            %s\n", s.sample.c_str());
