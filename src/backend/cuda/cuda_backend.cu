@@ -59,6 +59,9 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
            "rebuild for this device's architecture");
     warp_size_ = host_warp;
   }
+#if defined(ZAYA_GPU_CUDA)
+  wmma_ = gpu_device_compute_major(options_.device) >= 8;  // bf16 WMMA: sm_80 and newer
+#endif
   gemm_ = std::make_unique<GpuGemm>(stream_, options_.portable_gemm);
 }
 

@@ -152,6 +152,8 @@ class CudaBackend final : public Backend {
   bool bf16_matmul() const { return options_.bf16_matmul; }
   bool moe_device_grouped() const { return options_.moe_device_grouped; }
   bool portable_gemm() const { return options_.portable_gemm; }
+  // Whether the device runs the grouped GEMMs' bf16 WMMA path (CUDA, sm_80 and newer; read once).
+  bool wmma() const { return wmma_; }
   // linear / linear_backward with an explicit operand precision (the LM head stays fp32).
   void linear_impl(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
                    bool accumulate, int64_t ldy, bool bf16);
@@ -169,6 +171,7 @@ class CudaBackend final : public Backend {
  private:
   CudaBackendOptions options_;
   int warp_size_ = 32;  // the device's (checked equal to the kernels' GPU_WARP_SIZE)
+  bool wmma_ = false;   // see wmma()
   double peak_gflops_ = 0;  // matmul_peak_gflops(), measured once
   int64_t reserved_bytes_ = 0, peak_reserved_bytes_ = 0;  // device memory held by the pool
   gpuStream_t stream_ = nullptr;

@@ -2,7 +2,8 @@
 // rows offsets[e] .. offsets[e + 1] (the MoE routing plan's offsets, never copied to the host),
 // so a layer's experts run as one launch each with no host round trip. bf16 operands, fp32
 // accumulation and an fp32 output: on the tensor cores (WMMA) when tensor_cores is asked for in
-// a CUDA build on sm_80 or newer, else with FMAs on any target (HIP included). Not yet run on a
+// a CUDA build (the caller asks only for sm_80 or newer: CudaBackend::wmma()), else with FMAs on
+// any target (HIP included). Not yet run on a
 // GPU; opt-in (CudaBackendOptions::moe_device_grouped) until it has been.
 #pragma once
 

@@ -64,13 +64,6 @@ inline int gpu_device_warp_size(int device) {
   return v;
 }
 
-// The device's compute capability major number (0 when it cannot be read).
-inline int gpu_device_compute_major(int device) {
-  int v = 0;
-  if (hipDeviceGetAttribute(&v, hipDeviceAttributeComputeCapabilityMajor, device) != hipSuccess) return 0;
-  return v;
-}
-
 // Whether p is device (or managed) memory; *device is then the GPU it belongs to. Never throws.
 inline bool gpu_pointer_on_device(const void* p, int* device) {
   hipPointerAttribute_t a{};
