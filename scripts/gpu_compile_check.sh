@@ -7,6 +7,8 @@
 # for nvcc (next to nvcc, under ZAYA_NCCL_ROOT, or in /usr/include; missing counts like a missing
 # compiler), rccl.h for hipcc (under ZAYA_RCCL_ROOT or /opt/rocm; Debian has no RCCL package, so
 # without it those files are skipped for hipcc with a "skipped" line each, which is not an error).
+# No stand-in header is used here: scripts/hip_standin_check.sh compiles the RCCL and hipBLASLt
+# paths against our compile-only headers in tests/gpu/standin/include.
 # HIP=0 leaves hipcc out (CI: scripts/hip_build_check.sh compiles the same files with hipcc and
 # links them).
 #   scripts/gpu_compile_check.sh            # objects go to a temporary directory, removed after

@@ -11,7 +11,9 @@
 // constant of the device target); host code asks the device (gpu_device_warp_size()) and the backend
 // checks at start-up that both agree. No kernel hard-codes 32.
 //
-// Status: compiled for sm_80/sm_90 (nvcc) and gfx90a (hipcc); NOT yet run on any GPU.
+// Status: compiled for sm_80/sm_90 (nvcc) and gfx90a (hipcc); the CUDA side ran on an H100,
+// nothing has run on an AMD GPU. The hipBLASLt and RCCL paths below are compiled (CI) against our
+// stand-in declarations only.
 #pragma once
 
 #include <cstdint>
@@ -206,7 +208,10 @@ using gpuBlasLtEpilogue_t = cublasLtEpilogue_t;
 #define GPU_BLASLT_LAYOUT_BATCH_COUNT CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT
 #define GPU_BLASLT_LAYOUT_BATCH_STRIDE CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET
 #elif defined(ZAYA_HAVE_HIPBLASLT)
-// Written against the hipBLASLt API (ROCm >= 6); not compiled here (Debian has no hipBLASLt).
+// Written against the hipBLASLt API (ROCm >= 6: hipDataType, hipblasComputeType_t). Debian has no
+// hipBLASLt: CI compiles this path against our stand-in declarations
+// (tests/gpu/standin/include/hipblaslt/hipblaslt.h, scripts/hip_standin_check.sh), never against
+// the real library, and it has never run.
 #define ZAYA_GPU_BLASLT 1
 #include <hipblaslt/hipblaslt.h>
 using gpuBlasLtHandle_t = hipblasLtHandle_t;
@@ -255,8 +260,9 @@ using gpuBlasLtEpilogue_t = hipblasLtEpilogue_t;
 // headers) nor need NCCL installed. ZAYA_GPU_COLLECTIVES is then 1 when the library's header was
 // included. RCCL declares the nccl* API under the same names (ncclComm_t, ncclAllReduce, ...), so
 // the two differ only in the header. RCCL's header is <rccl/rccl.h> from ROCm 5.x on (older
-// releases: <rccl.h>). Debian has no RCCL package: the HIP side has only been compiled against a
-// stand-in (nccl.h's declarations with hipStream_t), never against RCCL's own header.
+// releases: <rccl.h>). Debian has no RCCL package: CI compiles the HIP side against our stand-in
+// declarations (tests/gpu/standin/include/rccl/rccl.h, scripts/hip_standin_check.sh), never
+// against RCCL's own header, and it has never run.
 #if defined(ZAYA_GPU_WANT_COLLECTIVES)
 #if defined(ZAYA_GPU_HIP)
 #if defined(ZAYA_HAVE_RCCL)
