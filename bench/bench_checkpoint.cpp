@@ -523,11 +523,7 @@ int main(int argc, char** argv) {
   CLI::App app(
       "bench_checkpoint: training-loop stall of the sharded async checkpoint save against a naive sync save");
   add_options(app, a);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  CLI11_PARSE(app, argc, argv);  // --help and bad options: CLI11's message and exit code
   try {
     std::unique_ptr<Comm> comm = make_comm(CommOptions{});
     const int rank = comm->rank(), R = comm->size();

@@ -230,11 +230,7 @@ int main(int argc, char** argv) try {
   Args args;
   CLI::App app("bench_forward: CPU forward benchmark (sgemm peak, read bandwidth, prefill and decode tok/s)");
   add_options(app, args);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  CLI11_PARSE(app, argc, argv);  // --help and bad options: CLI11's message and exit code
   json out;
   const int threads = omp_get_max_threads();
   out["threads"] = threads;

@@ -97,11 +97,7 @@ int main(int argc, char** argv) try {
   Args args;
   CLI::App app("bench_loader: training data loader tokens/s, with and without the prefetch thread");
   add_options(app, args);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  CLI11_PARSE(app, argc, argv);  // --help and bad options: CLI11's message and exit code
   const fs::path dir = args.dir;
   const uint64_t mtokens = args.mtokens;
   const int64_t tokens = args.tokens;

@@ -83,11 +83,7 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app("bench_tokenizer: tokenizer encode MB/s on one core (cold and warm word cache)");
   add_options(app, args);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  CLI11_PARSE(app, argc, argv);  // --help and bad options: CLI11's message and exit code
   const std::string tok_path = args.tok_path;
   std::string text_path = args.text_path;
   const int runs = args.runs;

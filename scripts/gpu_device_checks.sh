@@ -7,8 +7,8 @@
 #   dp     GPU data parallelism (MPI, host-staged): tests/dp/dp_equivalence.sh with cuda-fp32 (1, 2
 #          and 3 ranks sharing the GPU, a 2-rank checkpoint resumed by 3; the CPU tolerances)
 #   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
-#   bench  bench_train (ZAYA1-base-shaped blocks; again with device-grouped MoE GEMMs), its
-#          transformers peer, bench_decode (batch 1, 16)
+#   bench  bench_train (ZAYA1-base-shaped blocks; again with device-grouped MoE GEMMs, and with
+#          the LM head in exact fp32), its transformers peer, bench_decode (batch 1, 16)
 #   fit    the full 8.3B zaya1-base, training steps on this one GPU (no sharding): memory and speed
 # Logs and JSON results go to $OUT/logs.tgz ($OUT default /tmp/zaya-gpu-out), re-packed after
 # every step, so a call that runs out of time still returns what finished. Each step runs
@@ -129,6 +129,10 @@ step_bench() {
   ZAYA_MOE_DEVICE_GROUPED=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
     --skip-peaks > "$LOGS/bench_train_cuda_grouped.json" 2> "$LOGS/bench_train_cuda_grouped.log" &&
     grep -E "median|memory|gemm engine" "$LOGS/bench_train_cuda_grouped.log" || tail -3 "$LOGS/bench_train_cuda_grouped.log"
+  # The same step with the LM head in exact fp32 GEMMs instead of 3xTF32 (the default).
+  ZAYA_LM_HEAD_EXACT=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
+    --skip-peaks > "$LOGS/bench_train_cuda_exact_head.json" 2> "$LOGS/bench_train_cuda_exact_head.log" &&
+    grep -E "median|gemm engine" "$LOGS/bench_train_cuda_exact_head.log" || tail -3 "$LOGS/bench_train_cuda_exact_head.log"
   # Per-op breakdown (each op synchronised: slower than the timed run above).
   "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 1 --steps 2 --skip-peaks --profile \
     > "$LOGS/bench_train_profile.json" 2> "$LOGS/bench_train_profile.log" && \

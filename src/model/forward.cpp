@@ -104,7 +104,7 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
   }
   be_.rmsnorm(r, w_.final_norm, float(c.rms_norm_eps), x, rows, D);
   float* logits = s.f(rows * V);
-  be_.linear(x, w_.lm_head, w_.lm_head_bias, logits, rows, D, V);
+  be_.linear_fp32(x, w_.lm_head, w_.lm_head_bias, logits, rows, D, V);  // the LM head stays fp32 (spec A.11)
   be_.to_host(out.logits, logits, rows * V * 4);
 }
 

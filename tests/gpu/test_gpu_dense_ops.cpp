@@ -1,6 +1,7 @@
 // Dense ops of the GPU backend against the CPU backend, forward and backward, in every GEMM
 // mode (bf16 operands, fp32, our tiled kernel): linear, embedding, RMSNorm, affine, residual
-// scaling, scaled-add, GELU, softmax, routing and the fused LM head + loss. Skipped
+// scaling, scaled-add, GELU, softmax, routing and the fused LM head + loss (exact fp32, or as
+// 3xTF32 GEMMs over vocabulary slices under the bf16 policy; added after the H100 run). Skipped
 // ("skipped: no GPU") without a device. Passed on an H100 (linear's misaligned-bias variants
 // came later).
 #include "gpu_test_support.h"
@@ -225,6 +226,46 @@ TEST_P(GpuDense, LmHeadLoss) {
   expect_close(gdy.get(), dy, kTolF32, "lm_head dy");
   expect_close(gdw.get(), dw, kTolF32, "lm_head dw");
   expect_close(gdb.get(), db, kTolF32, "lm_head dbias");
+}
+
+// The 3xTF32 LM head (ops_lm_head.cu) over several vocabulary slices, the last one partial
+// and most starting at addresses the bias epilogue is not given: against the CPU at the fp32
+// tolerance, and against the exact fp32 head of the same backend. The diagnostics say which
+// head ran, so that a backend quietly taking the exact path cannot pass as the split one.
+TEST(GpuLmHead, Tf32x3SlicesMatchFp32) {
+  if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+  CpuBackend cpu;
+  const int64_t N = 300, D = 64, V = 5003;
+  auto y = rnd(size_t(N * D)), w = rnd(size_t(V * D), 0.1), bias = rnd(size_t(V), 0.1);
+  auto target = rnd_ints(size_t(N), int32_t(V));
+  target[7] = -1;
+  auto dw0 = rnd(size_t(V * D), 0.01), db0 = rnd(size_t(V), 0.01);
+  std::vector<float> dy(size_t(N * D)), dw = dw0, db = db0;
+  const float scale = 1.0f / 300.0f;
+  const double loss = cpu.lm_head_loss(y.data(), w.data(), bias.data(), target.data(), N, D, V, scale, dy.data(),
+                                       dw.data(), db.data());
+  for (const bool split : {true, false}) {
+    CudaBackendOptions o;
+    o.lm_head_tf32x3 = split;
+    o.lm_head_vocab_slice = 1001;  // 5 slices of 1001 and one of 998
+    auto gpu = make_cuda_backend(o);
+    // Only cuBLASLt has TF32 (the tiled engine and HIP do not): elsewhere the head stays exact.
+    const std::string diag = gpu->diagnostics();
+    const bool cublaslt = diag.find("gemm engine cublaslt") != std::string::npos;
+    EXPECT_EQ(diag.find("LM head 3xTF32") != std::string::npos, split && cublaslt) << diag;
+    DevBuf gy(*gpu, y), gw(*gpu, w), gb(*gpu, bias), gt(*gpu, target), gdy(*gpu, N * D), gdw(*gpu, dw0),
+        gdb(*gpu, db0);
+    const double gloss =
+        gpu->lm_head_loss(gy.f(), gw.f(), gb.f(), gt.i(), N, D, V, scale, gdy.f(), gdw.f(), gdb.f());
+    const std::string what = split ? "3xTF32 head " : "exact head ";
+    EXPECT_NEAR(gloss, loss, kTolF32 * std::fabs(loss)) << what;
+    expect_close(gdy.get(), dy, kTolF32, what + "dy");
+    expect_close(gdw.get(), dw, kTolF32, what + "dw");
+    expect_close(gdb.get(), db, kTolF32, what + "dbias");
+    // Forward only (evaluation): the loss alone.
+    const double eval = gpu->lm_head_loss(gy.f(), gw.f(), gb.f(), gt.i(), N, D, V, 0.0f, nullptr, nullptr, nullptr);
+    EXPECT_NEAR(eval, loss, kTolF32 * std::fabs(loss)) << what << "evaluation";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, GpuDense, ::testing::ValuesIn(gemm_modes()),

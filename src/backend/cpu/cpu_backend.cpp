@@ -63,6 +63,8 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
     o.bf16_matmul = name == "cuda";  // cuda-fp32: every GEMM in fp32 (exact comparisons with the CPU)
     const char* grouped = std::getenv("ZAYA_MOE_DEVICE_GROUPED");
     o.moe_device_grouped = grouped && std::string(grouped) == "1";
+    const char* exact_head = std::getenv("ZAYA_LM_HEAD_EXACT");  // 1: the LM head in exact fp32 GEMMs
+    o.lm_head_tf32x3 = !(exact_head && std::string(exact_head) == "1");
     return make_cuda_backend(o);
 #else
     fail("backend", "zaya was built without CUDA; configure with -DZAYA_CUDA=ON");

@@ -128,7 +128,8 @@ std::string CudaBackend::diagnostics() const {
          std::to_string(gemm_->ragged_fallbacks()) + " ragged-plan and " +
          std::to_string(gemm_->epilogue_fallbacks()) + " bias-epilogue fallbacks, MoE experts " +
          (options_.moe_device_grouped && options_.bf16_matmul ? "as device-grouped GEMMs"
-                                                              : "per expert from host offsets");
+                                                              : "per expert from host offsets") +
+         (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32");
 }
 
 void CudaBackend::synchronize() { GPU_CHECK(gpuStreamSynchronize(stream_)); }

@@ -140,8 +140,8 @@ class CudaBackend final : public Backend {
   }
   // A single GEMM, then C[m, n] += bias[n] (bias may be null): the BLASLt bias epilogue.
   void gemm_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
-                 float* C, int64_t ldc, const float* bias) {
-    gemm_->run_bias(M, N, K, alpha, A, B, beta, C, ldc, bias);
+                 float* C, int64_t ldc, const float* bias, GemmCompute compute = GemmCompute::Exact) {
+    gemm_->run_bias(M, N, K, alpha, A, B, beta, C, ldc, bias, compute);
   }
   // A GEMM whose M or K is a routed token count (the MoE's experts): see GemmShape::Ragged.
   void gemm_ragged(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
@@ -149,6 +149,9 @@ class CudaBackend final : public Backend {
     gemm_->run(M, N, K, alpha, A, B, beta, C, ldc, {}, GemmCompute::Exact, GemmShape::Ragged);
   }
   const GpuGemm& gemm_engine() const { return *gemm_; }
+  // Whether lm_head_loss runs its GEMMs as 3xTF32 (ops_lm_head.cu): asked for, under the bf16
+  // policy, on cuBLASLt (the tiled kernel has no TF32 path, and HIP has no TF32: exact fp32).
+  bool lm_head_tf32x3() const;
   bool bf16_matmul() const { return options_.bf16_matmul; }
   bool moe_device_grouped() const { return options_.moe_device_grouped; }
   bool portable_gemm() const { return options_.portable_gemm; }

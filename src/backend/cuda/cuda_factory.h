@@ -22,6 +22,15 @@ struct CudaBackendOptions {
   // until the grouped kernels have been checked on a GPU; make_backend turns it on when the
   // environment sets ZAYA_MOE_DEVICE_GROUPED=1.
   bool moe_device_grouped = false;
+  // true (with bf16_matmul and a BLASLt engine): the training and evaluation LM head
+  // (lm_head_loss) multiplies its fp32 operands as three TF32 tensor-core GEMMs each
+  // (tf32_split.h: fp32 accuracy, spec A.11), over vocabulary slices. false: exact fp32 GEMMs
+  // (CUDA cores); make_backend sets it when the environment has ZAYA_LM_HEAD_EXACT=1.
+  // Generation's logits (few rows) always use exact fp32.
+  bool lm_head_tf32x3 = true;
+  // Vocabulary rows per slice of the 3xTF32 LM head (0: as many as keep a slice's split weight
+  // copies within 256 MiB). Tests set it small to cover several slices.
+  int64_t lm_head_vocab_slice = 0;
 };
 
 // The GPU backend (CUDA, or HIP when built with hipcc). Throws zaya::Error("cuda", ...) when

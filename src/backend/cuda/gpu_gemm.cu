@@ -150,16 +150,16 @@ void GpuGemm::run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperan
 }
 
 void GpuGemm::run_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
-                       float beta, float* C, int64_t ldc, const float* bias) {
-  if (!bias) return run(M, N, K, alpha, A, B, beta, C, ldc);
+                       float beta, float* C, int64_t ldc, const float* bias, GemmCompute compute) {
+  if (!bias) return run(M, N, K, alpha, A, B, beta, C, ldc, {}, compute);
   ZAYA_CHECK(A.type == B.type, "gemm: operand types differ");
   if (M <= 0 || N <= 0) return;
 #if defined(ZAYA_GPU_BLASLT)
   if (handle_ && K > 0 && alignment_of(bias) >= kEpilogueBiasAlignment &&
-      run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, {}, GemmCompute::Exact, GemmShape::Fixed, bias))
+      run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, {}, compute, GemmShape::Fixed, bias))
     return;
 #endif
-  run(M, N, K, alpha, A, B, beta, C, ldc);
+  run(M, N, K, alpha, A, B, beta, C, ldc, {}, compute);
   k_add_row_bias<<<gpu_blocks(M * N), kGpuThreads, 0, stream_>>>(C, bias, M, N, ldc);
   GPU_LAUNCH_CHECK();
 }

@@ -74,7 +74,7 @@ class GpuGemm {
   // The same single GEMM, then C[m, n] += bias[n]: through the BLASLt bias epilogue when bias
   // is 16-byte aligned (no pass over C of its own), else a row-bias kernel after the GEMM.
   void run_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
-                float* C, int64_t ldc, const float* bias);
+                float* C, int64_t ldc, const float* bias, GemmCompute compute = GemmCompute::Exact);
   // "cublaslt", "hipblaslt" or "tiled".
   const char* engine() const;
   // Plans built so far (cache misses) and the host seconds spent building them (descriptors and

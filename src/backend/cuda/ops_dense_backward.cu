@@ -1,9 +1,7 @@
 // GPU backward of the dense ops: linear (two GEMMs + a column sum), embedding (ordered, no
-// atomics), RMSNorm, affine and residual scaling, EDA scaled-add, GELU, softmax, routing, and
-// the fp32 LM head fused with cross-entropy in row chunks. Parameter gradients use the
+// atomics), RMSNorm, affine and residual scaling, EDA scaled-add, GELU, softmax and routing
+// (the LM head fused with the loss: ops_lm_head.cu). Parameter gradients use the
 // deterministic column sums of gpu_common.cu. Passed against the CPU backend on an H100.
-#include <vector>
-
 #include "backend/cuda/cuda_backend.h"
 
 namespace zaya {
@@ -87,35 +85,6 @@ __global__ void k_route_backward(const int32_t* expert, const float* dweight, fl
                                  int64_t classes) {
   const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n < N) dprobs[n * classes + expert[n]] = dweight[n];
-}
-
-// One block per row: loss and d(scale * loss)/d(logits) in place (zeros for target < 0).
-__global__ void k_loss_rows(float* logits, const int32_t* target, int64_t V, float scale, double* row_loss) {
-  __shared__ float shf[kGpuThreads];
-  __shared__ double shd[kGpuThreads];
-  const int64_t r = blockIdx.x;
-  float* l = logits + r * V;
-  const int32_t t = target[r];
-  if (t < 0) {
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) l[v] = 0.0f;
-    if (threadIdx.x == 0) row_loss[r] = 0.0;
-    return;
-  }
-  float mx = -INFINITY;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
-  mx = block_max(mx, shf);
-  double sum = 0;
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += exp(double(l[v] - mx));
-  sum = block_sum(sum, shd);
-  const double lse = log(sum) + mx;
-  const float lt = l[t];
-  __syncthreads();  // every thread has read l[t] before it is overwritten
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) l[v] = float(exp(double(l[v]) - lse)) * scale;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    row_loss[r] = lse - lt;
-    l[t] -= scale;
-  }
 }
 
 }  // namespace
@@ -207,30 +176,6 @@ void CudaBackend::route_backward(const int32_t* expert, const float* dweight, fl
   fill(dprobs, 0.0f, N * classes);
   k_route_backward<<<gpu_blocks(N), kGpuThreads, 0, stream_>>>(expert, dweight, dprobs, N, classes);
   GPU_LAUNCH_CHECK();
-}
-
-double CudaBackend::lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N,
-                                 int64_t D, int64_t V, float scale, float* dy, float* dw, float* dbias) {
-  if (N == 0) return 0.0;
-  // Rows per chunk: up to 1 GiB of fp32 logits. Larger chunks keep the head's GEMMs large
-  // (with a 262k vocabulary, 256 rows would re-read the 2 GiB weight 16 times per 4096 tokens).
-  int64_t chunk = (int64_t(1) << 28) / V;
-  if (chunk > N) chunk = N;
-  if (chunk < 1) chunk = 1;
-  DeviceBuffer logits(this, chunk * V * 4), row_loss(this, N * 8);
-  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-    const int64_t rows = chunk < N - r0 ? chunk : N - r0;
-    // The LM head and the loss stay fp32 (spec A.11).
-    linear_impl(y + r0 * D, w, bias, logits.f(), rows, D, V, false, 0, /*bf16=*/false);
-    k_loss_rows<<<unsigned(rows), kGpuThreads, 0, stream_>>>(logits.f(), target + r0, V, scale, row_loss.d() + r0);
-    GPU_LAUNCH_CHECK();
-    if (dy) linear_backward_impl(y + r0 * D, w, logits.f(), dy + r0 * D, dw, dbias, rows, D, V, false, 0, /*bf16=*/false);
-  }
-  std::vector<double> host(static_cast<size_t>(N));
-  to_host(host.data(), row_loss.d(), N * 8);
-  double total = 0;
-  for (double x : host) total += x;  // fixed order, as on the CPU
-  return total;
 }
 
 }  // namespace zaya
