@@ -8,7 +8,8 @@
 #          and 3 ranks sharing the GPU, a 2-rank checkpoint resumed by 3; the CPU tolerances)
 #   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
 #   bench  bench_train (ZAYA1-base-shaped blocks; again with device-grouped MoE GEMMs, and with
-#          the LM head in exact fp32), its transformers peer, bench_decode (batch 1, 16)
+#          the LM head in exact fp32), its transformers peer, bench_decode (batch 1, 16; again
+#          with device-grouped MoE GEMMs)
 #   fit    the full 8.3B zaya1-base, training steps on this one GPU (no sharding): memory and speed
 # Logs and JSON results go to $OUT/logs.tgz ($OUT default /tmp/zaya-gpu-out), re-packed after
 # every step, so a call that runs out of time still returns what finished. Each step runs
@@ -141,6 +142,10 @@ step_bench() {
     "$BIN/bench_decode" --backend cuda --config $cfg --batch $b --prompt 128 --tokens 64 --rounds 3 \
       > "$LOGS/bench_decode_b$b.json" 2> "$LOGS/bench_decode_b$b.log" || { tail -3 "$LOGS/bench_decode_b$b.log"; return 1; }
     tail -1 "$LOGS/bench_decode_b$b.log"
+    # Device-grouped experts: no host synchronisation per MoE layer (decode is launch-bound).
+    ZAYA_MOE_DEVICE_GROUPED=1 "$BIN/bench_decode" --backend cuda --config $cfg --batch $b --prompt 128 --tokens 64 \
+      --rounds 3 > "$LOGS/bench_decode_grouped_b$b.json" 2> "$LOGS/bench_decode_grouped_b$b.log" &&
+      tail -1 "$LOGS/bench_decode_grouped_b$b.log" || tail -3 "$LOGS/bench_decode_grouped_b$b.log"
   done
 }
 step_fit() {

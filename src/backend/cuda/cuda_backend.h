@@ -138,6 +138,12 @@ class CudaBackend final : public Backend {
             float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact) {
     gemm_->run(M, N, K, alpha, A, B, beta, C, ldc, batch, compute);
   }
+  // D = alpha op(A) op(B) + beta * C_in with C_in and D distinct, same layout: GpuGemm::run_into.
+  void gemm_into(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
+                 const float* C_in, float* D, int64_t ldc, const GemmBatch& batch = {},
+                 GemmCompute compute = GemmCompute::Exact) {
+    gemm_->run_into(M, N, K, alpha, A, B, beta, C_in, D, ldc, batch, compute);
+  }
   // A single GEMM, then C[m, n] += bias[n] (bias may be null): the BLASLt bias epilogue.
   void gemm_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
                  float* C, int64_t ldc, const float* bias, GemmCompute compute = GemmCompute::Exact) {

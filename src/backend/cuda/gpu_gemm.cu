@@ -78,6 +78,16 @@ void make_layouts(Layouts& out, int64_t M, int64_t N, int64_t K, const GemmOpera
 }
 #endif
 
+// D[m * ldc + n] = C[m * ldc + n] for the [M, N] block of each batch item (stride elements apart).
+__global__ void k_copy_block(const float* C, float* D, int64_t M, int64_t N, int64_t ldc, int64_t count,
+                             int64_t stride) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count * M * N;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = i / (M * N), r = i % (M * N) / N, c = i % N;
+    D[b * stride + r * ldc + c] = C[b * stride + r * ldc + c];
+  }
+}
+
 __global__ void k_add_row_bias(float* C, const float* bias, int64_t M, int64_t N, int64_t ldc) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < M * N; i += int64_t(gridDim.x) * blockDim.x)
     C[(i / N) * ldc + i % N] += bias[i % N];
@@ -147,6 +157,22 @@ void GpuGemm::run(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperan
     b.ptr = static_cast<const char*>(B.ptr) + i * batch.stride_b * elem;
     gemm_tiled(stream_, M, N, K, alpha, a, b, beta, C + i * batch.stride_c, ldc);
   }
+}
+
+void GpuGemm::run_into(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
+                       float beta, const float* C_in, float* D, int64_t ldc, const GemmBatch& batch,
+                       GemmCompute compute) {
+  ZAYA_CHECK(A.type == B.type, "gemm: operand types differ");
+  ZAYA_CHECK(batch.count >= 1, "gemm: batch count must be >= 1");
+  if (M <= 0 || N <= 0) return;
+  if (beta == 0.0f || C_in == D) return run(M, N, K, alpha, A, B, beta, D, ldc, batch, compute);
+  if (handle_ && K > 0 &&
+      run_blaslt(M, N, K, alpha, A, B, beta, D, ldc, batch, compute, GemmShape::Fixed, nullptr, C_in))
+    return;
+  k_copy_block<<<gpu_blocks(batch.count * M * N), kGpuThreads, 0, stream_>>>(C_in, D, M, N, ldc, batch.count,
+                                                                             batch.stride_c);
+  GPU_LAUNCH_CHECK();
+  run(M, N, K, alpha, A, B, beta, D, ldc, batch, compute);
 }
 
 void GpuGemm::run_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
@@ -237,9 +263,12 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
 
 bool GpuGemm::run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
                          float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute,
-                         GemmShape shape, const float* bias) {
+                         GemmShape shape, const float* bias, const float* c_in) {
 #if defined(ZAYA_GPU_BLASLT)
-  Plan* plan = plan_for(M, N, K, A, B, C, ldc, batch, compute, shape, bias);
+  // The plan promises the heuristic the alignment of C and D: the less aligned of the two.
+  const float* c_read = c_in ? c_in : C;
+  const float* c_align = alignment_of(c_read) < alignment_of(C) ? c_read : C;
+  Plan* plan = plan_for(M, N, K, A, B, c_align, ldc, batch, compute, shape, bias);
   if (!plan->found) return false;  // no algorithm for this shape/alignment: the caller uses the tiled kernel
   auto handle = static_cast<gpuBlasLtHandle_t>(handle_);
   if (bias)  // this call's vector (the plan is shared by every bias of its key)
@@ -247,8 +276,8 @@ bool GpuGemm::run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const Gem
                "bias pointer");
   if (shape == GemmShape::Fixed) {
     const gpuBlasStatus_t st = gpuBlasLtMatmul(handle, plan->desc, &alpha, B.ptr, plan->lay.l, A.ptr, plan->lay.r,
-                                               &beta, C, plan->lay.c, C, plan->lay.c, &plan->result.algo, workspace_,
-                                               size_t(workspace_bytes_), stream_);
+                                               &beta, c_read, plan->lay.c, C, plan->lay.c, &plan->result.algo,
+                                               workspace_, size_t(workspace_bytes_), stream_);
     if (st != GPU_BLAS_SUCCESS && bias) {  // refused with the epilogue: run_bias adds the bias itself
       ++epilogue_fallbacks_;
       return false;
@@ -260,15 +289,15 @@ bool GpuGemm::run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const Gem
   // for this shape, an exact plan serves (and the refusal is counted).
   Layouts lay;
   make_layouts(lay, M, N, K, A, B, ldc, batch);
-  const gpuBlasStatus_t st = gpuBlasLtMatmul(handle, plan->desc, &alpha, B.ptr, lay.l, A.ptr, lay.r, &beta, C, lay.c,
-                                             C, lay.c, &plan->result.algo, workspace_, size_t(workspace_bytes_),
-                                             stream_);
+  const gpuBlasStatus_t st = gpuBlasLtMatmul(handle, plan->desc, &alpha, B.ptr, lay.l, A.ptr, lay.r, &beta, c_read,
+                                             lay.c, C, lay.c, &plan->result.algo, workspace_,
+                                             size_t(workspace_bytes_), stream_);
   if (st == GPU_BLAS_SUCCESS) return true;
   ++ragged_fallbacks_;
-  return run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, batch, compute, GemmShape::Fixed);
+  return run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, batch, compute, GemmShape::Fixed, bias, c_in);
 #else
   (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)B, (void)beta, (void)C, (void)ldc, (void)batch, (void)compute;
-  (void)shape, (void)bias;
+  (void)shape, (void)bias, (void)c_in;
   return false;
 #endif
 }

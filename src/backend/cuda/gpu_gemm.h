@@ -75,6 +75,13 @@ class GpuGemm {
   // is 16-byte aligned (no pass over C of its own), else a row-bias kernel after the GEMM.
   void run_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
                 float* C, int64_t ldc, const float* bias, GemmCompute compute = GemmCompute::Exact);
+  // D = alpha op(A) op(B) + beta * C_in, where C_in and D are distinct fp32 matrices of the
+  // same layout (ldc, batch.stride_c): the library reads one and writes the other, so that a
+  // caller that must keep C_in (Newton-Schulz's iterates) needs no copy of its own. The tiled
+  // kernel copies C_in to D first.
+  void run_into(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
+                const float* C_in, float* D, int64_t ldc, const GemmBatch& batch = {},
+                GemmCompute compute = GemmCompute::Exact);
   // "cublaslt", "hipblaslt" or "tiled".
   const char* engine() const;
   // Plans built so far (cache misses) and the host seconds spent building them (descriptors and
@@ -88,10 +95,11 @@ class GpuGemm {
   int64_t epilogue_fallbacks() const { return epilogue_fallbacks_; }
 
  private:
-  // bias: the epilogue's bias vector (nullptr: none).
+  // bias: the epilogue's bias vector (nullptr: none). c_in: where beta * C is read from
+  // (nullptr: C itself; else a distinct matrix of C's layout).
   bool run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
                   float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape,
-                  const float* bias = nullptr);
+                  const float* bias = nullptr, const float* c_in = nullptr);
   // BLASLt descriptors, layouts and the chosen algorithm of each problem shape (with operand
   // alignments and batch), built and queried once: a training step repeats a few dozen shapes.
   // A ragged plan is built for (ragged_bound(M), N, ragged_bound(K)).

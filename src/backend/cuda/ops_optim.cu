@@ -2,7 +2,8 @@
 // in TF32 under the bf16 policy; the optimizer state stays fp32 by project decision 6), Muon momentum and update, AdamW,
 // the deterministic sum of squares used by gradient clipping, and in-place scaling.
 // newton_schulz_batched orthogonalises a tensor's experts together: strided-batched GEMMs,
-// one call per iteration product for the whole [E, rows, cols] tensor.
+// one call per iteration product for the whole [E, rows, cols] tensor, reading the b A and a X
+// terms as C inputs (GpuGemm::run_into) rather than copying them (not yet run on a GPU).
 #include <cmath>
 
 #include "backend/cuda/cuda_backend.h"
@@ -90,11 +91,11 @@ void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, i
     // Under the bf16 policy the products run in TF32 (fp32 operands on the tensor cores, fp32
     // accumulation: ~1e-3 from fp32, about 8x its rate); otherwise exactly in fp32.
     const GemmOperand x_op = f32_operand(X, c, false);
+    // The b A and a X terms are read from A and X as the GEMMs' C inputs (no copies).
     gemm(r, r, c, 1.0f, x_op, f32_operand(X, c, true), 0.0f, A.f(), r, bx, nc);  // A = X X^T
-    copy(Bm.f(), A.f(), batch * r * r);
-    gemm(r, r, r, kNsC, f32_operand(A.f(), r, false), f32_operand(A.f(), r, false), kNsB, Bm.f(), r, ba, nc);  // B = b A + c A A
-    copy(Y, X, batch * n);
-    gemm(r, c, r, 1.0f, f32_operand(Bm.f(), r, false), x_op, kNsA, Y, c, bb, nc);  // Y = a X + B X
+    const GemmOperand a_op = f32_operand(A.f(), r, false);
+    gemm_into(r, r, r, kNsC, a_op, a_op, kNsB, A.f(), Bm.f(), r, ba, nc);                  // B = b A + c A A
+    gemm_into(r, c, r, 1.0f, f32_operand(Bm.f(), r, false), x_op, kNsA, X, Y, c, bb, nc);  // Y = a X + B X
     float* t = X;
     X = Y;
     Y = t;

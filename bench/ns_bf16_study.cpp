@@ -1,0 +1,102 @@
+// How sensitive Muon's Newton-Schulz (5 quintic steps, the coefficients of
+// src/backend/cuda/ops_optim.cu) is to bf16 operands, measured on the host: the evidence
+// behind the GPU backend running it in TF32 rather than bf16 (docs/gpu.md, "Precision policy").
+// For a few shapes it compares, by max|a - b| / max|b| over the output:
+//   bf16_vs_fp32        bf16-rounded GEMM operands against fp32 operands (both OpenBLAS sgemm);
+//   bf16_order          two bf16-operand runs that differ only in accumulation order (sgemm
+//                       against sums in double): how far apart two correct bf16 implementations
+//                       (a GPU and the CPU) can land;
+//   fp32_order          the same for fp32 operands.
+// Prints one JSON object per shape on stdout.
+//   build/bin/ns_bf16_study
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+using Matrix = std::vector<float>;
+
+float round_bf16(float x) {  // round to nearest even, as the GPU backend's conversion
+  uint32_t u = 0;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  float y = 0;
+  std::memcpy(&y, &u, 4);
+  return y;
+}
+
+enum class Sum { Sgemm, Double };
+
+// C[M, N] = alpha * A[M, K] op(B) + beta * C, op(B) = B^T ([N, K] stored) when b_trans.
+void gemm(Sum sum, bool bf16, int M, int N, int K, float alpha, const Matrix& A, const Matrix& B, bool b_trans,
+          float beta, Matrix& C) {
+  Matrix a = A, b = B;
+  if (bf16) {
+    for (float& x : a) x = round_bf16(x);
+    for (float& x : b) x = round_bf16(x);
+  }
+  if (sum == Sum::Sgemm) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, b_trans ? CblasTrans : CblasNoTrans, M, N, K, alpha, a.data(), K,
+                b.data(), b_trans ? K : N, beta, C.data(), N);
+    return;
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0;
+      for (int k = 0; k < K; ++k)
+        s += double(a[size_t(i) * K + k]) * (b_trans ? b[size_t(j) * K + k] : b[size_t(k) * N + j]);
+      C[size_t(i) * N + j] = float(alpha * s + beta * double(C[size_t(i) * N + j]));
+    }
+}
+
+Matrix newton_schulz(Matrix x, int r, int c, Sum sum, bool bf16) {
+  const float a = 3.4445f, b = -4.7750f, cc = 2.0315f;
+  double ss = 0;
+  for (float v : x) ss += double(v) * v;
+  const float inv = float(1.0 / (std::sqrt(ss) + 1e-7));
+  for (float& v : x) v *= inv;
+  for (int step = 0; step < 5; ++step) {
+    Matrix A(size_t(r) * r), y = x;
+    gemm(sum, bf16, r, r, c, 1.0f, x, x, true, 0.0f, A);  // A = X X^T
+    Matrix B = A;
+    gemm(sum, bf16, r, r, r, cc, A, A, false, b, B);  // B = b A + c A A
+    gemm(sum, bf16, r, c, r, 1.0f, B, x, false, a, y);  // Y = a X + B X
+    x = y;
+  }
+  return x;
+}
+
+double max_rel(const Matrix& got, const Matrix& ref) {
+  double m = 0, e = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    m = std::max(m, double(std::fabs(ref[i])));
+    e = std::max(e, double(std::fabs(got[i] - ref[i])));
+  }
+  return e / m;
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int shapes[][2] = {{8, 8}, {64, 96}, {50, 200}, {256, 512}};
+  for (const auto& shape : shapes) {
+    const int r = shape[0], c = shape[1];
+    Matrix x(size_t(r) * c);
+    for (float& v : x) v = nd(rng);
+    const Matrix f32 = newton_schulz(x, r, c, Sum::Sgemm, false), f32_double = newton_schulz(x, r, c, Sum::Double, false);
+    const Matrix b16 = newton_schulz(x, r, c, Sum::Sgemm, true), b16_double = newton_schulz(x, r, c, Sum::Double, true);
+    std::printf("{\"rows\": %d, \"cols\": %d, \"bf16_vs_fp32\": %.3g, \"bf16_order\": %.3g, \"fp32_order\": %.3g}\n",
+                r, c, max_rel(b16, f32), max_rel(b16, b16_double), max_rel(f32, f32_double));
+  }
+  return 0;
+}
