@@ -103,9 +103,10 @@ int compare_cmd(const std::string& a, const std::string& b) {
   }
   double worst_loss = 0;
   for (size_t i = 0; i < la.size(); ++i) {
-    const double rel = std::fabs(la[i] - lb[i]) / std::fabs(la[i]);
+    double rel = std::fabs(la[i] - lb[i]) / std::fabs(la[i]);
+    if (!std::isfinite(rel)) rel = INFINITY;  // a NaN loss fails (std::max would drop it)
     worst_loss = std::max(worst_loss, rel);
-    if (rel >= 1e-5) {
+    if (!(rel < 1e-5)) {
       std::printf("dp_check: step %zu loss %.9f vs %.9f (rel %.2e)\n", i + 1, la[i], lb[i], rel);
       ++bad;
     }
@@ -127,9 +128,11 @@ int compare_cmd(const std::string& a, const std::string& b) {
       mx = std::max(mx, double(std::fabs(x[i])));
       diff = std::max(diff, double(std::fabs(x[i] - y[i])));
     }
-    const double rel = mx > 0 ? diff / mx : diff;
+    double rel = mx > 0 ? diff / mx : diff;
+    for (size_t i = 0; i < x.size(); ++i)  // std::max above drops a NaN: a non-finite weight fails
+      if (!std::isfinite(x[i]) || !std::isfinite(y[i])) rel = INFINITY;
     worst_w = std::max(worst_w, rel);
-    if (rel >= 3e-5) {
+    if (!(rel < 3e-5)) {
       std::printf("dp_check: tensor %s differs (rel %.2e)\n", name.c_str(), rel);
       ++bad;
     }

@@ -28,9 +28,13 @@ void add_param(ParamLayout& L, const std::string& name, std::vector<int64_t> sha
   L.add(name, std::move(shape), kind);
 }
 
+// std::max that keeps a NaN (std::max drops one: NaN compares false), so that a NaN result fails
+// the comparison that follows.
+double max_keep_nan(double acc, double x) { return std::isnan(acc) || std::isnan(x) ? NAN : std::max(acc, x); }
+
 double max_abs_diff(const float* a, const float* b, int64_t n) {
   double d = 0;
-  for (int64_t i = 0; i < n; ++i) d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
+  for (int64_t i = 0; i < n; ++i) d = max_keep_nan(d, std::fabs(double(a[i]) - double(b[i])));
   return d;
 }
 
@@ -355,8 +359,8 @@ TEST(Optimizer, MuonUpdateIsTheOrthogonalisedGradient) {
     }
     Mat ref = ns64(u, m.rows, m.cols);
     double d = 0;
-    for (int64_t i = 0; i < n; ++i) d = std::max(d, std::fabs(upd[size_t(i)] - ref[size_t(i)]));
-    worst_ref = std::max(worst_ref, d);
+    for (int64_t i = 0; i < n; ++i) d = max_keep_nan(d, std::fabs(upd[size_t(i)] - ref[size_t(i)]));
+    worst_ref = max_keep_nan(worst_ref, d);
     auto sv = singular_values(upd, m.rows, m.cols);
     sv_lo = std::min(sv_lo, sv.front());
     sv_hi = std::max(sv_hi, sv.back());
@@ -517,7 +521,7 @@ TEST(Optimizer, NewtonSchulzEdgeCases) {
     Mat ref = ns64(xd, r, cc);
     be->newton_schulz(x.data(), r, cc, 5);
     double d = 0;
-    for (size_t i = 0; i < x.size(); ++i) d = std::max(d, std::fabs(double(x[i]) - ref[i]));
+    for (size_t i = 0; i < x.size(); ++i) d = max_keep_nan(d, std::fabs(double(x[i]) - ref[i]));
     EXPECT_LT(d, 1e-5) << r << "x" << cc;
   }
 }
