@@ -228,10 +228,11 @@ TEST_P(GpuDense, LmHeadLoss) {
   expect_close(gdb.get(), db, kTolF32, "lm_head dbias");
 }
 
-// The 3xTF32 LM head (ops_lm_head.cu) over several vocabulary slices, the last one partial
-// and most starting at addresses the bias epilogue is not given: against the CPU at the fp32
-// tolerance, and against the exact fp32 head of the same backend. The diagnostics say which
-// head ran, so that a backend quietly taking the exact path cannot pass as the split one.
+// The 3xTF32 LM head (ops_lm_head.cu) over several token chunks and vocabulary slices, the
+// last ones partial and most slices starting at addresses the bias epilogue is not given, with
+// the weight split once per call and split slice by slice: against the CPU at the fp32
+// tolerance, as the exact fp32 head of the same backend is. The diagnostics say which head ran,
+// so that a backend quietly taking the exact path cannot pass as the split one.
 TEST(GpuLmHead, Tf32x3SlicesMatchFp32) {
   if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
   CpuBackend cpu;
@@ -244,10 +245,13 @@ TEST(GpuLmHead, Tf32x3SlicesMatchFp32) {
   const float scale = 1.0f / 300.0f;
   const double loss = cpu.lm_head_loss(y.data(), w.data(), bias.data(), target.data(), N, D, V, scale, dy.data(),
                                        dw.data(), db.data());
-  for (const bool split : {true, false}) {
+  for (const int run : {0, 1, 2}) {  // split, with the weight split once; split per slice; exact
+    const bool split = run < 2;
     CudaBackendOptions o;
     o.lm_head_tf32x3 = split;
+    o.lm_head_chunk_rows = 128;    // token chunks of 128, 128 and 44
     o.lm_head_vocab_slice = 1001;  // 5 slices of 1001 and one of 998
+    o.lm_head_split_cache_bytes = run == 0 ? int64_t(1) << 30 : 0;
     auto gpu = make_cuda_backend(o);
     // Only cuBLASLt has TF32 (the tiled engine and HIP do not): elsewhere the head stays exact.
     const std::string diag = gpu->diagnostics();
@@ -257,7 +261,7 @@ TEST(GpuLmHead, Tf32x3SlicesMatchFp32) {
         gdb(*gpu, db0);
     const double gloss =
         gpu->lm_head_loss(gy.f(), gw.f(), gb.f(), gt.i(), N, D, V, scale, gdy.f(), gdw.f(), gdb.f());
-    const std::string what = split ? "3xTF32 head " : "exact head ";
+    const std::string what = run == 0 ? "3xTF32 head " : run == 1 ? "3xTF32 head, split per slice " : "exact head ";
     EXPECT_NEAR(gloss, loss, kTolF32 * std::fabs(loss)) << what;
     expect_close(gdy.get(), dy, kTolF32, what + "dy");
     expect_close(gdw.get(), dw, kTolF32, what + "dw");

@@ -28,9 +28,14 @@ struct CudaBackendOptions {
   // (CUDA cores); make_backend sets it when the environment has ZAYA_LM_HEAD_EXACT=1.
   // Generation's logits (few rows) always use exact fp32.
   bool lm_head_tf32x3 = true;
-  // Vocabulary rows per slice of the 3xTF32 LM head (0: as many as keep a slice's split weight
-  // copies within 256 MiB). Tests set it small to cover several slices.
+  // Token rows per chunk of the LM head (0: as many as keep a chunk's fp32 logits within 1 GiB,
+  // 512 MiB for 3xTF32) and vocabulary rows per slice of the 3xTF32 head (0: as many as keep a
+  // slice's split weight copies within 256 MiB). Tests set them small to cover several of each.
+  int64_t lm_head_chunk_rows = 0;
   int64_t lm_head_vocab_slice = 0;
+  // The 3xTF32 LM head splits the whole weight once per call when both split copies fit in this
+  // many bytes, else each slice as it goes (tests set 0 to cover that path).
+  int64_t lm_head_split_cache_bytes = int64_t(1) << 30;
 };
 
 // The GPU backend (CUDA, or HIP when built with hipcc). Throws zaya::Error("cuda", ...) when

@@ -3,7 +3,8 @@
 // (CudaBackendOptions::lm_head_tf32x3, under the bf16 policy on a BLASLt engine) each GEMM as
 // three TF32 tensor-core GEMMs over operands split into TF32 pairs (tf32_split.h), which is as
 // accurate as fp32 at a multiple of its speed. The split path walks the vocabulary in slices so
-// that the split copies of the weight stay small.
+// that the split copies of the weight and of a logits slice stay small; a weight whose split fits
+// in 1 GiB is split once per call.
 // The exact path passed against the CPU backend on an H100; the 3xTF32 path came later and has
 // not yet run on a GPU (GpuDense.LmHeadLoss and LmHeadLossSlices check it against the CPU).
 #include <string>
@@ -78,6 +79,17 @@ SplitOperand split_operand(CudaBackend& be, const float* p, int64_t rows, int64_
   return s;
 }
 
+// Rows v0 .. v0 + vs of the [V, D] weight w as split operands (op = the stored slice^T when
+// trans): views into `whole` (the whole weight split once) when given, else split here.
+SplitOperand weight_slice(CudaBackend& be, const SplitOperand* whole, const float* w, int64_t v0, int64_t vs,
+                          int64_t D, bool trans) {
+  if (!whole) return split_operand(be, w + v0 * D, vs, D, D, trans);
+  SplitOperand s;
+  s.big = f32_operand(whole->big_buf.f() + v0 * D, D, trans);
+  s.small = f32_operand(whole->small_buf.f() + v0 * D, D, trans);
+  return s;
+}
+
 // C = op(A) op(B) + beta * C (+ bias on every row) as three TF32 GEMMs, small terms first.
 void gemm_tf32x3(CudaBackend& be, int64_t M, int64_t N, int64_t K, const SplitOperand& a, const SplitOperand& b,
                  float beta, float* C, int64_t ldc, const float* bias) {
@@ -112,10 +124,18 @@ double CudaBackend::lm_head_loss(const float* y, const float* w, const float* bi
   // slice add to it). Large chunks keep the head's GEMMs large (with a 262k vocabulary, 256 rows
   // would re-read the 2 GiB weight 16 times per 4096 tokens).
   int64_t chunk = (int64_t(1) << (split ? 27 : 28)) / V;
+  if (options_.lm_head_chunk_rows > 0) chunk = options_.lm_head_chunk_rows;
   if (chunk > N) chunk = N;
   if (chunk < 1) chunk = 1;
   const int64_t slice = vocab_slice(options_.lm_head_vocab_slice, V, D);
   DeviceBuffer logits(this, chunk * V * 4), row_loss(this, N * 8);
+  // The weight's split is made once for the whole call (every chunk, forward and backward) when
+  // its two halves fit the cache budget (1 GiB: a 32k vocabulary at d 2048); else once per
+  // slice and pass.
+  SplitOperand w_whole;
+  const bool keep_weight_split = split && 2 * V * D * 4 <= options_.lm_head_split_cache_bytes;
+  if (keep_weight_split) w_whole = split_operand(*this, w, V, D, D, false);
+  const SplitOperand* whole = keep_weight_split ? &w_whole : nullptr;
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = chunk < N - r0 ? chunk : N - r0;
     const float* x = y + r0 * D;
@@ -126,7 +146,7 @@ double CudaBackend::lm_head_loss(const float* y, const float* w, const float* bi
       xs = split_operand(*this, x, rows, D, D, false);
       for (int64_t v0 = 0; v0 < V; v0 += slice) {
         const int64_t vs = slice < V - v0 ? slice : V - v0;
-        const SplitOperand ws = split_operand(*this, w + v0 * D, vs, D, D, true);  // op(B) = W_slice^T [D, vs]
+        const SplitOperand ws = weight_slice(*this, whole, w, v0, vs, D, true);  // op(B) = W_slice^T [D, vs]
         gemm_tf32x3(*this, rows, vs, D, xs, ws, 0.0f, logits.f() + v0, V, bias ? bias + v0 : nullptr);
       }
     }
@@ -141,7 +161,7 @@ double CudaBackend::lm_head_loss(const float* y, const float* w, const float* bi
     for (int64_t v0 = 0; v0 < V; v0 += slice) {
       const int64_t vs = slice < V - v0 ? slice : V - v0;
       SplitOperand dl = split_operand(*this, logits.f() + v0, rows, vs, V, false);  // [rows, vs]
-      const SplitOperand ws = split_operand(*this, w + v0 * D, vs, D, D, false);     // op(B) = W_slice [vs, D]
+      const SplitOperand ws = weight_slice(*this, whole, w, v0, vs, D, false);       // op(B) = W_slice [vs, D]
       gemm_tf32x3(*this, rows, D, vs, dl, ws, v0 == 0 ? 0.0f : 1.0f, dy + r0 * D, D, nullptr);
       if (dw) gemm_tf32x3(*this, vs, D, rows, dl.transposed(), xs, 1.0f, dw + v0 * D, D, nullptr);
     }
