@@ -1,6 +1,7 @@
 // Whole-model checks of the GPU backend against the CPU backend: every parameter gradient of
 // a training step on each golden fixture model (tests/fixtures/<case>), a 50-step training
-// run of zaya-tiny (Muon + AdamW) compared loss by loss, and the bf16 shadows of frozen weights. fp32 GEMMs: 1e-4 on gradients and
+// run of zaya-tiny (Muon + AdamW) compared loss by loss, and the bf16 shadows of frozen weights
+// (reused, and dropped with the weights they copy). fp32 GEMMs: 1e-4 on gradients and
 // the routing must agree exactly; bf16 GEMMs (the policy): loss within 1e-2 and gradients
 // within 5e-2 of the CPU's norm (argmax routing may flip on near-ties, spec A.11).
 // Skipped ("skipped: no GPU") without a device. Measured on an H100: fp32 passes on every
@@ -8,6 +9,8 @@
 // GEMMs, Backend::linear_fp32) still see bf16-rounded attention outputs, and these random tiny
 // models have routing margins of only 2e-3, so a router may pick another expert than the CPU's;
 // bf16 gradients are therefore checked on the same fixtures with a decisive routing.
+#include <cctype>
+
 #include "gpu_test_support.h"
 #include "grad_fixtures.h"
 #include "model/config.h"
@@ -157,6 +160,59 @@ TEST(GpuModelGradsBf16, DecisiveRoutingGradientsMatchCpu) {
 
 // Frozen weights (inference): the bf16 shadows give bitwise the logits of converting at every
 // call, are reused, and after unfreezing and changing the weights the new ones are used.
+// The count of bf16 weight shadows the backend has built, from its diagnostics line.
+int64_t shadows_built(const Backend& be) {
+  const std::string d = be.diagnostics(), tag = " bf16 weight shadows built";
+  const size_t end = d.find(tag);
+  if (end == std::string::npos) return -1;
+  size_t start = end;
+  while (start > 0 && std::isdigit(static_cast<unsigned char>(d[start - 1]))) --start;
+  return std::stoll(d.substr(start, end - start));
+}
+
+// A frozen backend whose model is freed and replaced by another (the pool hands the new weights
+// the same memory): the first model's shadows must not serve the second. The second model is
+// the first with its weights scaled, saved to a temporary directory and loaded while frozen.
+TEST(GpuModel, FreedWeightsDropTheirShadows) {
+  if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+  const std::string dir = test::source_path("tests/fixtures/" + grad_cases()[0]);
+  const test::FixtureBatch batch = test::load_fixture_batch(dir);
+  const std::string scaled_dir = ::testing::TempDir() + "zaya_gpu_scaled_model";
+  CpuBackend cpu;
+  {
+    auto m = load_model(dir, cpu);
+    cpu.scale_inplace(m->params(), 1.25f, m->layout().total);
+    save_model(*m, scaled_dir);
+  }
+  auto gpu = make_gpu(gemm_modes()[0]);
+  auto logits = [&](Model& model) {
+    std::vector<float> out(static_cast<size_t>(batch.B * batch.T * model.config().vocab_size));
+    ForwardOutputs o;
+    o.logits = out.data();
+    model.forward(batch.ids.data(), batch.B, batch.T, nullptr, o);
+    return out;
+  };
+  std::vector<float> expected;
+  {
+    auto scaled = load_model(scaled_dir, *gpu);  // its logits without shadows
+    expected = logits(*scaled);
+  }
+  gpu->set_weights_frozen(true);
+  const float* first_params = nullptr;
+  {
+    auto first = load_model(dir, *gpu);
+    first_params = first->params();
+    (void)logits(*first);  // builds shadows of the first model's weights
+    EXPECT_GT(shadows_built(*gpu), 0);
+  }
+  auto second = load_model(scaled_dir, *gpu);
+  EXPECT_EQ(logits(*second), expected) << "a shadow of the freed model served the new one";
+  if (second->params() != first_params)
+    std::printf("note: the second model got other memory (%p, was %p): the reuse case did not arise\n",
+                static_cast<const void*>(second->params()), static_cast<const void*>(first_params));
+  gpu->set_weights_frozen(false);
+}
+
 TEST(GpuModel, FrozenWeightsKeepShadows) {
   if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
   const std::string dir = test::source_path("tests/fixtures/" + grad_cases()[0]);
@@ -175,7 +231,10 @@ TEST(GpuModel, FrozenWeightsKeepShadows) {
   const std::vector<float> plain = logits();
   gpu->set_weights_frozen(true);
   EXPECT_EQ(logits(), plain) << "first frozen forward (makes the shadows)";
+  const int64_t built = shadows_built(*gpu);
+  EXPECT_GT(built, 0) << gpu->diagnostics();
   EXPECT_EQ(logits(), plain) << "second frozen forward (uses them)";
+  EXPECT_EQ(shadows_built(*gpu), built) << "the second forward must reuse the shadows, not rebuild them";
   gpu->set_weights_frozen(false);
   gpu->scale_inplace(model->params(), 1.5f, model->layout().total);
   const std::vector<float> changed = logits();

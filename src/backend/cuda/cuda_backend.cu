@@ -3,6 +3,8 @@
 // the factory. Passed on an H100, except the bf16 shadows of frozen weights, which came later.
 #include "backend/cuda/cuda_backend.h"
 
+#include "backend/cuda/gpu_grouped_gemm.h"
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -60,7 +62,9 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
     warp_size_ = host_warp;
   }
 #if defined(ZAYA_GPU_CUDA)
-  wmma_ = gpu_device_compute_major(options_.device) >= 8;  // bf16 WMMA: sm_80 and newer
+  // bf16 WMMA: an sm_80 or newer device running code compiled for sm_80 or newer (a build for
+  // older targets only, JIT-compiled here, has the WMMA path compiled out to a trap).
+  wmma_ = gpu_device_compute_major(options_.device) >= 8 && grouped_gemm_compiled_arch() >= 80;
 #endif
   gemm_ = std::make_unique<GpuGemm>(stream_, options_.portable_gemm);
 }
@@ -129,7 +133,9 @@ std::string CudaBackend::diagnostics() const {
          std::to_string(gemm_->epilogue_fallbacks()) + " bias-epilogue fallbacks, MoE experts " +
          (options_.moe_device_grouped && options_.bf16_matmul ? "as device-grouped GEMMs"
                                                               : "per expert from host offsets") +
-         (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32");
+         (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32") + ", " +
+         std::to_string(shadows_built_) + " bf16 weight shadows built (" + std::to_string(shadows_.size()) +
+         " held)";
 }
 
 void CudaBackend::synchronize() { GPU_CHECK(gpuStreamSynchronize(stream_)); }
@@ -183,7 +189,7 @@ GemmOperand CudaBackend::operand(const float* p, int64_t rows, int64_t cols, int
 GemmOperand CudaBackend::weight_operand(const float* w, int64_t rows, int64_t cols, bool trans, bool bf16,
                                         DeviceBuffer& holder) {
   if (!bf16 || !weights_frozen_) return operand(w, rows, cols, cols, trans, bf16, holder);
-  auto it = shadows_.find(w);
+  auto it = shadows_.find(reinterpret_cast<uintptr_t>(w));
   if (it != shadows_.end() && (it->second.rows != rows || it->second.cols != cols)) {
     WeightShadow stale = std::move(it->second);  // freed after the erase (pool_put reads shadows_)
     shadows_.erase(it);
@@ -195,7 +201,8 @@ GemmOperand CudaBackend::weight_operand(const float* w, int64_t rows, int64_t co
     sh.rows = rows;
     sh.cols = cols;
     gpu_to_bf16(stream_, w, rows, cols, cols, sh.bf16.h());
-    it = shadows_.emplace(w, std::move(sh)).first;
+    it = shadows_.emplace(reinterpret_cast<uintptr_t>(w), std::move(sh)).first;
+    ++shadows_built_;
   }
   GemmOperand o;
   o.ptr = it->second.bf16.h();
@@ -215,16 +222,11 @@ void CudaBackend::set_weights_frozen(bool frozen) {
 // A block going back to the pool may hold weights: their shadows go with it. The shadows'
 // buffers are released after the map is updated (releasing calls pool_put, which reads it).
 void CudaBackend::drop_shadows_in(const void* block, int64_t bytes) {
-  const char* lo = static_cast<const char*>(block);
-  std::vector<WeightShadow> dying;
-  for (auto it = shadows_.begin(); it != shadows_.end();) {
-    const char* w = reinterpret_cast<const char*>(it->first);
-    if (w >= lo && w < lo + bytes) {
-      dying.push_back(std::move(it->second));
-      it = shadows_.erase(it);
-    } else {
-      ++it;
-    }
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(block), hi = lo + uintptr_t(bytes);
+  std::vector<WeightShadow> dying;  // freed after the loop (their pool_put looks at shadows_)
+  for (auto it = shadows_.lower_bound(lo); it != shadows_.end() && it->first < hi;) {
+    dying.push_back(std::move(it->second));
+    it = shadows_.erase(it);
   }
 }
 

@@ -149,10 +149,11 @@ class CudaBackend final : public Backend {
                  float* C, int64_t ldc, const float* bias, GemmCompute compute = GemmCompute::Exact) {
     gemm_->run_bias(M, N, K, alpha, A, B, beta, C, ldc, bias, compute);
   }
-  // A GEMM whose M or K is a routed token count (the MoE's experts): see GemmShape::Ragged.
-  void gemm_ragged(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
-                   float beta, float* C, int64_t ldc) {
-    gemm_->run(M, N, K, alpha, A, B, beta, C, ldc, {}, GemmCompute::Exact, GemmShape::Ragged);
+  // A GEMM whose M or K (shape: RaggedM or RaggedK) is a routed token count (the MoE's
+  // experts): see GemmShape.
+  void gemm_ragged(GemmShape shape, int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A,
+                   const GemmOperand& B, float beta, float* C, int64_t ldc) {
+    gemm_->run(M, N, K, alpha, A, B, beta, C, ldc, {}, GemmCompute::Exact, shape);
   }
   const GpuGemm& gemm_engine() const { return *gemm_; }
   // Whether lm_head_loss runs its GEMMs as 3xTF32 (ops_lm_head.cu): asked for, under the bf16
@@ -192,7 +193,9 @@ class CudaBackend final : public Backend {
     int64_t rows = 0, cols = 0;
   };
   bool weights_frozen_ = false;
-  std::unordered_map<const float*, WeightShadow> shadows_;
+  // By the weights' address, ordered so that the shadows of a freed block are found by range.
+  std::map<uintptr_t, WeightShadow> shadows_;
+  int64_t shadows_built_ = 0;
   void drop_shadows_in(const void* block, int64_t bytes);
   std::multimap<int64_t, void*> free_;       // reusable blocks by size
   void release_free_blocks();

@@ -28,9 +28,9 @@ struct CudaBackendOptions {
   // (CUDA cores); make_backend sets it when the environment has ZAYA_LM_HEAD_EXACT=1.
   // Generation's logits (few rows) always use exact fp32.
   bool lm_head_tf32x3 = true;
-  // Token rows per chunk of the LM head (0: as many as keep a chunk's fp32 logits within 1 GiB,
-  // 512 MiB for 3xTF32) and vocabulary rows per slice of the 3xTF32 head (0: as many as keep a
-  // slice's split weight copies within 256 MiB). Tests set them small to cover several of each.
+  // Token rows per chunk of the LM head (0: as many as keep a chunk's fp32 logits within 1 GiB)
+  // and vocabulary rows per slice of the 3xTF32 head (0: as many as keep a slice's split copies
+  // within 256 MiB of weight and 512 MiB of logits). Tests set them small to cover several.
   int64_t lm_head_chunk_rows = 0;
   int64_t lm_head_vocab_slice = 0;
   // The 3xTF32 LM head splits the whole weight once per call when both split copies fit in this

@@ -181,9 +181,10 @@ void GpuGemm::run_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmO
   ZAYA_CHECK(A.type == B.type, "gemm: operand types differ");
   if (M <= 0 || N <= 0) return;
 #if defined(ZAYA_GPU_BLASLT)
-  if (handle_ && K > 0 && alignment_of(bias) >= kEpilogueBiasAlignment &&
-      run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, {}, compute, GemmShape::Fixed, bias))
-    return;
+  if (handle_ && K > 0 && alignment_of(bias) >= kEpilogueBiasAlignment) {
+    if (run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, {}, compute, GemmShape::Fixed, bias)) return;
+    ++epilogue_fallbacks_;  // no algorithm with the epilogue, or the call refused it
+  }
 #endif
   run(M, N, K, alpha, A, B, beta, C, ldc, {}, compute);
   k_add_row_bias<<<gpu_blocks(M * N), kGpuThreads, 0, stream_>>>(C, bias, M, N, ldc);
@@ -194,11 +195,11 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
                                  const float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute,
                                  GemmShape shape, const float* bias) {
 #if defined(ZAYA_GPU_BLASLT)
-  const bool ragged = shape == GemmShape::Ragged;
-  const int64_t pm = ragged ? ragged_bound(M) : M, pk = ragged ? ragged_bound(K) : K;
+  const int64_t pm = shape == GemmShape::RaggedM ? ragged_bound(M) : M;
+  const int64_t pk = shape == GemmShape::RaggedK ? ragged_bound(K) : K;
   const uint32_t al_l = alignment_of(B.ptr), al_r = alignment_of(A.ptr), al_c = alignment_of(C);
   std::vector<int64_t> key = {pm, N, pk, int64_t(A.type), A.ld, A.trans, B.ld, B.trans, ldc, al_l, al_r, al_c,
-                              batch.count, batch.stride_a, batch.stride_b, batch.stride_c, int64_t(compute), ragged,
+                              batch.count, batch.stride_a, batch.stride_b, batch.stride_c, int64_t(compute), int64_t(shape),
                               bias ? int64_t(alignment_of(bias)) : 0};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
@@ -278,10 +279,7 @@ bool GpuGemm::run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const Gem
     const gpuBlasStatus_t st = gpuBlasLtMatmul(handle, plan->desc, &alpha, B.ptr, plan->lay.l, A.ptr, plan->lay.r,
                                                &beta, c_read, plan->lay.c, C, plan->lay.c, &plan->result.algo,
                                                workspace_, size_t(workspace_bytes_), stream_);
-    if (st != GPU_BLAS_SUCCESS && bias) {  // refused with the epilogue: run_bias adds the bias itself
-      ++epilogue_fallbacks_;
-      return false;
-    }
+    if (st != GPU_BLAS_SUCCESS && bias) return false;  // refused with the epilogue: run_bias adds the bias
     blas_check(st, "BLASLt matmul");
     return true;
   }

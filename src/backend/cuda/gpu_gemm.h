@@ -47,11 +47,12 @@ struct GemmBatch {
 enum class GemmCompute { Exact, Tf32 };
 
 // How a GEMM's shape behaves from call to call. Fixed: the same shape recurs (dense layers,
-// attention chunks), so its BLASLt plan is built for that exact shape. Ragged: M or K is a
-// token count that changes with the routing (the MoE's per-expert GEMMs); one plan serves every
-// M and K up to the next power of two, built for that bound, so the BLASLt heuristic is not
-// queried again at every step.
-enum class GemmShape { Fixed, Ragged };
+// attention chunks), so its BLASLt plan is built for that exact shape. RaggedM / RaggedK: M or
+// K is a token count that changes with the routing (the MoE's per-expert GEMMs: M for the
+// products over an expert's rows, K for its weight gradients); one plan serves every value of
+// that dimension up to the next power of two, built for that bound, so the BLASLt heuristic is
+// not queried again at every step. The other dimensions stay exact.
+enum class GemmShape { Fixed, RaggedM, RaggedK };
 
 // The smallest power of two >= x (and >= 16): the bound a ragged dimension's plan is built for.
 int64_t ragged_bound(int64_t x);
@@ -91,7 +92,9 @@ class GpuGemm {
   // Ragged calls whose bound's algorithm the library refused for the actual shape, so that an
   // exact plan was built instead (expected 0).
   int64_t ragged_fallbacks() const { return ragged_fallbacks_; }
-  // Bias-epilogue calls the library refused, whose bias a kernel added instead (expected 0).
+  // Bias-epilogue calls the library refused (no algorithm with the epilogue, or the call failed),
+  // whose bias a kernel added instead (expected 0; vectors less than 16-byte aligned go to the
+  // kernel by design and are not counted).
   int64_t epilogue_fallbacks() const { return epilogue_fallbacks_; }
 
  private:
@@ -102,7 +105,7 @@ class GpuGemm {
                   const float* bias = nullptr, const float* c_in = nullptr);
   // BLASLt descriptors, layouts and the chosen algorithm of each problem shape (with operand
   // alignments and batch), built and queried once: a training step repeats a few dozen shapes.
-  // A ragged plan is built for (ragged_bound(M), N, ragged_bound(K)).
+  // A ragged plan is built for ragged_bound() of its ragged dimension (M or K).
   struct Plan;
   Plan* plan_for(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, const float* C,
                  int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape, const float* bias);

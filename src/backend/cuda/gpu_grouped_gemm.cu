@@ -191,6 +191,19 @@ int grouped_tensor_cores(bool asked) {
 
 }  // namespace
 
+int grouped_gemm_compiled_arch() {
+#if defined(ZAYA_GPU_CUDA)
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, k_grouped_rows) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return attributes.ptxVersion;
+#else
+  return 0;
+#endif
+}
+
 void grouped_gemm_rows(gpuStream_t s, bool tensor_cores, const int32_t* offsets, int64_t E, int64_t max_rows,
                        int64_t N, int64_t K, float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb,
                        bool b_trans, int64_t stride_b, float beta, float* C, int64_t ldc) {

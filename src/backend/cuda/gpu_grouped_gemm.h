@@ -39,4 +39,8 @@ void grouped_gemm_weights(gpuStream_t s, bool tensor_cores, const int32_t* offse
                           float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, float beta,
                           float* C, int64_t ldc, int64_t stride_c);
 
+// The virtual architecture (e.g. 90 for compute_90) the grouped kernels were compiled for on
+// this device (CUDA), or 0 (HIP, or no usable device): the WMMA path needs 80 or more.
+int grouped_gemm_compiled_arch();
+
 }  // namespace zaya

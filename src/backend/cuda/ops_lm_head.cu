@@ -6,7 +6,9 @@
 // that the split copies of the weight and of a logits slice stay small; a weight whose split fits
 // in 1 GiB is split once per call.
 // The exact path passed against the CPU backend on an H100; the 3xTF32 path came later and has
-// not yet run on a GPU (GpuDense.LmHeadLoss and LmHeadLossSlices check it against the CPU).
+// not yet run on a GPU (GpuDense.LmHeadLoss and GpuLmHead.Tf32x3SlicesMatchFp32 check it
+// against the CPU).
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -98,10 +100,11 @@ void gemm_tf32x3(CudaBackend& be, int64_t M, int64_t N, int64_t K, const SplitOp
   be.gemm_bias(M, N, K, 1.0f, a.big, b.big, 1.0f, C, ldc, bias, GemmCompute::Tf32);
 }
 
-// Vocabulary rows per slice: the two split copies of a slice of the [V, D] weight stay within
-// 256 MiB, unless the options fix the slice.
-int64_t vocab_slice(int64_t asked, int64_t V, int64_t D) {
-  int64_t slice = asked > 0 ? asked : (int64_t(32) << 20) / (D > 0 ? D : 1);
+// Vocabulary rows per slice, unless the options fix it: the two split copies of a slice of the
+// [V, D] weight stay within 256 MiB, and those of a [rows, slice] block of logits within 512 MiB.
+int64_t vocab_slice(int64_t asked, int64_t V, int64_t D, int64_t rows) {
+  int64_t slice = asked;
+  if (slice <= 0) slice = std::min((int64_t(32) << 20) / std::max<int64_t>(D, 1), (int64_t(64) << 20) / rows);
   if (slice < 1) slice = 1;
   return slice < V ? slice : V;
 }
@@ -120,14 +123,13 @@ double CudaBackend::lm_head_loss(const float* y, const float* w, const float* bi
                                  int64_t D, int64_t V, float scale, float* dy, float* dw, float* dbias) {
   if (N == 0) return 0.0;
   const bool split = lm_head_tf32x3();
-  // Rows per chunk: up to 1 GiB of fp32 logits (512 MiB when split, whose copies of a logits
-  // slice add to it). Large chunks keep the head's GEMMs large (with a 262k vocabulary, 256 rows
-  // would re-read the 2 GiB weight 16 times per 4096 tokens).
-  int64_t chunk = (int64_t(1) << (split ? 27 : 28)) / V;
+  // Rows per chunk: up to 1 GiB of fp32 logits. Large chunks keep the head's GEMMs large (with
+  // a 262k vocabulary, 256 rows would re-read the 2 GiB weight 16 times per 4096 tokens).
+  int64_t chunk = (int64_t(1) << 28) / V;
   if (options_.lm_head_chunk_rows > 0) chunk = options_.lm_head_chunk_rows;
   if (chunk > N) chunk = N;
   if (chunk < 1) chunk = 1;
-  const int64_t slice = vocab_slice(options_.lm_head_vocab_slice, V, D);
+  const int64_t slice = vocab_slice(options_.lm_head_vocab_slice, V, D, chunk);
   DeviceBuffer logits(this, chunk * V * 4), row_loss(this, N * 8);
   // The weight's split is made once for the whole call (every chunk, forward and backward) when
   // its two halves fit the cache budget (1 GiB: a 32k vocabulary at d 2048); else once per

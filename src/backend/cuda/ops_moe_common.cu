@@ -167,7 +167,7 @@ void ExpertGemms::by_rows(int64_t N, int64_t K, const GemmOperand& A, const Gemm
     if (rows == 0) continue;
     GemmOperand w = W;
     w.ptr = static_cast<const char*>(W.ptr) + e * stride_w * elem;
-    be_.gemm_ragged(rows, N, K, 1.0f, operand_rows(A, r0), w, beta, C + r0 * ldc, ldc);
+    be_.gemm_ragged(GemmShape::RaggedM, rows, N, K, 1.0f, operand_rows(A, r0), w, beta, C + r0 * ldc, ldc);
   }
 }
 
@@ -186,7 +186,8 @@ void ExpertGemms::weight_grads(int64_t M, int64_t N, const GemmOperand& A, const
   for (int64_t e = 0; e < E_; ++e) {
     const int64_t r0 = plan_.offsets[size_t(e)], rows = plan_.offsets[size_t(e + 1)] - r0;
     if (rows == 0) continue;
-    be_.gemm_ragged(M, N, rows, 1.0f, operand_rows(at, r0), operand_rows(B, r0), 1.0f, C + e * stride_c, ldc);
+    be_.gemm_ragged(GemmShape::RaggedK, M, N, rows, 1.0f, operand_rows(at, r0), operand_rows(B, r0), 1.0f,
+                    C + e * stride_c, ldc);
   }
 }
 

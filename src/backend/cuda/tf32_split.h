@@ -5,7 +5,9 @@
 // (the a_small * b_small term, about 2^-22 relative, is dropped). Each operand is exactly
 // representable in TF32, so the tensor cores' input conversion (rounding or truncation) leaves
 // it unchanged, and each product of two TF32 values (11 x 11 significant bits) is exact in
-// fp32; only the fp32 accumulation rounds, as in an fp32 GEMM.
+// fp32; only the fp32 accumulation rounds. Tensor cores may truncate rather than round inside
+// one MMA's sum and the three products land in C by three GEMMs, so the error is a small
+// multiple of an fp32 GEMM's (tests/unit/test_tf32_split.cpp models the sums with rounding).
 // Plain C++ usable on the host (the CPU unit tests) and in GPU kernels; no vendor header.
 #pragma once
 
