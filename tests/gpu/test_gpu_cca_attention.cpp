@@ -1,9 +1,12 @@
 // CCA and attention ops of the GPU backend against the CPU backend (fp32 paths 1e-4):
-// the two-stage conv with carried state and with packed-document resets (short and long chunks), QK-norm +
+// the two-stage conv with carried state and with packed-document resets (chunks of 1, 13 and
+// 150 tokens, every GEMM mode, a deterministic backward), QK-norm +
 // temperature + partial RoPE, the delayed values, cache writes, and causal GQA attention
 // (head_dim 16/64/128, sliding window, decode offsets, document starts), forward and
 // backward (attention in every GEMM mode: 64 or more queries run on the GEMM engine, at the bf16
 // tolerance under bf16 operands). Skipped ("skipped: no GPU") without a device.
+#include <cstring>
+
 #include "gpu_test_support.h"
 
 namespace zaya {
@@ -35,15 +38,21 @@ std::vector<int32_t> segments(int64_t B, int64_t T, const std::vector<std::vecto
   return seg;
 }
 
-// T = 13: the forward's one-kernel grouped stage (decode-sized chunks, below kConvGemmMinTokens
-// = 64 of src/backend/cuda/ops_cca_common.h); T = 150: its GEMM path. The backward always runs
-// the GEMMs.
+// T = 1 and 13: the forward's one-kernel grouped stage (decode-sized chunks, below
+// kConvGemmMinTokens = 64 of src/backend/cuda/ops_cca_common.h; T = 1 is shorter than the
+// carried state); T = 150: its GEMM path. The backward always runs the GEMMs, twice, which must
+// agree bitwise. The conv stays fp32 under every GEMM mode (bf16 policy, fp32, the tiled engine
+// that HIP without hipBLASLt uses), so every mode is held to the fp32 tolerance.
 TEST_F(GpuCca, Conv) {
   const int64_t B = 2, G = 16, C = 6 * G;
-  for (int64_t T : {int64_t(13), int64_t(150)})
+  for (const GemmMode& mode : gemm_modes()) {
+  auto gpu = make_gpu(mode);
+  for (int64_t T : {int64_t(1), int64_t(13), int64_t(150)})
   for (int64_t taps : {2, 3})
     for (bool segmented : {false, true}) {
-      const auto seg = T == 13 ? segments(B, T, {{0, 5, 9}, {0, 7}}) : segments(B, T, {{0, 5, 9, 100}, {0, 70}});
+      const auto seg = T == 1    ? segments(B, T, {{0}, {0}})
+                       : T == 13 ? segments(B, T, {{0, 5, 9}, {0, 7}})
+                                 : segments(B, T, {{0, 5, 9, 100}, {0, 70}});
       const int64_t P = 2 * (taps - 1);
       auto u = rnd(size_t(B * T * C)), state0 = segmented ? std::vector<float>(size_t(B * P * C), 0.0f)
                                                            : rnd(size_t(B * P * C));
@@ -61,28 +70,43 @@ TEST_F(GpuCca, Conv) {
       g.u = gu.f(); g.state = gs.f(); g.w_dw = gwd.f(); g.b_dw = gbd.f(); g.w_grp = gwg.f(); g.b_grp = gbg.f();
       g.z = gz.f();
       gpu->cca_conv(g);
-      const std::string what =
-          "cca_conv T " + std::to_string(T) + " taps " + std::to_string(taps) + (segmented ? " segmented" : "");
+      const std::string what = std::string(mode.name) + " cca_conv T " + std::to_string(T) + " taps " +
+                               std::to_string(taps) + (segmented ? " segmented" : "");
       expect_close(gz.get(), z, kTolF32, what + " z");
       expect_close(gs.get(), state, kTolF32, what + " state");
 
-      // Backward (zero state).
+      // Backward (zero state), twice.
       auto dz = rnd(size_t(B * T * C)), du0 = rnd(size_t(B * T * C)), dwd0 = rnd(size_t(C * taps)),
            dbd0 = rnd(static_cast<size_t>(C)), dwg0 = rnd(size_t(C * G * taps)), dbg0 = rnd(static_cast<size_t>(C));
       std::vector<float> du = du0, dwd = dwd0, dbd = dbd0, dwg = dwg0, dbg = dbg0;
       CcaConvArgs ab = a;
       ab.state = nullptr;
       cpu.cca_conv_backward(ab, dz.data(), du.data(), dwd.data(), dbd.data(), dwg.data(), dbg.data());
-      DevBuf gdz(*gpu, dz), gdu(*gpu, du0), gdwd(*gpu, dwd0), gdbd(*gpu, dbd0), gdwg(*gpu, dwg0), gdbg(*gpu, dbg0);
+      DevBuf gdz(*gpu, dz);
       CcaConvArgs gb = g;
       gb.state = nullptr;
-      gpu->cca_conv_backward(gb, gdz.f(), gdu.f(), gdwd.f(), gdbd.f(), gdwg.f(), gdbg.f());
-      expect_close(gdu.get(), du, kTolF32, what + " du");
-      expect_close(gdwd.get(), dwd, kTolF32, what + " dw_dw");
-      expect_close(gdbd.get(), dbd, kTolF32, what + " db_dw");
-      expect_close(gdwg.get(), dwg, kTolF32, what + " dw_grp");
-      expect_close(gdbg.get(), dbg, kTolF32, what + " db_grp");
+      std::vector<std::vector<float>> runs;
+      for (int run = 0; run < 2; ++run) {
+        DevBuf gdu(*gpu, du0), gdwd(*gpu, dwd0), gdbd(*gpu, dbd0), gdwg(*gpu, dwg0), gdbg(*gpu, dbg0);
+        gpu->cca_conv_backward(gb, gdz.f(), gdu.f(), gdwd.f(), gdbd.f(), gdwg.f(), gdbg.f());
+        const std::vector<float> gdu_h = gdu.get(), gdwd_h = gdwd.get(), gdbd_h = gdbd.get(), gdwg_h = gdwg.get(),
+                                 gdbg_h = gdbg.get();
+        if (run == 0) {
+          expect_close(gdu_h, du, kTolF32, what + " du");
+          expect_close(gdwd_h, dwd, kTolF32, what + " dw_dw");
+          expect_close(gdbd_h, dbd, kTolF32, what + " db_dw");
+          expect_close(gdwg_h, dwg, kTolF32, what + " dw_grp");
+          expect_close(gdbg_h, dbg, kTolF32, what + " db_grp");
+        }
+        std::vector<float> all;
+        for (const auto* v : {&gdu_h, &gdwd_h, &gdbd_h, &gdwg_h, &gdbg_h}) all.insert(all.end(), v->begin(), v->end());
+        runs.push_back(all);
+      }
+      ASSERT_EQ(runs[0].size(), runs[1].size());
+      EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0)
+          << what << ": two identical backward runs differ";
     }
+  }
 }
 
 TEST_F(GpuCca, QkNormRopeAndBackward) {

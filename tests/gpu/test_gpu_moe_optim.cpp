@@ -1,6 +1,6 @@
 // MoE, optimizer and memory ops of the GPU backend against the CPU backend: the routed
 // SwiGLU experts with both skip modes (forward and backward, every GEMM mode, routings that
-// change from call to call, bitwise determinism), Newton-Schulz
+// change from call to call, wide shapes and edge routings, bitwise determinism), Newton-Schulz
 // (wide, square, tall), Muon momentum/update, AdamW, sum of squares, scaling, copy/fill and
 // host transfers. Skipped ("skipped: no GPU") without a device. Passed on an H100, except the
 // changing-routing, determinism and device-grouped MoE checks, which came later.
@@ -28,7 +28,9 @@ class GpuMoe : public GpuVsCpu {
  protected:
   // Forward and backward of the MoE op with this routing (expert[n] in [0, E], E = skip) on
   // both backends, outputs and every gradient compared.
-  void check(int64_t D, int64_t I, int64_t E, bool identity, const std::vector<int32_t>& expert) {
+  // weight_grads = false: the experts' weight gradients are not asked for (frozen experts).
+  void check(int64_t D, int64_t I, int64_t E, bool identity, const std::vector<int32_t>& expert,
+             bool weight_grads = true) {
     const int64_t N = int64_t(expert.size());
     const std::string what = std::string(identity ? "moe identity" : "moe zero") + " N=" + std::to_string(N);
     auto x = rnd(size_t(N * D)), gu = rnd(size_t(E * 2 * I * D), 0.15), dn = rnd(size_t(E * D * I), 0.15);
@@ -47,12 +49,14 @@ class GpuMoe : public GpuVsCpu {
     auto dout = rnd(size_t(N * D)), dx0 = rnd(size_t(N * D)), dgu0 = rnd(size_t(E * 2 * I * D)),
          ddn0 = rnd(size_t(E * D * I));
     std::vector<float> dx = dx0, dwt(static_cast<size_t>(N)), dgu = dgu0, ddn = ddn0;
-    cpu.moe_backward(a, dout.data(), dx.data(), dwt.data(), dgu.data(), ddn.data());
+    cpu.moe_backward(a, dout.data(), dx.data(), dwt.data(), weight_grads ? dgu.data() : nullptr,
+                     weight_grads ? ddn.data() : nullptr);
     DevBuf gdo(*gpu, dout), gdx(*gpu, dx0), gdwt(*gpu, N), gdgu(*gpu, dgu0), gddn(*gpu, ddn0);
-    gpu->moe_backward(g, gdo.f(), gdx.f(), gdwt.f(), gdgu.f(), gddn.f());
+    gpu->moe_backward(g, gdo.f(), gdx.f(), gdwt.f(), weight_grads ? gdgu.f() : nullptr,
+                      weight_grads ? gddn.f() : nullptr);
     expect_close(gdx.get(), dx, GetParam().tol, what + " dx");
     expect_close(gdwt.get(), dwt, GetParam().tol, what + " dweight");
-    expect_close(gdgu.get(), dgu, GetParam().tol, what + " dgate_up");
+    expect_close(gdgu.get(), dgu, GetParam().tol, what + " dgate_up");  // unchanged without weight_grads
     expect_close(gddn.get(), ddn, GetParam().tol, what + " ddown");
   }
 };
@@ -80,6 +84,20 @@ TEST_P(GpuMoe, ChangingRoutings) {
       if (n % 7 != 0) expert[size_t(n)] = 3;  // expert 3 takes 6/7 of the tokens
     check(32, 40, E, false, expert);
   }
+}
+
+// Widths past one 128-column tile of the grouped kernels (D = 160, 2I = 272) with K not a
+// multiple of their 32-step (160, 136), then routings at the edges: one token, every token
+// skipped (no routed rows), one expert, more classes than a routing-plan tile has threads
+// (300 experts), and frozen experts (no weight gradients asked for).
+TEST_P(GpuMoe, WideShapesAndEdgeRoutings) {
+  check(160, 136, 3, false, rnd_ints(300, 4));
+  check(160, 136, 3, true, rnd_ints(300, 4), /*weight_grads=*/false);
+  check(32, 40, 4, true, {4});
+  check(32, 40, 4, false, {2});
+  check(32, 40, 4, true, std::vector<int32_t>(40, 4));
+  check(32, 40, 1, false, rnd_ints(90, 2));
+  check(16, 24, 300, false, rnd_ints(700, 301));
 }
 
 // The same inputs twice give bitwise the same outputs and gradients: the routing plan is
