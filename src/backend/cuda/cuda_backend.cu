@@ -73,6 +73,7 @@ CudaBackend::~CudaBackend() {
   {  // the shadows' buffers go back to the pool first (moved out: pool_put looks at shadows_)
     auto dying = std::move(shadows_);
     shadows_.clear();
+    shadow_keys_.clear();
   }
   if (stream_) (void)gpuStreamSynchronize(stream_);
   gemm_.reset();
@@ -193,6 +194,7 @@ GemmOperand CudaBackend::weight_operand(const float* w, int64_t rows, int64_t co
   if (it != shadows_.end() && (it->second.rows != rows || it->second.cols != cols)) {
     WeightShadow stale = std::move(it->second);  // freed after the erase (pool_put reads shadows_)
     shadows_.erase(it);
+    shadow_keys_.erase(reinterpret_cast<uintptr_t>(w));
     it = shadows_.end();
   }
   if (it == shadows_.end()) {
@@ -202,6 +204,7 @@ GemmOperand CudaBackend::weight_operand(const float* w, int64_t rows, int64_t co
     sh.cols = cols;
     gpu_to_bf16(stream_, w, rows, cols, cols, sh.bf16.h());
     it = shadows_.emplace(reinterpret_cast<uintptr_t>(w), std::move(sh)).first;
+    shadow_keys_.insert(reinterpret_cast<uintptr_t>(w));
     ++shadows_built_;
   }
   GemmOperand o;
@@ -217,6 +220,7 @@ void CudaBackend::set_weights_frozen(bool frozen) {
   if (frozen) return;
   auto dying = std::move(shadows_);  // freed at the end of this scope, with shadows_ already empty
   shadows_.clear();
+  shadow_keys_.clear();
 }
 
 // A block going back to the pool may hold weights: their shadows go with it. The shadows'
@@ -224,9 +228,11 @@ void CudaBackend::set_weights_frozen(bool frozen) {
 void CudaBackend::drop_shadows_in(const void* block, int64_t bytes) {
   const uintptr_t lo = reinterpret_cast<uintptr_t>(block), hi = lo + uintptr_t(bytes);
   std::vector<WeightShadow> dying;  // freed after the loop (their pool_put looks at shadows_)
-  for (auto it = shadows_.lower_bound(lo); it != shadows_.end() && it->first < hi;) {
+  for (auto key = shadow_keys_.lower_bound(lo); key != shadow_keys_.end() && *key < hi;) {
+    auto it = shadows_.find(*key);
     dying.push_back(std::move(it->second));
-    it = shadows_.erase(it);
+    shadows_.erase(it);
+    key = shadow_keys_.erase(key);
   }
 }
 

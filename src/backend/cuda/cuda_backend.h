@@ -8,6 +8,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <unordered_map>
 
 #include "backend/backend.h"
@@ -135,8 +136,9 @@ class CudaBackend final : public Backend {
   // every step.
   GemmOperand weight_operand(const float* w, int64_t rows, int64_t cols, bool trans, bool bf16, DeviceBuffer& holder);
   void gemm(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
-            float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact) {
-    gemm_->run(M, N, K, alpha, A, B, beta, C, ldc, batch, compute);
+            float* C, int64_t ldc, const GemmBatch& batch = {}, GemmCompute compute = GemmCompute::Exact,
+            GemmShape shape = GemmShape::Fixed) {
+    gemm_->run(M, N, K, alpha, A, B, beta, C, ldc, batch, compute, shape);
   }
   // D = alpha op(A) op(B) + beta * C_in with C_in and D distinct, same layout: GpuGemm::run_into.
   void gemm_into(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
@@ -193,8 +195,11 @@ class CudaBackend final : public Backend {
     int64_t rows = 0, cols = 0;
   };
   bool weights_frozen_ = false;
-  // By the weights' address, ordered so that the shadows of a freed block are found by range.
-  std::map<uintptr_t, WeightShadow> shadows_;
+  // By the weights' address, with the addresses also kept in order (shadow_keys_) so that the
+  // shadows of a freed block are found by range. (A std::map of WeightShadow would do both, but
+  // crashes Debian's clang 15 in HIP device compilation.)
+  std::unordered_map<uintptr_t, WeightShadow> shadows_;
+  std::set<uintptr_t> shadow_keys_;
   int64_t shadows_built_ = 0;
   void drop_shadows_in(const void* block, int64_t bytes);
   std::multimap<int64_t, void*> free_;       // reusable blocks by size

@@ -4,7 +4,9 @@
 // groups sit G columns apart in every row), so a sequence costs t1 BLASLt calls forward and
 // 2 t1 backward. Operands stay fp32 (spec A.11), accumulated in fp32 by the library. Replaced
 // per-element kernels that took 23 ms (forward) and 16 ms (backward) per layer at 16384 tokens
-// on an H100. Not yet run on a GPU.
+// on an H100. T (the token count, and with packed documents each row's expanded length) is the
+// GEMMs' ragged dimension (GemmShape::RaggedM / RaggedK), so changing lengths share plans rather
+// than building one per length. Not yet run on a GPU.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops_cca_common.h"
 
@@ -69,7 +71,7 @@ void grouped_conv_gemm(CudaBackend& be, const float* y, const float* w_grp, cons
     for (int64_t j = 0; j < t1; ++j) {
       // z[b, t, co] += sum_ci y[b, t + j, ci] W_j[co, ci]: A = y rows [T, G], B = W_j stored [co][ci] (trans).
       be.gemm(T, G, G, 1.0f, f32_operand(y + (b * Ly + j) * C, C, false), f32_operand(w_r.f() + j * G * G, G, true),
-              1.0f, z + b * T * C, C, groups);
+              1.0f, z + b * T * C, C, groups, GemmCompute::Exact, GemmShape::RaggedM);
     }
 }
 
@@ -85,7 +87,7 @@ void grouped_conv_gemm_backward(CudaBackend& be, const float* dz, const float* y
     for (int64_t j = 0; j < t1; ++j) {
       // dy[b, t + j, ci] += sum_co dz[b, t, co] W_j[co, ci]: B = W_j stored [co][ci] = [K][N].
       be.gemm(T, G, G, 1.0f, f32_operand(dz + b * T * C, C, false), f32_operand(w_r.f() + j * G * G, G, false), 1.0f,
-              dy + (b * Ly + j) * C, C, groups);
+              dy + (b * Ly + j) * C, C, groups, GemmCompute::Exact, GemmShape::RaggedM);
     }
   if (!dw_grp) return;
   DeviceBuffer dw_r(&be, C * G * t1 * 4);
@@ -96,7 +98,7 @@ void grouped_conv_gemm_backward(CudaBackend& be, const float* dz, const float* y
     for (int64_t b = 0; b < B; ++b) {
       // dW_j[co, ci] (+)= sum_t dz[b, t, co] y[b, t + j, ci]: A = dz stored [T][co] (trans), B = y rows [T][ci].
       be.gemm(G, G, T, 1.0f, f32_operand(dz + b * T * C, C, true), f32_operand(y + (b * Ly + j) * C, C, false),
-              b == 0 ? 0.0f : 1.0f, dw_r.f() + j * G * G, G, dw_groups);
+              b == 0 ? 0.0f : 1.0f, dw_r.f() + j * G * G, G, dw_groups, GemmCompute::Exact, GemmShape::RaggedK);
     }
   k_add_weights_from_taps<<<gpu_blocks(C * G * t1), kGpuThreads, 0, be.stream()>>>(dw_r.f(), dw_grp, C, G, t1);
   GPU_LAUNCH_CHECK();
