@@ -257,8 +257,10 @@ int main(int argc, char** argv) try {
     out["matmul_peak_gflops"] = backend_peak;
     out["mfu"] = gflops / backend_peak;
     out["mfu_fwd_bwd"] = fb_gflops / backend_peak;
-    std::fprintf(stderr, "%s matmul peak (8192^3, the ops' precision): %.1f TFLOP/s; MFU %.1f%% (fwd+bwd alone %.1f%%)\n",
-                 base->name().c_str(), backend_peak * 1e-3, 100 * gflops / backend_peak, 100 * fb_gflops / backend_peak);
+    std::fprintf(stderr,
+                 "%s matmul peak (8192^3, the ops' precision): %.1f TFLOP/s; MFU %.1f%% (fwd+bwd alone %.1f%%)\n",
+                 base->name().c_str(), backend_peak * 1e-3, 100 * gflops / backend_peak,
+                 100 * fb_gflops / backend_peak);
   } else if (!args.skip_peaks) {
     json g = bench_sgemm(args.gemm_n, args.peak_runs);
     const double small = measure_sgemm_gflops();

@@ -93,8 +93,10 @@ int main() {
     const int r = shape[0], c = shape[1];
     Matrix x(size_t(r) * c);
     for (float& v : x) v = nd(rng);
-    const Matrix f32 = newton_schulz(x, r, c, Sum::Sgemm, false), f32_double = newton_schulz(x, r, c, Sum::Double, false);
-    const Matrix b16 = newton_schulz(x, r, c, Sum::Sgemm, true), b16_double = newton_schulz(x, r, c, Sum::Double, true);
+    const Matrix f32 = newton_schulz(x, r, c, Sum::Sgemm, false);
+    const Matrix f32_double = newton_schulz(x, r, c, Sum::Double, false);
+    const Matrix b16 = newton_schulz(x, r, c, Sum::Sgemm, true);
+    const Matrix b16_double = newton_schulz(x, r, c, Sum::Double, true);
     std::printf("{\"rows\": %d, \"cols\": %d, \"bf16_vs_fp32\": %.3g, \"bf16_order\": %.3g, \"fp32_order\": %.3g}\n",
                 r, c, max_rel(b16, f32), max_rel(b16, b16_double), max_rel(f32, f32_double));
   }

@@ -207,44 +207,40 @@ TEST_P(GpuDense, ElementwiseAndRowOps) {
   }
 }
 
-TEST_P(GpuDense, LmHeadLoss) {
-  // The LM head stays fp32 in every mode (spec A.11). V large enough for several row chunks.
-  const int64_t N = 50, D = 48, V = 131072 + 11;
+// The fused LM head + loss of `gpu` against the CPU on fresh inputs (two rows without a
+// target), forward + backward and the evaluation form (loss only), at the fp32 tolerance in every
+// mode: the head stays fp32 (spec A.11; exact, or 3xTF32 under the bf16 policy).
+void check_lm_head(Backend& gpu, int64_t N, int64_t D, int64_t V, const std::string& what) {
+  CpuBackend cpu;
   auto y = rnd(size_t(N * D)), w = rnd(size_t(V * D), 0.1), bias = rnd(size_t(V), 0.1);
   auto target = rnd_ints(size_t(N), int32_t(V));
   target[3] = -1;
-  target[17] = -1;
+  target[size_t(N - 1)] = -1;
   auto dw0 = rnd(size_t(V * D), 0.01), db0 = rnd(size_t(V), 0.01);
   std::vector<float> dy(size_t(N * D)), dw = dw0, db = db0;
-  const float scale = 1.0f / 48.0f;
+  const float scale = 1.0f / float(N);
   const double loss = cpu.lm_head_loss(y.data(), w.data(), bias.data(), target.data(), N, D, V, scale, dy.data(),
                                        dw.data(), db.data());
-  DevBuf gy(*gpu, y), gw(*gpu, w), gb(*gpu, bias), gt(*gpu, target), gdy(*gpu, N * D), gdw(*gpu, dw0), gdb(*gpu, db0);
-  const double gloss =
-      gpu->lm_head_loss(gy.f(), gw.f(), gb.f(), gt.i(), N, D, V, scale, gdy.f(), gdw.f(), gdb.f());
-  EXPECT_NEAR(gloss, loss, kTolF32 * std::fabs(loss));
-  expect_close(gdy.get(), dy, kTolF32, "lm_head dy");
-  expect_close(gdw.get(), dw, kTolF32, "lm_head dw");
-  expect_close(gdb.get(), db, kTolF32, "lm_head dbias");
+  DevBuf gy(gpu, y), gw(gpu, w), gb(gpu, bias), gt(gpu, target), gdy(gpu, N * D), gdw(gpu, dw0), gdb(gpu, db0);
+  const double gloss = gpu.lm_head_loss(gy.f(), gw.f(), gb.f(), gt.i(), N, D, V, scale, gdy.f(), gdw.f(), gdb.f());
+  EXPECT_NEAR(gloss, loss, kTolF32 * std::fabs(loss)) << what;
+  expect_close(gdy.get(), dy, kTolF32, what + " dy");
+  expect_close(gdw.get(), dw, kTolF32, what + " dw");
+  expect_close(gdb.get(), db, kTolF32, what + " dbias");
+  const double eval = gpu.lm_head_loss(gy.f(), gw.f(), gb.f(), gt.i(), N, D, V, 0.0f, nullptr, nullptr, nullptr);
+  EXPECT_NEAR(eval, loss, kTolF32 * std::fabs(loss)) << what << " evaluation";
 }
+
+// A large vocabulary in one row chunk (GpuLmHead covers several chunks and slices).
+TEST_P(GpuDense, LmHeadLoss) { check_lm_head(*gpu, 50, 48, 131072 + 11, std::string(GetParam().name) + " lm_head"); }
 
 // The 3xTF32 LM head (ops_lm_head.cu) over several token chunks and vocabulary slices, the
 // last ones partial and most slices starting at addresses the bias epilogue is not given, with
-// the weight split once per call and split slice by slice: against the CPU at the fp32
-// tolerance, as the exact fp32 head of the same backend is. The diagnostics say which head ran,
-// so that a backend quietly taking the exact path cannot pass as the split one.
+// the weight split once per call and split slice by slice, and the exact fp32 head the same way.
+// The diagnostics say which head ran, so that a backend quietly taking the exact path cannot
+// pass as the split one.
 TEST(GpuLmHead, Tf32x3SlicesMatchFp32) {
   if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
-  CpuBackend cpu;
-  const int64_t N = 300, D = 64, V = 5003;
-  auto y = rnd(size_t(N * D)), w = rnd(size_t(V * D), 0.1), bias = rnd(size_t(V), 0.1);
-  auto target = rnd_ints(size_t(N), int32_t(V));
-  target[7] = -1;
-  auto dw0 = rnd(size_t(V * D), 0.01), db0 = rnd(size_t(V), 0.01);
-  std::vector<float> dy(size_t(N * D)), dw = dw0, db = db0;
-  const float scale = 1.0f / 300.0f;
-  const double loss = cpu.lm_head_loss(y.data(), w.data(), bias.data(), target.data(), N, D, V, scale, dy.data(),
-                                       dw.data(), db.data());
   for (const int run : {0, 1, 2}) {  // split, with the weight split once; split per slice; exact
     const bool split = run < 2;
     CudaBackendOptions o;
@@ -257,18 +253,8 @@ TEST(GpuLmHead, Tf32x3SlicesMatchFp32) {
     const std::string diag = gpu->diagnostics();
     const bool cublaslt = diag.find("gemm engine cublaslt") != std::string::npos;
     EXPECT_EQ(diag.find("LM head 3xTF32") != std::string::npos, split && cublaslt) << diag;
-    DevBuf gy(*gpu, y), gw(*gpu, w), gb(*gpu, bias), gt(*gpu, target), gdy(*gpu, N * D), gdw(*gpu, dw0),
-        gdb(*gpu, db0);
-    const double gloss =
-        gpu->lm_head_loss(gy.f(), gw.f(), gb.f(), gt.i(), N, D, V, scale, gdy.f(), gdw.f(), gdb.f());
-    const std::string what = run == 0 ? "3xTF32 head " : run == 1 ? "3xTF32 head, split per slice " : "exact head ";
-    EXPECT_NEAR(gloss, loss, kTolF32 * std::fabs(loss)) << what;
-    expect_close(gdy.get(), dy, kTolF32, what + "dy");
-    expect_close(gdw.get(), dw, kTolF32, what + "dw");
-    expect_close(gdb.get(), db, kTolF32, what + "dbias");
-    // Forward only (evaluation): the loss alone.
-    const double eval = gpu->lm_head_loss(gy.f(), gw.f(), gb.f(), gt.i(), N, D, V, 0.0f, nullptr, nullptr, nullptr);
-    EXPECT_NEAR(eval, loss, kTolF32 * std::fabs(loss)) << what << "evaluation";
+    check_lm_head(*gpu, 300, 64, 5003,
+                  run == 0 ? "3xTF32 head" : run == 1 ? "3xTF32 head, split per slice" : "exact head");
   }
 }
 

@@ -199,8 +199,8 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
   const int64_t pk = shape == GemmShape::RaggedK ? ragged_bound(K) : K;
   const uint32_t al_l = alignment_of(B.ptr), al_r = alignment_of(A.ptr), al_c = alignment_of(C);
   std::vector<int64_t> key = {pm, N, pk, int64_t(A.type), A.ld, A.trans, B.ld, B.trans, ldc, al_l, al_r, al_c,
-                              batch.count, batch.stride_a, batch.stride_b, batch.stride_c, int64_t(compute), int64_t(shape),
-                              bias ? int64_t(alignment_of(bias)) : 0};
+                              batch.count, batch.stride_a, batch.stride_b, batch.stride_c, int64_t(compute),
+                              int64_t(shape), bias ? int64_t(alignment_of(bias)) : 0};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   // Shapes outside the few dozen a step repeats (ragged ones included) could still grow the

@@ -61,7 +61,7 @@ void CudaBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, f
     GemmOperand dn_plain = dno;
     dn_plain.trans = false;  // dact = dys DN, DN stored [D, I] = [K, N]
     experts.by_rows(I, D, dyo, dn_plain, D * I, 0.0f, dact.f(), I);
-    gpu_swiglu_backward(stream_, hid.f(), dact.f(), dhid.f(), rows, I);
+    gpu_swiglu_backward(stream_, hid.f(), dact.f(), dhid.f(), rows, I, experts.routed_rows_dev());
     const GemmOperand dho = operand(dhid.f(), rows, 2 * I, 2 * I, false, bf16, hdhid);
     if (dgate_up) experts.weight_grads(2 * I, D, dho, xo, dgate_up, D, 2 * I * D);  // dgate_up[e] [2I, D] += dhid^T xs
     GemmOperand gu_plain = guo;

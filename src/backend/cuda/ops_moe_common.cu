@@ -78,7 +78,8 @@ __global__ void k_gather(const float* src, const int32_t* perm, const float* row
   }
 }
 
-__global__ void k_swiglu(const float* hid, float* act, int64_t rows, int64_t I) {
+__global__ void k_swiglu(const float* hid, float* act, int64_t rows, int64_t I, const int32_t* rows_dev) {
+  if (rows_dev && *rows_dev < rows) rows = *rows_dev;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * I; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / I, j = i % I;
     const float g = hid[r * 2 * I + j], u = hid[r * 2 * I + I + j];
@@ -86,7 +87,9 @@ __global__ void k_swiglu(const float* hid, float* act, int64_t rows, int64_t I) 
   }
 }
 
-__global__ void k_swiglu_backward(const float* hid, const float* dact, float* dhid, int64_t rows, int64_t I) {
+__global__ void k_swiglu_backward(const float* hid, const float* dact, float* dhid, int64_t rows, int64_t I,
+                                  const int32_t* rows_dev) {
+  if (rows_dev && *rows_dev < rows) rows = *rows_dev;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * I; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / I, j = i % I;
     const float g = hid[r * 2 * I + j], u = hid[r * 2 * I + I + j];
@@ -133,15 +136,16 @@ void gpu_gather_rows(gpuStream_t s, const float* src, const int32_t* perm, const
   GPU_LAUNCH_CHECK();
 }
 
-void gpu_swiglu(gpuStream_t s, const float* hid, float* act, int64_t rows, int64_t I) {
+void gpu_swiglu(gpuStream_t s, const float* hid, float* act, int64_t rows, int64_t I, const int32_t* rows_dev) {
   if (rows * I == 0) return;
-  k_swiglu<<<gpu_blocks(rows * I), kGpuThreads, 0, s>>>(hid, act, rows, I);
+  k_swiglu<<<gpu_blocks(rows * I), kGpuThreads, 0, s>>>(hid, act, rows, I, rows_dev);
   GPU_LAUNCH_CHECK();
 }
 
-void gpu_swiglu_backward(gpuStream_t s, const float* hid, const float* dact, float* dhid, int64_t rows, int64_t I) {
+void gpu_swiglu_backward(gpuStream_t s, const float* hid, const float* dact, float* dhid, int64_t rows, int64_t I,
+                         const int32_t* rows_dev) {
   if (rows * I == 0) return;
-  k_swiglu_backward<<<gpu_blocks(rows * I), kGpuThreads, 0, s>>>(hid, dact, dhid, rows, I);
+  k_swiglu_backward<<<gpu_blocks(rows * I), kGpuThreads, 0, s>>>(hid, dact, dhid, rows, I, rows_dev);
   GPU_LAUNCH_CHECK();
 }
 
@@ -194,7 +198,7 @@ void ExpertGemms::weight_grads(int64_t M, int64_t N, const GemmOperand& A, const
 void gpu_moe_gate_up(CudaBackend& be, const ExpertGemms& experts, int64_t I, int64_t D, const GemmOperand& xo,
                      const GemmOperand& guo, float* hid, float* act) {
   experts.by_rows(2 * I, D, xo, guo, 2 * I * D, 0.0f, hid, 2 * I);
-  gpu_swiglu(be.stream(), hid, act, experts.rows(), I);
+  gpu_swiglu(be.stream(), hid, act, experts.rows(), I, experts.routed_rows_dev());
 }
 
 }  // namespace zaya

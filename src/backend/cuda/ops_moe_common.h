@@ -28,10 +28,13 @@ GpuMoePlan gpu_plan_moe(CudaBackend& be, const int32_t* expert, int64_t N, int64
 // dst[i, :] = src[perm[i], :] * (row_scale ? row_scale[perm[i]] : 1) for i < rows.
 void gpu_gather_rows(gpuStream_t s, const float* src, const int32_t* perm, const float* row_scale, int64_t rows,
                      int64_t D, float* dst);
-// act[i, j] = silu(hid[i, j]) * hid[i, I + j]
-void gpu_swiglu(gpuStream_t s, const float* hid, float* act, int64_t rows, int64_t I);
-// dhid from dact and hid (SwiGLU backward).
-void gpu_swiglu_backward(gpuStream_t s, const float* hid, const float* dact, float* dhid, int64_t rows, int64_t I);
+// act[i, j] = silu(hid[i, j]) * hid[i, I + j] for i < rows, and i < *rows_dev when given (the
+// routed count on the device: rows past it are not computed).
+void gpu_swiglu(gpuStream_t s, const float* hid, float* act, int64_t rows, int64_t I,
+                const int32_t* rows_dev = nullptr);
+// dhid from dact and hid (SwiGLU backward), over the same rows.
+void gpu_swiglu_backward(gpuStream_t s, const float* hid, const float* dact, float* dhid, int64_t rows, int64_t I,
+                         const int32_t* rows_dev = nullptr);
 
 // The same operand starting `rows` stored rows further down.
 inline GemmOperand operand_rows(GemmOperand o, int64_t rows) {
@@ -53,6 +56,9 @@ class ExpertGemms {
   // Rows of the grouped-row buffers: the routed count (host offsets), or N (device offsets:
   // rows past the routed ones are not computed and must not be read).
   int64_t rows() const { return rows_; }
+  // Device-grouped: the routed count on the device (the grouped rows that are computed); else
+  // nullptr (all rows() are).
+  const int32_t* routed_rows_dev() const { return grouped_ ? plan_.routed_dev(E_) : nullptr; }
   // C[r, :] = A[r, :] op(W_e) + beta * C[r, :] for the rows r of every expert e. A: [rows, K]
   // as stored; W_e = W + e * stride_w elements, its logical [K, N] stored [N, K] (W.trans) or
   // [K, N]; C fp32 with row stride ldc.
