@@ -222,7 +222,9 @@ class Backend {
   // Inference (generate, score): from set_weights_frozen(true) until set_weights_frozen(false),
   // the weights passed to the ops (linear's w, the MoE's experts) do not change, so a backend
   // may keep converted copies of them instead of converting at every call (the GPU keeps bf16
-  // shadows). Unfreeze before changing weights. Default: nothing kept.
+  // shadows). Unfreeze before changing weights (the GPU backend also drops the copies of any
+  // weights that its own writes touch: from_host, copy, fill, scale_inplace, the optimizer
+  // updates). Default: nothing kept.
   virtual void set_weights_frozen(bool frozen) { (void)frozen; }
   // Host <-> backend transfers (no-ops beyond memcpy on the CPU).
   virtual void to_host(void* host, const void* src, int64_t bytes) = 0;

@@ -241,7 +241,13 @@ TEST(GpuModel, FrozenWeightsKeepShadows) {
   EXPECT_NE(changed, plain);
   gpu->set_weights_frozen(true);
   EXPECT_EQ(logits(), changed) << "shadows of the changed weights";
+  // Weights written while frozen (against the contract, but it must not serve stale copies):
+  // the write drops their shadows, so the frozen forward equals an unfrozen one.
+  gpu->scale_inplace(model->params(), 2.0f, model->layout().total);
+  const std::vector<float> written_frozen = logits();
+  EXPECT_NE(written_frozen, changed) << "a stale shadow served after scale_inplace";
   gpu->set_weights_frozen(false);
+  EXPECT_EQ(logits(), written_frozen);
 }
 
 // 50 optimizer steps of zaya-tiny on the same synthetic batches (a repeating token pattern

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <string>
+#include <iterator>
 #include <vector>
 
 namespace zaya {
@@ -112,7 +113,7 @@ void CudaBackend::pool_put(void* p) {
   const int64_t bytes = it->second;
   free_.emplace(bytes, p);
   live_.erase(it);
-  if (!shadows_.empty()) drop_shadows_in(p, bytes);
+  drop_shadows_over(p, bytes);
 }
 
 void CudaBackend::release_free_blocks() {
@@ -151,11 +152,15 @@ DeviceBuffer CudaBackend::upload(const void* host, int64_t bytes) {
 }
 
 void CudaBackend::copy(float* dst, const float* src, int64_t n) {
+  drop_shadows_over(dst, n * 4);
   if (n > 0 && dst != src)
     GPU_CHECK(gpuMemcpyAsync(dst, src, size_t(n) * 4, gpuMemcpyDeviceToDevice, stream_));
 }
 
-void CudaBackend::fill(float* dst, float value, int64_t n) { gpu_fill(stream_, dst, value, n); }
+void CudaBackend::fill(float* dst, float value, int64_t n) {
+  drop_shadows_over(dst, n * 4);
+  gpu_fill(stream_, dst, value, n);
+}
 
 void CudaBackend::to_host(void* host, const void* src, int64_t bytes) {
   if (bytes > 0) GPU_CHECK(gpuMemcpyAsync(host, src, size_t(bytes), gpuMemcpyDeviceToHost, stream_));
@@ -163,6 +168,7 @@ void CudaBackend::to_host(void* host, const void* src, int64_t bytes) {
 }
 
 void CudaBackend::from_host(void* dst, const void* host, int64_t bytes) {
+  drop_shadows_over(dst, bytes);
   if (bytes > 0) GPU_CHECK(gpuMemcpyAsync(dst, host, size_t(bytes), gpuMemcpyHostToDevice, stream_));
 #if defined(ZAYA_GPU_HIP)
   synchronize();
@@ -223,12 +229,20 @@ void CudaBackend::set_weights_frozen(bool frozen) {
   shadow_keys_.clear();
 }
 
-// A block going back to the pool may hold weights: their shadows go with it. The shadows'
-// buffers are released after the map is updated (releasing calls pool_put, which reads it).
-void CudaBackend::drop_shadows_in(const void* block, int64_t bytes) {
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(block), hi = lo + uintptr_t(bytes);
-  std::vector<WeightShadow> dying;  // freed after the loop (their pool_put looks at shadows_)
-  for (auto key = shadow_keys_.lower_bound(lo); key != shadow_keys_.end() && *key < hi;) {
+// The shadows are of distinct, non-overlapping weight matrices, so at most one starts before p
+// and reaches into the range. Their buffers are released after the maps are updated (releasing
+// calls pool_put, which comes back here).
+void CudaBackend::drop_shadows_over(const void* p, int64_t bytes) {
+  if (shadow_keys_.empty() || bytes <= 0) return;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p), hi = lo + uintptr_t(bytes);
+  auto key = shadow_keys_.lower_bound(lo);
+  if (key != shadow_keys_.begin()) {
+    const auto before = std::prev(key);
+    const WeightShadow& sh = shadows_.at(*before);
+    if (*before + uintptr_t(sh.rows * sh.cols * 4) > lo) key = before;
+  }
+  std::vector<WeightShadow> dying;
+  while (key != shadow_keys_.end() && *key < hi) {
     auto it = shadows_.find(*key);
     dying.push_back(std::move(it->second));
     shadows_.erase(it);

@@ -201,7 +201,10 @@ class CudaBackend final : public Backend {
   std::unordered_map<uintptr_t, WeightShadow> shadows_;
   std::set<uintptr_t> shadow_keys_;
   int64_t shadows_built_ = 0;
-  void drop_shadows_in(const void* block, int64_t bytes);
+  // Drops the shadows of every weight matrix overlapping [p, p + bytes): a block going back to
+  // the pool, or memory about to be written (from_host, copy, fill, scale_inplace and the
+  // optimizer updates), so a stale bf16 copy never serves even if weights change while frozen.
+  void drop_shadows_over(const void* p, int64_t bytes);
   std::multimap<int64_t, void*> free_;       // reusable blocks by size
   void release_free_blocks();
 };

@@ -111,6 +111,7 @@ void CudaBackend::muon_momentum(float* m, const float* g, float* u, int64_t n, f
 }
 
 void CudaBackend::muon_update(float* w, const float* x, int64_t n, float lr, float scale, float wd) {
+  drop_shadows_over(w, n * 4);
   if (n == 0) return;
   k_muon_update<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(w, x, n, lr, scale, wd);
   GPU_LAUNCH_CHECK();
@@ -118,6 +119,7 @@ void CudaBackend::muon_update(float* w, const float* x, int64_t n, float lr, flo
 
 void CudaBackend::adamw_update(float* w, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
                                float beta2, float eps, float wd, int64_t t) {
+  drop_shadows_over(w, n * 4);
   ZAYA_CHECK(t >= 1, "adamw_update: step count must be >= 1");
   if (n == 0) return;
   const float inv_bc1 = float(1.0 / (1.0 - std::pow(double(beta1), double(t))));
@@ -137,6 +139,7 @@ double CudaBackend::sum_squares(const float* x, int64_t n) {
 }
 
 void CudaBackend::scale_inplace(float* x, float s, int64_t n) {
+  drop_shadows_over(x, n * 4);
   if (n == 0) return;
   k_scale<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(x, s, n);
   GPU_LAUNCH_CHECK();
