@@ -158,8 +158,6 @@ TEST(GpuModelGradsBf16, DecisiveRoutingGradientsMatchCpu) {
   }
 }
 
-// Frozen weights (inference): the bf16 shadows give bitwise the logits of converting at every
-// call, are reused, and after unfreezing and changing the weights the new ones are used.
 // The count of bf16 weight shadows the backend has built, from its diagnostics line.
 int64_t shadows_built(const Backend& be) {
   const std::string d = be.diagnostics(), tag = " bf16 weight shadows built";
@@ -213,6 +211,9 @@ TEST(GpuModel, FreedWeightsDropTheirShadows) {
   gpu->set_weights_frozen(false);
 }
 
+// Frozen weights (inference): the bf16 shadows give bitwise the logits of converting at every
+// call, are reused, and after unfreezing and changing the weights the new ones are used; a
+// write while frozen drops the shadows of what it writes.
 TEST(GpuModel, FrozenWeightsKeepShadows) {
   if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
   const std::string dir = test::source_path("tests/fixtures/" + grad_cases()[0]);

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "backend/cuda/comm_nccl.h"
+#include "backend/cuda/cuda_factory.h"
 #include "backend/cuda/comm_nccl_arrival.h"
 #include "backend/cuda/comm_nccl_op.h"
 #include "backend/cuda/comm_nccl_watchdog.h"
@@ -205,11 +206,7 @@ class NcclComm final : public Comm {
     // rank's failures are agreed over the bootstrap so that no rank is left waiting in a
     // collective for one that failed.
     std::string local;
-    int count = 0;
-    if (gpuGetDeviceCount(&count) != gpuSuccess) {
-      (void)gpuGetLastError();
-      count = 0;
-    }
+    const int count = cuda_device_count();
     if (count == 0)
       local = "no GPU device is available";
     else if (device_ < 0 || device_ >= count)

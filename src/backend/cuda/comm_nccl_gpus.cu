@@ -11,6 +11,7 @@
 #include <map>
 
 #include "backend/cuda/comm_nccl.h"
+#include "backend/cuda/cuda_factory.h"
 #include "backend/cuda/gpu_runtime.h"
 
 namespace zaya {
@@ -20,15 +21,6 @@ namespace {
 constexpr size_t kHostChars = 64, kBusChars = 32;
 using GpuIdentity = std::array<char, kHostChars + kBusChars>;  // host name, then PCI bus id; zero-padded
 
-int visible_gpus() {
-  int count = 0;
-  if (gpuGetDeviceCount(&count) != gpuSuccess) {
-    (void)gpuGetLastError();
-    return 0;
-  }
-  return count;
-}
-
 // This rank's GPU, or a bus id of "none: <why>" when it has no usable one.
 GpuIdentity identity_of(int device) {
   GpuIdentity id{};
@@ -36,7 +28,7 @@ GpuIdentity identity_of(int device) {
   if (gethostname(host, sizeof(host) - 1) != 0) std::strncpy(host, "unknown-host", sizeof(host) - 1);
   std::memcpy(id.data(), host, kHostChars);
   char bus[kBusChars] = {};
-  const int count = visible_gpus();
+  const int count = cuda_device_count();
   if (count == 0) {
     std::strncpy(bus, "none: no GPU visible", sizeof(bus) - 1);
   } else if (gpuDeviceGetPCIBusId(bus, int(sizeof(bus)) - 1, nccl_device_for(device)) != gpuSuccess) {
@@ -52,7 +44,7 @@ std::string text_of(const char* p, size_t n) { return std::string(p, strnlen(p, 
 }  // namespace
 
 int nccl_device_for(int device) {
-  const int count = visible_gpus();
+  const int count = cuda_device_count();
   return count > 0 && device >= 0 ? device % count : device;
 }
 

@@ -6,8 +6,8 @@
 #include "backend/cuda/gpu_grouped_gemm.h"
 
 #include <algorithm>
-#include <string>
 #include <iterator>
+#include <string>
 #include <vector>
 
 namespace zaya {
@@ -64,8 +64,10 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
   }
 #if defined(ZAYA_GPU_CUDA)
   // bf16 WMMA: an sm_80 or newer device running code compiled for sm_80 or newer (a build for
-  // older targets only, JIT-compiled here, has the WMMA path compiled out to a trap).
-  wmma_ = gpu_device_compute_major(options_.device) >= 8 && grouped_gemm_compiled_arch() >= 80;
+  // older targets only, JIT-compiled here, has the WMMA path compiled out to a trap), unless the
+  // portable kernels are asked for.
+  wmma_ = !options_.portable_gemm && gpu_device_compute_major(options_.device) >= 8 &&
+          grouped_gemm_compiled_arch() >= 80;
 #endif
   gemm_ = std::make_unique<GpuGemm>(stream_, options_.portable_gemm);
 }

@@ -163,8 +163,8 @@ class CudaBackend final : public Backend {
   bool lm_head_tf32x3() const;
   bool bf16_matmul() const { return options_.bf16_matmul; }
   bool moe_device_grouped() const { return options_.moe_device_grouped; }
-  bool portable_gemm() const { return options_.portable_gemm; }
-  // Whether the device runs the grouped GEMMs' bf16 WMMA path (CUDA, sm_80 and newer; read once).
+  // Whether the grouped GEMMs take their bf16 WMMA path (CUDA, sm_80 and newer, not asked for the
+  // portable kernels; decided once at start).
   bool wmma() const { return wmma_; }
   // linear / linear_backward with an explicit operand precision (the LM head stays fp32).
   void linear_impl(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,

@@ -179,16 +179,6 @@ __global__ void __launch_bounds__(kThreads)
 
 int64_t tiles(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
 
-// The kernels' path flag: WMMA where asked for (the caller knows the device can) in a CUDA build.
-int grouped_tensor_cores(bool asked) {
-#if defined(ZAYA_GPU_CUDA)
-  return asked ? 1 : 0;
-#else
-  (void)asked;
-  return 0;
-#endif
-}
-
 }  // namespace
 
 int grouped_gemm_compiled_arch() {
@@ -211,7 +201,7 @@ void grouped_gemm_rows(gpuStream_t s, bool tensor_cores, const int32_t* offsets,
   if (tiles(N, kBN) > 65535) fail("cuda", "grouped_gemm_rows: N = " + std::to_string(N) + " is too large");
   // Each expert's last tile may be partial: at most one extra tile per expert.
   const dim3 grid(unsigned(tiles(max_rows, kBM) + E), unsigned(tiles(N, kBN)));
-  k_grouped_rows<<<grid, kThreads, 0, s>>>(grouped_tensor_cores(tensor_cores), offsets, E, N, K, alpha, A, lda, B,
+  k_grouped_rows<<<grid, kThreads, 0, s>>>(tensor_cores ? 1 : 0, offsets, E, N, K, alpha, A, lda, B,
                                            ldb, b_trans ? 1 : 0, stride_b, beta, C, ldc);
   GPU_LAUNCH_CHECK();
 }
@@ -222,7 +212,7 @@ void grouped_gemm_weights(gpuStream_t s, bool tensor_cores, const int32_t* offse
   if (E <= 0 || M <= 0 || N <= 0) return;
   if (E > 65535) fail("cuda", "grouped_gemm_weights: " + std::to_string(E) + " experts is too many");
   const dim3 grid(unsigned(tiles(M, kBM) * tiles(N, kBN)), 1, unsigned(E));
-  k_grouped_weights<<<grid, kThreads, 0, s>>>(grouped_tensor_cores(tensor_cores), offsets, M, N, alpha, A, lda, B,
+  k_grouped_weights<<<grid, kThreads, 0, s>>>(tensor_cores ? 1 : 0, offsets, M, N, alpha, A, lda, B,
                                               ldb, beta, C, ldc, stride_c);
   GPU_LAUNCH_CHECK();
 }

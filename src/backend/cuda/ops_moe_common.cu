@@ -160,7 +160,7 @@ void ExpertGemms::by_rows(int64_t N, int64_t K, const GemmOperand& A, const Gemm
                           float beta, float* C, int64_t ldc) const {
   if (grouped_) {
     ZAYA_CHECK(A.type == GemmType::BF16 && W.type == GemmType::BF16 && !A.trans, "moe: grouped operands");
-    grouped_gemm_rows(be_.stream(), be_.wmma() && !be_.portable_gemm(), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f,
+    grouped_gemm_rows(be_.stream(), be_.wmma(), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f,
                       static_cast<const bf16_t*>(A.ptr), A.ld, static_cast<const bf16_t*>(W.ptr), W.ld, W.trans,
                       stride_w, beta, C, ldc);
     return;
@@ -180,7 +180,7 @@ void ExpertGemms::weight_grads(int64_t M, int64_t N, const GemmOperand& A, const
   ZAYA_CHECK(!A.trans && !B.trans, "moe: weight gradient operands are stored by rows");
   if (grouped_) {
     ZAYA_CHECK(A.type == GemmType::BF16 && B.type == GemmType::BF16, "moe: grouped operands");
-    grouped_gemm_weights(be_.stream(), be_.wmma() && !be_.portable_gemm(), plan_.offsets_dev.i(), E_, M, N, 1.0f,
+    grouped_gemm_weights(be_.stream(), be_.wmma(), plan_.offsets_dev.i(), E_, M, N, 1.0f,
                          static_cast<const bf16_t*>(A.ptr), A.ld, static_cast<const bf16_t*>(B.ptr), B.ld, 1.0f, C,
                          ldc, stride_c);
     return;
