@@ -1,7 +1,8 @@
 // How sensitive Muon's Newton-Schulz (5 quintic steps, the coefficients of
 // src/backend/cuda/ops_optim.cu) is to bf16 operands, measured on the host: the evidence
 // behind the GPU backend running it in TF32 rather than bf16 (docs/gpu.md, "Precision policy").
-// For a few shapes it compares, by max|a - b| / max|b| over the output:
+// For a few shapes it compares, by max|a - b| / max|b| over the output (and, for the bf16
+// rows, by the Frobenius norm ||a - b|| / ||b||, the *_rel_l2 fields):
 //   bf16_vs_fp32        bf16-rounded GEMM operands against fp32 operands (both OpenBLAS sgemm);
 //   bf16_order          two bf16-operand runs that differ only in accumulation order (sgemm
 //                       against sums in double): how far apart two correct bf16 implementations
@@ -83,6 +84,15 @@ double max_rel(const Matrix& got, const Matrix& ref) {
   return e / m;
 }
 
+double rel_l2(const Matrix& got, const Matrix& ref) {  // ||got - ref||_F / ||ref||_F
+  double d = 0, n = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    d += double(got[i] - ref[i]) * double(got[i] - ref[i]);
+    n += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(d / n);
+}
+
 }  // namespace
 
 int main() {
@@ -97,8 +107,11 @@ int main() {
     const Matrix f32_double = newton_schulz(x, r, c, Sum::Double, false);
     const Matrix b16 = newton_schulz(x, r, c, Sum::Sgemm, true);
     const Matrix b16_double = newton_schulz(x, r, c, Sum::Double, true);
-    std::printf("{\"rows\": %d, \"cols\": %d, \"bf16_vs_fp32\": %.3g, \"bf16_order\": %.3g, \"fp32_order\": %.3g}\n",
-                r, c, max_rel(b16, f32), max_rel(b16, b16_double), max_rel(f32, f32_double));
+    std::printf(
+        "{\"rows\": %d, \"cols\": %d, \"bf16_vs_fp32\": %.3g, \"bf16_order\": %.3g, \"fp32_order\": %.3g, "
+        "\"bf16_vs_fp32_rel_l2\": %.3g, \"bf16_order_rel_l2\": %.3g}\n",
+        r, c, max_rel(b16, f32), max_rel(b16, b16_double), max_rel(f32, f32_double), rel_l2(b16, f32),
+        rel_l2(b16, b16_double));
   }
   return 0;
 }

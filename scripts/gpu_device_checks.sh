@@ -7,9 +7,10 @@
 #   dp     GPU data parallelism (MPI, host-staged): tests/dp/dp_equivalence.sh with cuda-fp32 (1, 2
 #          and 3 ranks sharing the GPU, a 2-rank checkpoint resumed by 3; the CPU tolerances)
 #   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
-#   bench  bench_train (ZAYA1-base-shaped blocks; again with device-grouped MoE GEMMs, and with
-#          the LM head in exact fp32), its transformers peer, bench_decode (batch 1, 16; again
+#   bench  bench_train (ZAYA1-base-shaped blocks; again with device-grouped MoE GEMMs, with
+#          the LM head in exact fp32, and with bf16 Newton-Schulz), its transformers peer, bench_decode (batch 1, 16; again
 #          with device-grouped MoE GEMMs)
+#   kernels  Nsight Compute's time for every kernel of one bench_train step, summed by name
 #   fit    the full 8.3B zaya1-base, training steps on this one GPU (no sharding): memory and speed
 # Logs and JSON results go to $OUT/logs.tgz ($OUT default /tmp/zaya-gpu-out), re-packed after
 # every step, so a call that runs out of time still returns what finished. Each step runs
@@ -134,6 +135,10 @@ step_bench() {
   ZAYA_LM_HEAD_EXACT=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
     --skip-peaks > "$LOGS/bench_train_cuda_exact_head.json" 2> "$LOGS/bench_train_cuda_exact_head.log" &&
     grep -E "median|gemm engine" "$LOGS/bench_train_cuda_exact_head.log" || tail -3 "$LOGS/bench_train_cuda_exact_head.log"
+  # The same step with Newton-Schulz on bf16 operands instead of TF32 (the spec's C.4 proposal).
+  ZAYA_NS_BF16=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
+    --skip-peaks > "$LOGS/bench_train_cuda_ns_bf16.json" 2> "$LOGS/bench_train_cuda_ns_bf16.log" &&
+    grep -E "median|gemm engine" "$LOGS/bench_train_cuda_ns_bf16.log" || tail -3 "$LOGS/bench_train_cuda_ns_bf16.log"
   # Per-op breakdown (each op synchronised: slower than the timed run above).
   "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 1 --steps 2 --skip-peaks --profile \
     > "$LOGS/bench_train_profile.json" 2> "$LOGS/bench_train_profile.log" && \
@@ -147,6 +152,16 @@ step_bench() {
       --rounds 3 > "$LOGS/bench_decode_grouped_b$b.json" 2> "$LOGS/bench_decode_grouped_b$b.log" &&
       tail -1 "$LOGS/bench_decode_grouped_b$b.log" || tail -3 "$LOGS/bench_decode_grouped_b$b.log"
   done
+}
+step_kernels() {
+  # Every kernel of one training step timed by Nsight Compute (each kernel replayed alone, clocks
+  # left as they are), summed by kernel name: where the per-op profile's time goes inside an op.
+  local cfg=bench/configs/zaya1-base-blocks.json
+  command -v ncu > /dev/null || { echo "no ncu on this machine"; return 1; }
+  ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    "$BIN/bench_train" --backend cuda --config $cfg --batch ${BENCH_B:-4} --seq ${BENCH_T:-4096} --warmup 0 --steps 1 \
+    --skip-peaks > "$LOGS/kernels.csv" 2> "$LOGS/kernels.log" || { tail -5 "$LOGS/kernels.log"; return 1; }
+  python3 bench/kernel_table.py "$LOGS/kernels.csv" | tee "$LOGS/kernels.txt" | head -45
 }
 step_fit() {
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader

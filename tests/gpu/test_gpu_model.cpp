@@ -24,16 +24,7 @@ namespace {
 using namespace gpu_test;
 using test::grad_cases;
 
-// ||a - b|| / ||b||
-double rel_l2(const float* a, const float* b, size_t n) {
-  double d = 0, r = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    r += double(b[i]) * b[i];
-  }
-  if (std::isnan(d)) return INFINITY;
-  return r > 0 ? std::sqrt(d / r) : std::sqrt(d);
-}
+using test::rel_l2;
 
 // Every token's chosen router class in every layer ([L, B, T]).
 std::vector<int32_t> experts_of(Model& m, const std::vector<int32_t>& ids, int64_t B, int64_t T) {

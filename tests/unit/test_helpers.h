@@ -26,6 +26,35 @@ inline double max_rel_err(const float* a, const float* b, size_t n) {
   return scale > 0 ? diff / scale : diff;
 }
 
+// ||a - b|| / ||b|| (Frobenius norms; ||a - b|| alone when b is zero), infinite for any NaN or
+// infinite difference.
+inline double rel_l2(const float* a, const float* b, size_t n) {
+  double d = 0, r = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double e = double(a[i]) - double(b[i]);
+    if (!std::isfinite(e)) return INFINITY;
+    d += e * e;
+    r += double(b[i]) * b[i];
+  }
+  return r > 0 ? std::sqrt(d / r) : std::sqrt(d);
+}
+
+// max_i |a_i - b_i| / scale_i, for results that are each a sum of terms (a dot product), with
+// scale_i the sum of the terms' magnitudes: the bound rounding in the terms obeys, which a
+// result that cancels to near zero still meets. A zero scale demands an exact match; any NaN or
+// infinite difference gives infinity.
+inline double max_err_over_scale(const float* a, const float* b, const double* scale, size_t n) {
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = std::fabs(double(a[i]) - double(b[i]));
+    if (!std::isfinite(d)) return INFINITY;
+    if (d == 0) continue;
+    if (!(scale[i] > 0)) return INFINITY;
+    worst = std::max(worst, d / scale[i]);
+  }
+  return worst;
+}
+
 inline std::vector<float> random_vector(size_t n, uint64_t seed, double scale = 1.0) {
   Rng rng(seed);
   std::vector<float> v(n);

@@ -137,7 +137,8 @@ std::string CudaBackend::diagnostics() const {
          std::to_string(gemm_->epilogue_fallbacks()) + " bias-epilogue fallbacks, MoE experts " +
          (options_.moe_device_grouped && options_.bf16_matmul ? "as device-grouped GEMMs"
                                                               : "per expert from host offsets") +
-         (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32") + ", " +
+         (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32") + ", Newton-Schulz " +
+         (newton_schulz_bf16() ? "bf16" : options_.bf16_matmul ? "TF32" : "exact fp32") + ", " +
          std::to_string(shadows_built_) + " bf16 weight shadows built (" + std::to_string(shadows_.size()) +
          " held)";
 }

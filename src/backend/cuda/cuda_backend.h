@@ -163,6 +163,8 @@ class CudaBackend final : public Backend {
   bool lm_head_tf32x3() const;
   bool bf16_matmul() const { return options_.bf16_matmul; }
   bool moe_device_grouped() const { return options_.moe_device_grouped; }
+  // Whether Newton-Schulz takes bf16 GEMM operands (asked for, under the bf16 policy).
+  bool newton_schulz_bf16() const { return options_.newton_schulz_bf16 && options_.bf16_matmul; }
   // Whether the grouped GEMMs take their bf16 WMMA path (CUDA, sm_80 and newer, not asked for the
   // portable kernels; decided once at start).
   bool wmma() const { return wmma_; }

@@ -3,7 +3,8 @@
 // the deterministic sum of squares used by gradient clipping, and in-place scaling.
 // newton_schulz_batched orthogonalises a tensor's experts together: strided-batched GEMMs,
 // one call per iteration product for the whole [E, rows, cols] tensor, reading the b A and a X
-// terms as C inputs (GpuGemm::run_into) rather than copying them (not yet run on a GPU).
+// terms as C inputs (GpuGemm::run_into) rather than copying them; its operands are TF32 under
+// the bf16 policy, or bf16 when CudaBackendOptions::newton_schulz_bf16 asks (fp32 iterates).
 #include <cmath>
 
 #include "backend/cuda/cuda_backend.h"
@@ -79,8 +80,10 @@ void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, i
   const bool transposed = rows > cols;
   const int64_t r = transposed ? cols : rows, c = transposed ? rows : cols, n = r * c;
   const GemmCompute nc = options_.bf16_matmul ? GemmCompute::Tf32 : GemmCompute::Exact;
+  const bool bf16 = newton_schulz_bf16();
   DeviceBuffer ssq(this, batch * 8), xb(this, batch * n * 4), yb(this, batch * n * 4), A(this, batch * r * r * 4),
       Bm(this, batch * r * r * 4);
+  DeviceBuffer xh, ah, bh;  // bf16 copies of X, A and B (bf16 operands only)
   for (int64_t i = 0; i < batch; ++i) gpu_sum_squares(*this, x + i * n, n, ssq.d() + i);
   k_ns_init<<<gpu_blocks(batch * n), kGpuThreads, 0, stream_>>>(x, ssq.d(), xb.f(), batch, r, c, transposed);
   GPU_LAUNCH_CHECK();
@@ -88,14 +91,25 @@ void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, i
   float* Y = yb.f();
   const GemmBatch bx{batch, n, n, r * r}, ba{batch, r * r, r * r, r * r}, bb{batch, r * r, n, n};
   for (int s = 0; s < steps; ++s) {
-    // Under the bf16 policy the products run in TF32 (fp32 operands on the tensor cores, fp32
-    // accumulation: ~1e-3 from fp32, about 8x its rate); otherwise exactly in fp32.
-    const GemmOperand x_op = f32_operand(X, c, false);
-    // The b A and a X terms are read from A and X as the GEMMs' C inputs (no copies).
-    gemm(r, r, c, 1.0f, x_op, f32_operand(X, c, true), 0.0f, A.f(), r, bx, nc);  // A = X X^T
-    const GemmOperand a_op = f32_operand(A.f(), r, false);
-    gemm_into(r, r, r, kNsC, a_op, a_op, kNsB, A.f(), Bm.f(), r, ba, nc);                  // B = b A + c A A
-    gemm_into(r, c, r, 1.0f, f32_operand(Bm.f(), r, false), x_op, kNsA, X, Y, c, bb, nc);  // Y = a X + B X
+    // The b A and a X terms are read from A and X as the GEMMs' C inputs (no copies); the
+    // iterates X, A and B stay fp32 in every mode.
+    if (bf16) {  // bf16 operands, fp32 accumulation (each operand converted once per iteration)
+      const GemmOperand x_op = operand(X, batch * r, c, c, false, true, xh);
+      GemmOperand x_t = x_op;
+      x_t.trans = true;
+      gemm(r, r, c, 1.0f, x_op, x_t, 0.0f, A.f(), r, bx);  // A = X X^T
+      const GemmOperand a_op = operand(A.f(), batch * r, r, r, false, true, ah);
+      gemm_into(r, r, r, kNsC, a_op, a_op, kNsB, A.f(), Bm.f(), r, ba);  // B = b A + c A A
+      gemm_into(r, c, r, 1.0f, operand(Bm.f(), batch * r, r, r, false, true, bh), x_op, kNsA, X, Y, c, bb);
+    } else {
+      // Under the bf16 policy the products run in TF32 (fp32 operands on the tensor cores, fp32
+      // accumulation: ~1e-3 from fp32, about 8x its rate); otherwise exactly in fp32.
+      const GemmOperand x_op = f32_operand(X, c, false);
+      gemm(r, r, c, 1.0f, x_op, f32_operand(X, c, true), 0.0f, A.f(), r, bx, nc);  // A = X X^T
+      const GemmOperand a_op = f32_operand(A.f(), r, false);
+      gemm_into(r, r, r, kNsC, a_op, a_op, kNsB, A.f(), Bm.f(), r, ba, nc);                  // B = b A + c A A
+      gemm_into(r, c, r, 1.0f, f32_operand(Bm.f(), r, false), x_op, kNsA, X, Y, c, bb, nc);  // Y = a X + B X
+    }
     float* t = X;
     X = Y;
     Y = t;
