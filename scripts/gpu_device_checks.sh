@@ -8,7 +8,7 @@
 #          and 3 ranks sharing the GPU, a 2-rank checkpoint resumed by 3; the CPU tolerances)
 #   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
 #   bench  bench_train (ZAYA1-base-shaped blocks; again with device-grouped MoE GEMMs, with
-#          the LM head in exact fp32, and with bf16 Newton-Schulz), its transformers peer, bench_decode (batch 1, 16; again
+#          the LM head in exact fp32, and with TF32 Newton-Schulz), its transformers peer, bench_decode (batch 1, 16; again
 #          with device-grouped MoE GEMMs)
 #   kernels  Nsight Compute's time for every kernel of one bench_train step, summed by name
 #   fit    the full 8.3B zaya1-base, training steps on this one GPU (no sharding): memory and speed
@@ -135,10 +135,10 @@ step_bench() {
   ZAYA_LM_HEAD_EXACT=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
     --skip-peaks > "$LOGS/bench_train_cuda_exact_head.json" 2> "$LOGS/bench_train_cuda_exact_head.log" &&
     grep -E "median|gemm engine" "$LOGS/bench_train_cuda_exact_head.log" || tail -3 "$LOGS/bench_train_cuda_exact_head.log"
-  # The same step with Newton-Schulz on bf16 operands instead of TF32 (the spec's C.4 proposal).
-  ZAYA_NS_BF16=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
-    --skip-peaks > "$LOGS/bench_train_cuda_ns_bf16.json" 2> "$LOGS/bench_train_cuda_ns_bf16.log" &&
-    grep -E "median|gemm engine" "$LOGS/bench_train_cuda_ns_bf16.log" || tail -3 "$LOGS/bench_train_cuda_ns_bf16.log"
+  # The same step with Newton-Schulz on TF32 operands instead of bf16 (the default, spec C.4).
+  ZAYA_NS_TF32=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
+    --skip-peaks > "$LOGS/bench_train_cuda_ns_tf32.json" 2> "$LOGS/bench_train_cuda_ns_tf32.log" &&
+    grep -E "median|gemm engine" "$LOGS/bench_train_cuda_ns_tf32.log" || tail -3 "$LOGS/bench_train_cuda_ns_tf32.log"
   # Per-op breakdown (each op synchronised: slower than the timed run above).
   "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 1 --steps 2 --skip-peaks --profile \
     > "$LOGS/bench_train_profile.json" 2> "$LOGS/bench_train_profile.log" && \
@@ -161,7 +161,7 @@ step_kernels() {
   ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     "$BIN/bench_train" --backend cuda --config $cfg --batch ${BENCH_B:-4} --seq ${BENCH_T:-4096} --warmup 0 --steps 1 \
     --skip-peaks > "$LOGS/kernels.csv" 2> "$LOGS/kernels.log" || { tail -5 "$LOGS/kernels.log"; return 1; }
-  python3 bench/kernel_table.py "$LOGS/kernels.csv" | tee "$LOGS/kernels.txt" | head -45
+  python3 bench/kernel_table.py --top 80 "$LOGS/kernels.csv" > "$LOGS/kernels.txt"; head -45 "$LOGS/kernels.txt"
 }
 step_fit() {
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader

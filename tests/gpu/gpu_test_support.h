@@ -92,6 +92,10 @@ struct GemmMode {
   bool portable;
   double tol;  // for results that go through a GEMM
   bool moe_grouped = false;
+  // Newton-Schulz on bf16 operands (the backend's default) rather than TF32. The op tests pin
+  // TF32, which they can compare element by element; test_gpu_ns_bf16.cpp and the training
+  // test cover bf16.
+  bool ns_bf16 = false;
 };
 inline std::vector<GemmMode> gemm_modes() {
   return {{"bf16", true, false, kTolBf16}, {"fp32", false, false, kTolF32}, {"tiled_fp32", false, true, kTolF32}};
@@ -108,6 +112,7 @@ inline std::unique_ptr<Backend> make_gpu(const GemmMode& m) {
   o.bf16_matmul = m.bf16;
   o.portable_gemm = m.portable;
   o.moe_device_grouped = m.moe_grouped;
+  o.newton_schulz_bf16 = m.ns_bf16;
   return make_cuda_backend(o);
 }
 

@@ -93,6 +93,8 @@ TEST_P(GpuDense, ElementwiseAndRowOps) {
     DevBuf gd(*gpu, dout), gdt(*gpu, dt0);
     gpu->embedding_backward(gi.i(), gd.f(), gdt.f(), R, D);
     expect_close(gdt.get(), dt, kTolF32, "embedding_backward");
+    // Each id's rows are added in token order, as the CPU does: bitwise the same.
+    EXPECT_EQ(gdt.get(), dt) << "embedding_backward: summation order differs from the CPU's";
   }
   {  // rmsnorm + backward
     auto x = rnd(size_t(R * D)), w = rnd(static_cast<size_t>(D)), dy = rnd(size_t(R * D)), dx0 = rnd(size_t(R * D));

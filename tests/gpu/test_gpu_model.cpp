@@ -281,7 +281,9 @@ TEST(GpuTraining, FiftyStepsMatchCpu) {
   std::vector<float> cpu_params;
   const std::vector<double> ref = train_losses(*cpu, steps, &cpu_params);
   ASSERT_LT(ref.back(), ref.front()) << "the CPU run itself should learn the pattern";
-  for (const GemmMode& mode : gemm_modes()) {
+  std::vector<GemmMode> modes = gemm_modes();
+  modes.push_back({"bf16_ns_bf16", true, false, kTolBf16, false, true});  // the backend's defaults
+  for (const GemmMode& mode : modes) {
     auto gpu = make_gpu(mode);
     std::vector<float> gpu_params;
     const std::vector<double> got = train_losses(*gpu, steps, &gpu_params);

@@ -65,8 +65,8 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
     o.moe_device_grouped = grouped && std::string(grouped) == "1";
     const char* exact_head = std::getenv("ZAYA_LM_HEAD_EXACT");  // 1: the LM head in exact fp32 GEMMs
     o.lm_head_tf32x3 = !(exact_head && std::string(exact_head) == "1");
-    const char* ns_bf16 = std::getenv("ZAYA_NS_BF16");  // 1: Newton-Schulz with bf16 GEMM operands
-    o.newton_schulz_bf16 = ns_bf16 && std::string(ns_bf16) == "1";
+    const char* ns_tf32 = std::getenv("ZAYA_NS_TF32");  // 1: Newton-Schulz on TF32 instead of bf16 operands
+    o.newton_schulz_bf16 = !(ns_tf32 && std::string(ns_tf32) == "1");
     return make_cuda_backend(o);
 #else
     fail("backend", "zaya was built without CUDA; configure with -DZAYA_CUDA=ON");

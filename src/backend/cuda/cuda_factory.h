@@ -36,12 +36,12 @@ struct CudaBackendOptions {
   // The 3xTF32 LM head splits the whole weight once per call when both split copies fit in this
   // many bytes, else each slice as it goes (tests set 0 to cover that path).
   int64_t lm_head_split_cache_bytes = int64_t(1) << 30;
-  // Newton-Schulz's GEMM operands under the bf16 policy. false: TF32 (fp32 operands on the
-  // tensor cores; within 1e-2 of fp32 per element). true: bf16 operands with fp32 accumulation
-  // and fp32 iterates (the spec's C.4 proposal, about twice TF32's rate; 2-3% from fp32 in the
-  // Frobenius norm, bench/ns_bf16_study). make_backend sets it when the environment has
-  // ZAYA_NS_BF16=1.
-  bool newton_schulz_bf16 = false;
+  // Newton-Schulz's GEMM operands under the bf16 policy. true (the spec's C.4 proposal): bf16
+  // operands with fp32 accumulation and fp32 iterates, 2-3% from fp32 in the Frobenius norm
+  // (bench/ns_bf16_study) and about 1.6x faster than TF32 on an H100 (docs/benchmarks.md).
+  // false: TF32 (fp32 operands on the tensor cores; within 1e-2 of fp32 per element);
+  // make_backend sets it when the environment has ZAYA_NS_TF32=1.
+  bool newton_schulz_bf16 = true;
 };
 
 // The GPU backend (CUDA, or HIP when built with hipcc). Throws zaya::Error("cuda", ...) when

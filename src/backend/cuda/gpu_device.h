@@ -78,6 +78,17 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
+// The same in double (a fixed butterfly, so the result does not depend on timing).
+__device__ inline double warp_sum(double v) {
+  for (int m = GPU_WARP_SIZE / 2; m > 0; m /= 2) v += gpu_shfl_xor(v, m);
+  return v;
+}
+
+// Launch size for kernels with one warp per item (kGpuThreads per block).
+inline unsigned gpu_warp_blocks(int64_t items, int warp_size) {
+  return gpu_blocks(items * warp_size);
+}
+
 #endif
 
 }  // namespace zaya

@@ -87,15 +87,17 @@ __device__ inline float qk_value(const float* z, const float* u, int64_t head, i
   return z[Dq + g * dh + i] + kg / float(rep);
 }
 
-// One thread per (token, head): normalise (x temperature for keys), then rotate the first
-// rotary_dim dims (NeoX rotate-half). Recomputes the pre-norm value instead of storing it.
+// One warp per (token, head): normalise (x temperature for keys), then rotate the first
+// rotary_dim dims (NeoX rotate-half). The lanes stride over the head's dims (coalesced), and
+// the sum of squares is a fixed butterfly. Recomputes the pre-norm value instead of storing it.
 __global__ void k_cca_qk(const float* zz, const float* uu, const float* temp, const float* cs_t, const float* sn_t,
                          float* q, float* k, int64_t N, int64_t Hq, int64_t Hkv, int64_t dh, int64_t half) {
-  const int64_t C = (Hq + Hkv) * dh, rep = Hq / Hkv;
+  const int64_t C = (Hq + Hkv) * dh, rep = Hq / Hkv, heads = Hq + Hkv;
   const float scale = sqrtf(float(dh));
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < N * (Hq + Hkv);
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t n = idx / (Hq + Hkv), head = idx % (Hq + Hkv);
+  const int64_t lane = threadIdx.x % GPU_WARP_SIZE, warps = int64_t(gridDim.x) * (blockDim.x / GPU_WARP_SIZE);
+  for (int64_t item = int64_t(blockIdx.x) * (blockDim.x / GPU_WARP_SIZE) + threadIdx.x / GPU_WARP_SIZE;
+       item < N * heads; item += warps) {
+    const int64_t n = item / heads, head = item % heads;
     const float* z = zz + n * C;
     const float* u = uu + n * C;
     const float* cs = cs_t + n * half;
@@ -103,18 +105,19 @@ __global__ void k_cca_qk(const float* zz, const float* uu, const float* temp, co
     const float mult = head < Hq ? 1.0f : temp[head - Hq];
     float* out = head < Hq ? q + (n * Hq + head) * dh : k + (n * Hkv + (head - Hq)) * dh;
     double ss = 0;
-    for (int64_t i = 0; i < dh; ++i) {
+    for (int64_t i = lane; i < dh; i += GPU_WARP_SIZE) {
       const float v = qk_value(z, u, head, i, Hq, dh, rep);
       ss += double(v) * v;
     }
+    ss = warp_sum(ss);
     const float f = scale / fmaxf(float(sqrt(ss)), FLT_EPSILON) * mult;
-    for (int64_t i = 0; i < half; ++i) {
+    for (int64_t i = lane; i < half; i += GPU_WARP_SIZE) {
       const float x1 = qk_value(z, u, head, i, Hq, dh, rep) * f;
       const float x2 = qk_value(z, u, head, i + half, Hq, dh, rep) * f;
       out[i] = x1 * cs[i] - x2 * sn[i];
       out[i + half] = x2 * cs[i] + x1 * sn[i];
     }
-    for (int64_t i = 2 * half; i < dh; ++i) out[i] = qk_value(z, u, head, i, Hq, dh, rep) * f;
+    for (int64_t i = 2 * half + lane; i < dh; i += GPU_WARP_SIZE) out[i] = qk_value(z, u, head, i, Hq, dh, rep) * f;
   }
 }
 
@@ -200,7 +203,7 @@ void CudaBackend::cca_qk(const CcaQkArgs& a) {
                                                                       sn.f());
     GPU_LAUNCH_CHECK();
   }
-  k_cca_qk<<<gpu_blocks(N * (a.Hq + a.Hkv)), kGpuThreads, 0, stream_>>>(a.z, a.u, a.temp, cs.f(), sn.f(), a.q, a.k, N,
+  k_cca_qk<<<gpu_warp_blocks(N * (a.Hq + a.Hkv), warp_size_), kGpuThreads, 0, stream_>>>(a.z, a.u, a.temp, cs.f(), sn.f(), a.q, a.k, N,
                                                                         a.Hq, a.Hkv, a.dh, half);
   GPU_LAUNCH_CHECK();
 }

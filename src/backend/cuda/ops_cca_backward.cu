@@ -62,16 +62,18 @@ __device__ inline float k_pre(const float* z, const float* u, int64_t g, int64_t
   return z[Dq + g * dh + i] + 0.5f * mq / float(rep) + 0.5f * u[Dq + g * dh + i];
 }
 
-// One thread per (token, KV group): the group's query heads, then its key head. The thread
-// owns every du element it touches (its group's q heads and k head), so there are no races.
+// One warp per (token, KV group): the group's query heads, then its key head. The lanes stride
+// over a head's dims (coalesced) and each lane owns the du elements of its dims (its group's q
+// heads and k head), so there are no races; the norms' sums are fixed butterflies.
 __global__ void k_cca_qk_backward(const float* zz, const float* uu, const float* temp, const float* cs_t,
                                   const float* sn_t, const float* dq, const float* dk, float* dzz, float* duu,
                                   double* dtemp_tok, int64_t N, int64_t Hq, int64_t Hkv, int64_t dh, int64_t half) {
   const int64_t C = (Hq + Hkv) * dh, Dq = Hq * dh, rep = Hq / Hkv;
   const double sdh = sqrt(double(dh));
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < N * Hkv;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t n = idx / Hkv, g = idx % Hkv;
+  const int64_t lane = threadIdx.x % GPU_WARP_SIZE, warps = int64_t(gridDim.x) * (blockDim.x / GPU_WARP_SIZE);
+  for (int64_t item = int64_t(blockIdx.x) * (blockDim.x / GPU_WARP_SIZE) + threadIdx.x / GPU_WARP_SIZE;
+       item < N * Hkv; item += warps) {
+    const int64_t n = item / Hkv, g = item % Hkv;
     const float* z = zz + n * C;
     const float* u = uu + n * C;
     float* dz = dzz + n * C;
@@ -81,13 +83,15 @@ __global__ void k_cca_qk_backward(const float* zz, const float* uu, const float*
     for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
       const float* dout = dq + (n * Hq + h) * dh;
       double ss = 0, vda = 0;
-      for (int64_t i = 0; i < dh; ++i) {
+      for (int64_t i = lane; i < dh; i += GPU_WARP_SIZE) {
         const double v = q_pre(z, u, h, g, i, dh, Dq);
         ss += v * v;
         vda += v * unrotate(dout, cs, sn, i, half);
       }
+      ss = warp_sum(ss);
+      vda = warp_sum(vda);
       const double nrm = sqrt(ss);
-      for (int64_t i = 0; i < dh; ++i) {
+      for (int64_t i = lane; i < dh; i += GPU_WARP_SIZE) {
         const double da = unrotate(dout, cs, sn, i, half);
         const double dv = nrm > FLT_EPSILON ? sdh / nrm * (da - double(q_pre(z, u, h, g, i, dh, Dq)) * vda / ss)
                                             : sdh / double(FLT_EPSILON) * da;
@@ -99,14 +103,16 @@ __global__ void k_cca_qk_backward(const float* zz, const float* uu, const float*
     const float* dout = dk + (n * Hkv + g) * dh;
     const double mult = temp[g];
     double ss = 0, vda = 0;
-    for (int64_t i = 0; i < dh; ++i) {
+    for (int64_t i = lane; i < dh; i += GPU_WARP_SIZE) {
       const double v = k_pre(z, u, g, i, dh, Dq, rep);
       ss += v * v;
       vda += v * unrotate(dout, cs, sn, i, half);
     }
+    ss = warp_sum(ss);
+    vda = warp_sum(vda);
     const double nrm = sqrt(ss);
-    dtemp_tok[n * Hkv + g] = vda * sdh / (nrm > double(FLT_EPSILON) ? nrm : double(FLT_EPSILON));
-    for (int64_t i = 0; i < dh; ++i) {
+    if (lane == 0) dtemp_tok[n * Hkv + g] = vda * sdh / (nrm > double(FLT_EPSILON) ? nrm : double(FLT_EPSILON));
+    for (int64_t i = lane; i < dh; i += GPU_WARP_SIZE) {
       const double da = unrotate(dout, cs, sn, i, half);
       const double dv = nrm > FLT_EPSILON
                             ? sdh * mult / nrm * (da - double(k_pre(z, u, g, i, dh, Dq, rep)) * vda / ss)
@@ -118,12 +124,15 @@ __global__ void k_cca_qk_backward(const float* zz, const float* uu, const float*
   }
 }
 
+// One block per KV group: dtemp[g] += sum over tokens of dtemp_tok[n, g], in a fixed order
+// (each thread's strided partial, then the block's tree).
 __global__ void k_dtemp(const double* dtemp_tok, float* dtemp, int64_t N, int64_t Hkv) {
-  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (g >= Hkv) return;
+  __shared__ double sh[kGpuThreads];
+  const int64_t g = blockIdx.x;
   double s = 0;
-  for (int64_t n = 0; n < N; ++n) s += dtemp_tok[n * Hkv + g];
-  dtemp[g] += float(s);
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) s += dtemp_tok[n * Hkv + g];
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) dtemp[g] += float(s);
 }
 
 __global__ void k_values_backward(const float* dv, float* dv_cur, float* dv_del, const int32_t* seg, int64_t B,
@@ -204,11 +213,11 @@ void CudaBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const flo
                                                                         sn.f());
     GPU_LAUNCH_CHECK();
   }
-  k_cca_qk_backward<<<gpu_blocks(N * a.Hkv), kGpuThreads, 0, stream_>>>(a.z, a.u, a.temp, cs.f(), sn.f(), dq, dk, dz,
+  k_cca_qk_backward<<<gpu_warp_blocks(N * a.Hkv, warp_size_), kGpuThreads, 0, stream_>>>(a.z, a.u, a.temp, cs.f(), sn.f(), dq, dk, dz,
                                                                         du, tok.d(), N, a.Hq, a.Hkv, a.dh, half);
   GPU_LAUNCH_CHECK();
   if (dtemp) {
-    k_dtemp<<<1, kGpuThreads, 0, stream_>>>(tok.d(), dtemp, N, a.Hkv);
+    k_dtemp<<<unsigned(a.Hkv), kGpuThreads, 0, stream_>>>(tok.d(), dtemp, N, a.Hkv);
     GPU_LAUNCH_CHECK();
   }
 }

@@ -1,7 +1,12 @@
-// GPU backward of the dense ops: linear (two GEMMs + a column sum), embedding (ordered, no
-// atomics), RMSNorm, affine and residual scaling, EDA scaled-add, GELU, softmax and routing
-// (the LM head fused with the loss: ops_lm_head.cu). Parameter gradients use the
-// deterministic column sums of gpu_common.cu. Passed against the CPU backend on an H100.
+// GPU backward of the dense ops: linear (two GEMMs + a column sum), embedding (tokens grouped
+// by id on the host, each id's rows added in token order: no atomics), RMSNorm, affine and
+// residual scaling, EDA scaled-add, GELU, softmax and routing (the LM head fused with the loss:
+// ops_lm_head.cu). Parameter gradients use the deterministic column sums of gpu_common.cu.
+// Passed against the CPU backend on an H100 (the grouped embedding backward came later).
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
 #include "backend/cuda/cuda_backend.h"
 
 namespace zaya {
@@ -11,11 +16,18 @@ namespace {
 constexpr float kSqrtHalf = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
-// One thread per column, rows in order: the same summation order as the CPU backend.
-__global__ void k_embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t D) {
-  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= D) return;
-  for (int64_t n = 0; n < N; ++n) dtable[int64_t(ids[n]) * D + j] += dout[n * D + j];
+// One block per distinct token id (blockIdx.x strides over them), threads over the columns:
+// the id's rows are added in token order, the CPU backend's summation order.
+__global__ void k_embedding_backward(const int32_t* unique_ids, const int32_t* starts, const int32_t* order,
+                                     int64_t unique, const float* dout, float* dtable, int64_t D) {
+  for (int64_t u = blockIdx.x; u < unique; u += gridDim.x) {
+    float* row = dtable + int64_t(unique_ids[u]) * D;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      float s = row[j];
+      for (int32_t k = starts[u]; k < starts[u + 1]; ++k) s += dout[int64_t(order[k]) * D + j];
+      row[j] = s;
+    }
+  }
 }
 
 __global__ void k_rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* inv,
@@ -116,7 +128,27 @@ void CudaBackend::linear_backward(const float* x, const float* w, const float* d
 
 void CudaBackend::embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t N, int64_t D) {
   if (N * D == 0) return;
-  k_embedding_backward<<<gpu_blocks(D), kGpuThreads, 0, stream_>>>(ids, dout, dtable, N, D);
+  // The tokens grouped by id on the host (a stable sort keeps each id's rows in token order).
+  std::vector<int32_t> host_ids(static_cast<size_t>(N)), order(static_cast<size_t>(N));
+  to_host(host_ids.data(), ids, N * 4);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return host_ids[size_t(a)] < host_ids[size_t(b)]; });
+  std::vector<int32_t> unique_ids, starts;
+  for (int64_t k = 0; k < N; ++k) {
+    const int32_t id = host_ids[size_t(order[size_t(k)])];
+    if (k == 0 || id != unique_ids.back()) {
+      unique_ids.push_back(id);
+      starts.push_back(int32_t(k));
+    }
+  }
+  starts.push_back(int32_t(N));
+  const int64_t U = int64_t(unique_ids.size());
+  DeviceBuffer uid = upload(unique_ids.data(), U * 4), st = upload(starts.data(), (U + 1) * 4),
+               ord = upload(order.data(), N * 4);
+  const unsigned threads = D >= kGpuThreads ? kGpuThreads : 64;
+  k_embedding_backward<<<unsigned(std::min<int64_t>(U, 65535)), threads, 0, stream_>>>(uid.i(), st.i(), ord.i(), U, dout,
+                                                                                      dtable, D);
   GPU_LAUNCH_CHECK();
 }
 

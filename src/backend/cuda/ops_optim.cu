@@ -1,10 +1,12 @@
-// GPU optimizer ops: Newton-Schulz orthogonalisation (fp32 operands through the internal GEMM,
-// in TF32 under the bf16 policy; the optimizer state stays fp32 by project decision 6), Muon momentum and update, AdamW,
-// the deterministic sum of squares used by gradient clipping, and in-place scaling.
+// GPU optimizer ops: Newton-Schulz orthogonalisation, Muon momentum and update, AdamW, the
+// deterministic sum of squares used by gradient clipping, and in-place scaling. The optimizer
+// state stays fp32 (project decision 6).
 // newton_schulz_batched orthogonalises a tensor's experts together: strided-batched GEMMs,
 // one call per iteration product for the whole [E, rows, cols] tensor, reading the b A and a X
-// terms as C inputs (GpuGemm::run_into) rather than copying them; its operands are TF32 under
-// the bf16 policy, or bf16 when CudaBackendOptions::newton_schulz_bf16 asks (fp32 iterates).
+// terms as C inputs (GpuGemm::run_into) rather than copying them, and writing the last iterate
+// into the caller's buffer. Under the bf16 policy its operands are bf16 (spec C.4; fp32
+// iterates), or TF32 when CudaBackendOptions::newton_schulz_bf16 is off; exact fp32 otherwise.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_backend.h"
@@ -16,25 +18,12 @@ namespace {
 constexpr float kNsA = 3.4445f, kNsB = -4.7750f, kNsC = 2.0315f;
 constexpr double kNsNormEps = 1e-7;
 
-// Per matrix m of the batch: X_m = x_m / (||x_m||_F + eps), transposed to [r, c] (r <= c) when
-// the matrix is tall.
-__global__ void k_ns_init(const float* x, const double* ssq, float* X, int64_t batch, int64_t r, int64_t c,
-                          int transposed) {
-  const int64_t n = r * c;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < batch * n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t m = i / n, j = i % n, a = j / c, b = j % c;
-    const float inv = float(1.0 / (sqrt(ssq[m]) + kNsNormEps));
-    X[i] = (transposed ? x[m * n + b * r + a] : x[i]) * inv;
-  }
-}
-
-__global__ void k_ns_store(const float* X, float* x, int64_t batch, int64_t r, int64_t c, int transposed) {
-  const int64_t n = r * c;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < batch * n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t m = i / n, j = i % n, a = j / c, b = j % c;
-    if (transposed) x[m * n + b * r + a] = X[i];
-    else x[i] = X[i];
-  }
+// X_m = x_m / (||x_m||_F + eps) for matrix m = blockIdx.y of the batch (no per-element division).
+__global__ void k_ns_init(const float* x, const double* ssq, float* X, int64_t n) {
+  const int64_t m = blockIdx.y;
+  const float inv = float(1.0 / (sqrt(ssq[m]) + kNsNormEps));
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x)
+    X[m * n + j] = x[m * n + j] * inv;
 }
 
 __global__ void k_muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, int nesterov) {
@@ -77,45 +66,51 @@ void CudaBackend::newton_schulz(float* x, int64_t rows, int64_t cols, int steps)
 void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, int64_t cols, int steps) {
   ZAYA_CHECK(batch >= 0 && rows >= 0 && cols >= 0 && steps >= 0, "newton_schulz: bad shape or step count");
   if (batch == 0 || rows == 0 || cols == 0) return;
-  const bool transposed = rows > cols;
-  const int64_t r = transposed ? cols : rows, c = transposed ? rows : cols, n = r * c;
+  ZAYA_CHECK(batch <= 65535, "newton_schulz: at most 65535 matrices per call");
+  // The iteration runs on the wide orientation X [r, c] (r <= c). A tall matrix is not
+  // transposed: with X stored [c, r] the same products read A = X^T X and X <- a X + X B (B is
+  // symmetric), only the GEMMs' operand orders change.
+  const bool tall = rows > cols;
+  const int64_t r = tall ? cols : rows, n = rows * cols;
   const GemmCompute nc = options_.bf16_matmul ? GemmCompute::Tf32 : GemmCompute::Exact;
   const bool bf16 = newton_schulz_bf16();
   DeviceBuffer ssq(this, batch * 8), xb(this, batch * n * 4), yb(this, batch * n * 4), A(this, batch * r * r * 4),
       Bm(this, batch * r * r * 4);
   DeviceBuffer xh, ah, bh;  // bf16 copies of X, A and B (bf16 operands only)
   for (int64_t i = 0; i < batch; ++i) gpu_sum_squares(*this, x + i * n, n, ssq.d() + i);
-  k_ns_init<<<gpu_blocks(batch * n), kGpuThreads, 0, stream_>>>(x, ssq.d(), xb.f(), batch, r, c, transposed);
+  const dim3 grid(std::min(gpu_blocks(n), 4096u), unsigned(batch));
+  k_ns_init<<<grid, kGpuThreads, 0, stream_>>>(x, ssq.d(), xb.f(), n);
   GPU_LAUNCH_CHECK();
+  if (steps == 0) {
+    copy(x, xb.f(), batch * n);
+    return;
+  }
   float* X = xb.f();
   float* Y = yb.f();
-  const GemmBatch bx{batch, n, n, r * r}, ba{batch, r * r, r * r, r * r}, bb{batch, r * r, n, n};
+  const GemmBatch bx{batch, n, n, r * r}, ba{batch, r * r, r * r, r * r}, bb_wide{batch, r * r, n, n},
+      bb_tall{batch, n, r * r, n};
   for (int s = 0; s < steps; ++s) {
+    float* out = s + 1 == steps ? x : Y;  // the last iterate lands in x itself
     // The b A and a X terms are read from A and X as the GEMMs' C inputs (no copies); the
-    // iterates X, A and B stay fp32 in every mode.
-    if (bf16) {  // bf16 operands, fp32 accumulation (each operand converted once per iteration)
-      const GemmOperand x_op = operand(X, batch * r, c, c, false, true, xh);
-      GemmOperand x_t = x_op;
-      x_t.trans = true;
-      gemm(r, r, c, 1.0f, x_op, x_t, 0.0f, A.f(), r, bx);  // A = X X^T
-      const GemmOperand a_op = operand(A.f(), batch * r, r, r, false, true, ah);
-      gemm_into(r, r, r, kNsC, a_op, a_op, kNsB, A.f(), Bm.f(), r, ba);  // B = b A + c A A
-      gemm_into(r, c, r, 1.0f, operand(Bm.f(), batch * r, r, r, false, true, bh), x_op, kNsA, X, Y, c, bb);
-    } else {
-      // Under the bf16 policy the products run in TF32 (fp32 operands on the tensor cores, fp32
-      // accumulation: ~1e-3 from fp32, about 8x its rate); otherwise exactly in fp32.
-      const GemmOperand x_op = f32_operand(X, c, false);
-      gemm(r, r, c, 1.0f, x_op, f32_operand(X, c, true), 0.0f, A.f(), r, bx, nc);  // A = X X^T
-      const GemmOperand a_op = f32_operand(A.f(), r, false);
-      gemm_into(r, r, r, kNsC, a_op, a_op, kNsB, A.f(), Bm.f(), r, ba, nc);                  // B = b A + c A A
-      gemm_into(r, c, r, 1.0f, f32_operand(Bm.f(), r, false), x_op, kNsA, X, Y, c, bb, nc);  // Y = a X + B X
-    }
+    // iterates X, A and B stay fp32 in every mode. Under the bf16 policy the products run in
+    // TF32 (fp32 operands on the tensor cores, fp32 accumulation: ~1e-3 from fp32, about 8x its
+    // rate) or, when asked, on bf16 operands (each converted once per iteration); otherwise
+    // exactly in fp32.
+    const GemmOperand x_op = bf16 ? operand(X, batch * rows, cols, cols, false, true, xh) : f32_operand(X, cols, false);
+    const GemmCompute compute = bf16 ? GemmCompute::Exact : nc;
+    GemmOperand x_t = x_op;
+    x_t.trans = true;
+    if (tall) gemm(r, r, rows, 1.0f, x_t, x_op, 0.0f, A.f(), r, bx, compute);  // A = X^T X
+    else gemm(r, r, cols, 1.0f, x_op, x_t, 0.0f, A.f(), r, bx, compute);       // A = X X^T
+    const GemmOperand a_op = bf16 ? operand(A.f(), batch * r, r, r, false, true, ah) : f32_operand(A.f(), r, false);
+    gemm_into(r, r, r, kNsC, a_op, a_op, kNsB, A.f(), Bm.f(), r, ba, compute);  // B = b A + c A A
+    const GemmOperand b_op = bf16 ? operand(Bm.f(), batch * r, r, r, false, true, bh) : f32_operand(Bm.f(), r, false);
+    if (tall) gemm_into(rows, cols, r, 1.0f, x_op, b_op, kNsA, X, out, cols, bb_tall, compute);  // X <- a X + X B
+    else gemm_into(r, cols, r, 1.0f, b_op, x_op, kNsA, X, out, cols, bb_wide, compute);          // X <- a X + B X
     float* t = X;
     X = Y;
     Y = t;
   }
-  k_ns_store<<<gpu_blocks(batch * n), kGpuThreads, 0, stream_>>>(X, x, batch, r, c, transposed);
-  GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, bool nesterov) {
