@@ -7,7 +7,8 @@
 //   forward   S = Q K^T, P = masked softmax(scale S), O = P V
 //   backward  S and P recomputed, dP = dO V^T, dS = scale P (dP - rowsum(P dP)),
 //             dQ = dS K, dK += dS^T Q, dV += P^T dO
-// Operands are bf16 under the bf16 policy (fp32 with bf16_matmul off), accumulation fp32. The
+// Operands are bf16 under the bf16 policy (fp32 with bf16_matmul off), accumulation fp32; the
+// softmax and dS kernels write P and dS packed to bf16 themselves (no separate pass). The
 // scores of a chunk are materialised: queries are chunked so they stay under kScoreBudget bytes
 // and at most kMaxChunkQueries long (later chunks of a causal sequence then skip the keys no
 // query of theirs can see). The visibility rule (causal, sliding window, document starts) is
@@ -46,8 +47,11 @@ __global__ void k_scatter_heads(const float* src, float* dst, int64_t b, int64_t
 }
 
 // One block per score row r (query t0 + r % Tq): P = softmax over the visible keys of scale * S,
-// 0 elsewhere, in place. Every row has a visible key (its own position).
-__global__ void k_masked_softmax(float* S, int64_t Sn, AttnParams p, int64_t b, int64_t t0, int64_t Tq, int64_t s0) {
+// 0 elsewhere, written in place (S itself, when keep_f32) and/or packed to bf16 in P16 (when not
+// null: the operand of the next GEMM, with no separate packing pass). Every row has a visible
+// key (its own position).
+__global__ void k_masked_softmax(float* S, int64_t Sn, AttnParams p, int64_t b, int64_t t0, int64_t Tq, int64_t s0,
+                                 int keep_f32, bf16_t* P16) {
   __shared__ float shf[kGpuThreads];
   __shared__ double shd[kGpuThreads];
   const int64_t r = blockIdx.x, t = t0 + r % Tq;
@@ -61,12 +65,16 @@ __global__ void k_masked_softmax(float* S, int64_t Sn, AttnParams p, int64_t b, 
     if (attn_visible(p, b, t, s0 + j)) sum += exp(double(row[j] * p.scale - mx));
   sum = block_sum(sum, shd);
   const float inv = float(1.0 / sum);
-  for (int64_t j = threadIdx.x; j < Sn; j += blockDim.x)
-    row[j] = attn_visible(p, b, t, s0 + j) ? expf(row[j] * p.scale - mx) * inv : 0.0f;
+  for (int64_t j = threadIdx.x; j < Sn; j += blockDim.x) {
+    const float v = attn_visible(p, b, t, s0 + j) ? expf(row[j] * p.scale - mx) * inv : 0.0f;
+    if (keep_f32) row[j] = v;
+    if (P16) P16[r * Sn + j] = f32_to_bf16(v);
+  }
 }
 
-// One block per row: dP := scale * P * (dP - sum_j P dP), in place (masked entries have P = 0).
-__global__ void k_attn_ds(const float* P, float* dP, int64_t Sn, float scale) {
+// One block per row: dS = scale * P * (dP - sum_j P dP) (masked entries have P = 0), in place
+// in dP, or packed to bf16 in dS16 when it is not null.
+__global__ void k_attn_ds(const float* P, float* dP, int64_t Sn, float scale, bf16_t* dS16) {
   __shared__ double shd[kGpuThreads];
   const int64_t r = blockIdx.x;
   const float* pr = P + r * Sn;
@@ -75,7 +83,21 @@ __global__ void k_attn_ds(const float* P, float* dP, int64_t Sn, float scale) {
   for (int64_t j = threadIdx.x; j < Sn; j += blockDim.x) dot += double(pr[j]) * double(dr[j]);
   dot = block_sum(dot, shd);
   const float D = float(dot);
-  for (int64_t j = threadIdx.x; j < Sn; j += blockDim.x) dr[j] = scale * pr[j] * (dr[j] - D);
+  for (int64_t j = threadIdx.x; j < Sn; j += blockDim.x) {
+    const float v = scale * pr[j] * (dr[j] - D);
+    if (dS16) dS16[r * Sn + j] = f32_to_bf16(v);
+    else dr[j] = v;
+  }
+}
+
+// A packed bf16 [rows, ld] matrix as a GEMM operand.
+GemmOperand bf16_operand(const DeviceBuffer& buf, int64_t ld, bool trans) {
+  GemmOperand o;
+  o.ptr = buf.h();
+  o.type = GemmType::BF16;
+  o.ld = ld;
+  o.trans = trans;
+  return o;
 }
 
 // The query chunks of sequence b and the keys each may see.
@@ -122,10 +144,12 @@ void CudaBackend::attention_gemm(const AttentionArgs& a) {
         DeviceBuffer hq, hk, hp, hv;
         gemm(M, c.Sn, dh, 1.0f, operand(qg.f(), M, dh, dh, false, bf16, hq), operand(kb, c.Sn, dh, ldkv, true, bf16, hk),
              0.0f, sc.f(), c.Sn);  // S = Q K^T
-        k_masked_softmax<<<unsigned(M), kGpuThreads, 0, stream_>>>(sc.f(), c.Sn, p, b, c.t0, c.Tq, c.s0);
+        if (bf16) hp = DeviceBuffer(this, M * c.Sn * 2);  // P packed to bf16 by the softmax itself
+        k_masked_softmax<<<unsigned(M), kGpuThreads, 0, stream_>>>(sc.f(), c.Sn, p, b, c.t0, c.Tq, c.s0, !bf16,
+                                                                   bf16 ? hp.h() : nullptr);
         GPU_LAUNCH_CHECK();
-        gemm(M, dh, c.Sn, 1.0f, operand(sc.f(), M, c.Sn, c.Sn, false, bf16, hp),
-             operand(vb, c.Sn, dh, ldkv, false, bf16, hv), 0.0f, og.f(), dh);  // O = P V
+        const GemmOperand p_op = bf16 ? bf16_operand(hp, c.Sn, false) : f32_operand(sc.f(), c.Sn, false);
+        gemm(M, dh, c.Sn, 1.0f, p_op, operand(vb, c.Sn, dh, ldkv, false, bf16, hv), 0.0f, og.f(), dh);  // O = P V
         k_scatter_heads<<<gpu_blocks(M * dh), kGpuThreads, 0, stream_>>>(og.f(), a.out, b, a.T, a.Hq, g * rep, rep,
                                                                          c.t0, c.Tq, dh);
         GPU_LAUNCH_CHECK();
@@ -156,13 +180,20 @@ void CudaBackend::attention_backward_gemm(const AttentionArgs& a, const float* d
         const GemmOperand q_op = operand(qg.f(), M, dh, dh, false, bf16, hq);
         const GemmOperand do_op = operand(dog.f(), M, dh, dh, false, bf16, hdo);
         gemm(M, c.Sn, dh, 1.0f, q_op, operand(kb, c.Sn, dh, ldkv, true, bf16, hk), 0.0f, sc.f(), c.Sn);  // S
-        k_masked_softmax<<<unsigned(M), kGpuThreads, 0, stream_>>>(sc.f(), c.Sn, p, b, c.t0, c.Tq, c.s0);  // P
+        if (bf16) {
+          hp = DeviceBuffer(this, M * c.Sn * 2);
+          hds = DeviceBuffer(this, M * c.Sn * 2);
+        }
+        // P in fp32 (for dS) and, under bf16, packed for the dV GEMM by the same kernel.
+        k_masked_softmax<<<unsigned(M), kGpuThreads, 0, stream_>>>(sc.f(), c.Sn, p, b, c.t0, c.Tq, c.s0, 1,
+                                                                   bf16 ? hp.h() : nullptr);
         GPU_LAUNCH_CHECK();
         gemm(M, c.Sn, dh, 1.0f, do_op, operand(vb, c.Sn, dh, ldkv, true, bf16, hv), 0.0f, dp.f(), c.Sn);  // dP
-        k_attn_ds<<<unsigned(M), kGpuThreads, 0, stream_>>>(sc.f(), dp.f(), c.Sn, a.scale);  // dS
+        k_attn_ds<<<unsigned(M), kGpuThreads, 0, stream_>>>(sc.f(), dp.f(), c.Sn, a.scale,
+                                                            bf16 ? hds.h() : nullptr);  // dS
         GPU_LAUNCH_CHECK();
-        const GemmOperand p_op = operand(sc.f(), M, c.Sn, c.Sn, false, bf16, hp);
-        GemmOperand ds_op = operand(dp.f(), M, c.Sn, c.Sn, false, bf16, hds);
+        const GemmOperand p_op = bf16 ? bf16_operand(hp, c.Sn, false) : f32_operand(sc.f(), c.Sn, false);
+        GemmOperand ds_op = bf16 ? bf16_operand(hds, c.Sn, false) : f32_operand(dp.f(), c.Sn, false);
         gemm(M, dh, c.Sn, 1.0f, ds_op, operand(kb, c.Sn, dh, ldkv, false, bf16, hkn), 0.0f, dqg.f(), dh);  // dQ
         k_scatter_heads<<<gpu_blocks(M * dh), kGpuThreads, 0, stream_>>>(dqg.f(), dq, b, a.T, a.Hq, g * rep, rep,
                                                                          c.t0, c.Tq, dh);
