@@ -1,6 +1,7 @@
 // How sensitive Muon's Newton-Schulz (5 quintic steps, the coefficients of
-// src/backend/cuda/ops_optim.cu) is to bf16 operands, measured on the host: the evidence
-// behind the GPU backend running it in TF32 rather than bf16 (docs/gpu.md, "Precision policy").
+// src/backend/cuda/ops_optim.cu) is to bf16 operands, measured on the host: why the GPU tests
+// of bf16 Newton-Schulz (the GPU backend's default) cannot compare element by element, and the
+// size of the error that bf16 operands bring (docs/gpu.md, "Precision policy").
 // For a few shapes it compares, by max|a - b| / max|b| over the output (and, for the bf16
 // rows, by the Frobenius norm ||a - b|| / ||b||, the *_rel_l2 fields):
 //   bf16_vs_fp32        bf16-rounded GEMM operands against fp32 operands (both OpenBLAS sgemm);

@@ -8,7 +8,8 @@
 #          and 3 ranks sharing the GPU, a 2-rank checkpoint resumed by 3; the CPU tolerances)
 #   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
 #   bench  bench_train (ZAYA1-base-shaped blocks; again with device-grouped MoE GEMMs, with
-#          the LM head in exact fp32, and with TF32 Newton-Schulz), its transformers peer, bench_decode (batch 1, 16; again
+#          the LM head in exact fp32, with TF32 Newton-Schulz, and with the tensor-core flash
+#          attention forward), its transformers peer, bench_decode (batch 1, 16; again
 #          with device-grouped MoE GEMMs)
 #   kernels  Nsight Compute's time for every kernel of one bench_train step, summed by name
 #   fit    the full 8.3B zaya1-base, training steps on this one GPU (no sharding): memory and speed
@@ -139,6 +140,10 @@ step_bench() {
   ZAYA_NS_TF32=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
     --skip-peaks > "$LOGS/bench_train_cuda_ns_tf32.json" 2> "$LOGS/bench_train_cuda_ns_tf32.log" &&
     grep -E "median|gemm engine" "$LOGS/bench_train_cuda_ns_tf32.log" || tail -3 "$LOGS/bench_train_cuda_ns_tf32.log"
+  # The same step with the attention forward on the tensor-core flash kernel (opt-in until measured).
+  ZAYA_ATTN_FLASH=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
+    --skip-peaks > "$LOGS/bench_train_cuda_flash.json" 2> "$LOGS/bench_train_cuda_flash.log" &&
+    grep -E "median|gemm engine" "$LOGS/bench_train_cuda_flash.log" || tail -3 "$LOGS/bench_train_cuda_flash.log"
   # Per-op breakdown (each op synchronised: slower than the timed run above).
   "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 1 --steps 2 --skip-peaks --profile \
     > "$LOGS/bench_train_profile.json" 2> "$LOGS/bench_train_profile.log" && \
@@ -157,8 +162,10 @@ step_kernels() {
   # Every kernel of one training step timed by Nsight Compute (each kernel replayed alone, clocks
   # left as they are), summed by kernel name: where the per-op profile's time goes inside an op.
   local cfg=bench/configs/zaya1-base-blocks.json
-  command -v ncu > /dev/null || { echo "no ncu on this machine"; return 1; }
-  ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+  local ncu
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  [[ -x $ncu ]] || { echo "no ncu on this machine"; return 1; }
+  "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     "$BIN/bench_train" --backend cuda --config $cfg --batch ${BENCH_B:-4} --seq ${BENCH_T:-4096} --warmup 0 --steps 1 \
     --skip-peaks > "$LOGS/kernels.csv" 2> "$LOGS/kernels.log" || { tail -5 "$LOGS/kernels.log"; return 1; }
   python3 bench/kernel_table.py --top 80 "$LOGS/kernels.csv" > "$LOGS/kernels.txt"; head -45 "$LOGS/kernels.txt"

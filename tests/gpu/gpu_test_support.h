@@ -96,6 +96,8 @@ struct GemmMode {
   // TF32, which they can compare element by element; test_gpu_ns_bf16.cpp and the training
   // test cover bf16.
   bool ns_bf16 = false;
+  // Attention forward of 64+ queries on the tensor-core flash kernel (head_dim 64 and 128).
+  bool attn_flash = false;
 };
 inline std::vector<GemmMode> gemm_modes() {
   return {{"bf16", true, false, kTolBf16}, {"fp32", false, false, kTolF32}, {"tiled_fp32", false, true, kTolF32}};
@@ -113,6 +115,7 @@ inline std::unique_ptr<Backend> make_gpu(const GemmMode& m) {
   o.portable_gemm = m.portable;
   o.moe_device_grouped = m.moe_grouped;
   o.newton_schulz_bf16 = m.ns_bf16;
+  o.attention_flash_tc = m.attn_flash;
   return make_cuda_backend(o);
 }
 

@@ -223,9 +223,15 @@ TEST_F(GpuCca, Attention) {
     if (training) cpu.attention_backward(a, dout.data(), dq.data(), dk.data(), dv.data());
     // Every GEMM mode: from 64 queries on, the products run on the GEMM engine (bf16 operands
     // under the bf16 policy).
-    for (const GemmMode& mode : gemm_modes()) {
+    std::vector<GemmMode> modes = gemm_modes();
+    modes.push_back({"bf16_flash", true, false, kTolBf16, false, false, true});  // the tensor-core flash forward
+    for (const GemmMode& mode : modes) {
       auto be = make_gpu(mode);
       const std::string w = what + " [" + mode.name + "]";
+      if (mode.attn_flash) {
+        EXPECT_NE(be->diagnostics().find("attention forward flash on the tensor cores"), std::string::npos)
+            << be->diagnostics();
+      }
       DevBuf gq(*be, q), gk(*be, k), gv(*be, v), go(*be, int64_t(q.size()));
       AttentionArgs g = a;
       g.q = gq.f(); g.k_cache = gk.f(); g.v_cache = gv.f(); g.out = go.f();

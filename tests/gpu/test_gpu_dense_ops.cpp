@@ -95,6 +95,15 @@ TEST_P(GpuDense, ElementwiseAndRowOps) {
     expect_close(gdt.get(), dt, kTolF32, "embedding_backward");
     // Each id's rows are added in token order, as the CPU does: bitwise the same.
     EXPECT_EQ(gdt.get(), dt) << "embedding_backward: summation order differs from the CPU's";
+    // A narrow table (the kernel's 64-thread blocks) with hundreds of distinct ids.
+    const int64_t Dn = 40, Rn = 500;
+    auto ids_n = rnd_ints(size_t(Rn), int32_t(V));
+    auto dout_n = rnd(size_t(Rn * Dn)), dtn0 = rnd(size_t(V * Dn));
+    std::vector<float> dtn = dtn0;
+    cpu.embedding_backward(ids_n.data(), dout_n.data(), dtn.data(), Rn, Dn);
+    DevBuf gin(*gpu, ids_n), gdn(*gpu, dout_n), gdtn(*gpu, dtn0);
+    gpu->embedding_backward(gin.i(), gdn.f(), gdtn.f(), Rn, Dn);
+    EXPECT_EQ(gdtn.get(), dtn) << "embedding_backward, D = 40";
   }
   {  // rmsnorm + backward
     auto x = rnd(size_t(R * D)), w = rnd(static_cast<size_t>(D)), dy = rnd(size_t(R * D)), dx0 = rnd(size_t(R * D));

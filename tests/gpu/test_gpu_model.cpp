@@ -149,15 +149,17 @@ TEST(GpuModelGradsBf16, DecisiveRoutingGradientsMatchCpu) {
   }
 }
 
-// The count of bf16 weight shadows the backend has built, from its diagnostics line.
-int64_t shadows_built(const Backend& be) {
-  const std::string d = be.diagnostics(), tag = " bf16 weight shadows built";
+// The number just before `tag` in the backend's diagnostics line (-1 when the tag is absent).
+int64_t diagnostics_number(const Backend& be, const std::string& tag) {
+  const std::string d = be.diagnostics();
   const size_t end = d.find(tag);
   if (end == std::string::npos) return -1;
   size_t start = end;
   while (start > 0 && std::isdigit(static_cast<unsigned char>(d[start - 1]))) --start;
-  return std::stoll(d.substr(start, end - start));
+  return start == end ? -1 : std::stoll(d.substr(start, end - start));
 }
+// The count of bf16 weight shadows the backend has built.
+int64_t shadows_built(const Backend& be) { return diagnostics_number(be, " bf16 weight shadows built"); }
 
 // A frozen backend whose model is freed and replaced by another (the pool hands the new weights
 // the same memory): the first model's shadows must not serve the second. The second model is
@@ -240,6 +242,50 @@ TEST(GpuModel, FrozenWeightsKeepShadows) {
   EXPECT_NE(written_frozen, changed) << "a stale shadow served after scale_inplace";
   gpu->set_weights_frozen(false);
   EXPECT_EQ(logits(), written_frozen);
+}
+
+// The shadows stay within CudaBackendOptions::weight_shadow_budget_bytes: with no budget none
+// is built, with half of what the model's shadows take some are built and the rest declined
+// (those weights converted per call), and the logits are the same in every case.
+TEST(GpuModel, ShadowBudgetBoundsTheShadows) {
+  if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+  const std::string dir = test::source_path("tests/fixtures/" + grad_cases()[0]);
+  const test::FixtureBatch batch = test::load_fixture_batch(dir);
+  struct Run {
+    std::vector<float> logits;
+    int64_t built, bytes, declined;
+  };
+  auto run = [&](int64_t budget) {
+    CudaBackendOptions o;  // the bf16 policy, per-expert MoE
+    o.weight_shadow_budget_bytes = budget;
+    auto gpu = make_cuda_backend(o);
+    auto model = load_model(dir, *gpu);
+    gpu->set_weights_frozen(true);
+    Run r;
+    r.logits.resize(static_cast<size_t>(batch.B * batch.T * model->config().vocab_size));
+    ForwardOutputs out;
+    out.logits = r.logits.data();
+    model->forward(batch.ids.data(), batch.B, batch.T, nullptr, out);
+    r.built = shadows_built(*gpu);
+    r.bytes = diagnostics_number(*gpu, " bytes;");
+    r.declined = diagnostics_number(*gpu, " declined over the budget");
+    return r;
+  };
+  const Run all = run(int64_t(1) << 40);
+  ASSERT_GT(all.built, 1) << "the fixture model should have several weight matrices";
+  EXPECT_EQ(all.declined, 0);
+  EXPECT_GT(all.bytes, 0);
+  const Run none = run(0);
+  EXPECT_EQ(none.built, 0);
+  EXPECT_EQ(none.bytes, 0);
+  EXPECT_GT(none.declined, 0);
+  EXPECT_EQ(none.logits, all.logits) << "per-call conversion must give the shadows' values";
+  const Run half = run(all.bytes / 2);
+  EXPECT_GT(half.built, 0);
+  EXPECT_LT(half.built, all.built);
+  EXPECT_LE(half.bytes, all.bytes / 2);
+  EXPECT_GT(half.declined, 0);
+  EXPECT_EQ(half.logits, all.logits);
 }
 
 // 50 optimizer steps of zaya-tiny on the same synthetic batches (a repeating token pattern

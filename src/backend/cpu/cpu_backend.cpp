@@ -67,6 +67,8 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
     o.lm_head_tf32x3 = !(exact_head && std::string(exact_head) == "1");
     const char* ns_tf32 = std::getenv("ZAYA_NS_TF32");  // 1: Newton-Schulz on TF32 instead of bf16 operands
     o.newton_schulz_bf16 = !(ns_tf32 && std::string(ns_tf32) == "1");
+    const char* flash = std::getenv("ZAYA_ATTN_FLASH");  // 1: attention forward on the tensor-core flash kernel
+    o.attention_flash_tc = flash && std::string(flash) == "1";
     return make_cuda_backend(o);
 #else
     fail("backend", "zaya was built without CUDA; configure with -DZAYA_CUDA=ON");

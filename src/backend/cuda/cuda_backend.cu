@@ -138,9 +138,13 @@ std::string CudaBackend::diagnostics() const {
          (options_.moe_device_grouped && options_.bf16_matmul ? "as device-grouped GEMMs"
                                                               : "per expert from host offsets") +
          (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32") + ", Newton-Schulz " +
-         (newton_schulz_bf16() ? "bf16" : options_.bf16_matmul ? "TF32" : "exact fp32") + ", " +
+         (newton_schulz_bf16() ? "bf16" : options_.bf16_matmul ? "TF32" : "exact fp32") + ", attention forward " +
+         (options_.attention_flash_tc && options_.bf16_matmul && wmma_ ? "flash on the tensor cores"
+                                                                      : "through the GEMM engine") +
+         ", " +
          std::to_string(shadows_built_) + " bf16 weight shadows built (" + std::to_string(shadows_.size()) +
-         " held)";
+         " held, " + std::to_string(shadow_bytes_) + " bytes; " + std::to_string(shadows_declined_) +
+         " declined over the budget)";
 }
 
 void CudaBackend::synchronize() { GPU_CHECK(gpuStreamSynchronize(stream_)); }
@@ -202,11 +206,16 @@ GemmOperand CudaBackend::weight_operand(const float* w, int64_t rows, int64_t co
   auto it = shadows_.find(reinterpret_cast<uintptr_t>(w));
   if (it != shadows_.end() && (it->second.rows != rows || it->second.cols != cols)) {
     WeightShadow stale = std::move(it->second);  // freed after the erase (pool_put reads shadows_)
+    forget_shadow(stale);
     shadows_.erase(it);
     shadow_keys_.erase(reinterpret_cast<uintptr_t>(w));
     it = shadows_.end();
   }
   if (it == shadows_.end()) {
+    if (shadow_bytes_ + rows * cols * 2 > shadow_budget_) {  // over the budget: convert per call
+      ++shadows_declined_;
+      return operand(w, rows, cols, cols, trans, bf16, holder);
+    }
     WeightShadow sh;
     sh.bf16 = DeviceBuffer(this, rows * cols * 2);
     sh.rows = rows;
@@ -214,6 +223,7 @@ GemmOperand CudaBackend::weight_operand(const float* w, int64_t rows, int64_t co
     gpu_to_bf16(stream_, w, rows, cols, cols, sh.bf16.h());
     it = shadows_.emplace(reinterpret_cast<uintptr_t>(w), std::move(sh)).first;
     shadow_keys_.insert(reinterpret_cast<uintptr_t>(w));
+    shadow_bytes_ += rows * cols * 2;
     ++shadows_built_;
   }
   GemmOperand o;
@@ -225,11 +235,22 @@ GemmOperand CudaBackend::weight_operand(const float* w, int64_t rows, int64_t co
 }
 
 void CudaBackend::set_weights_frozen(bool frozen) {
+  if (frozen && !weights_frozen_) {
+    shadow_budget_ = options_.weight_shadow_budget_bytes;
+    if (shadow_budget_ < 0) {  // half of what is free on the device and cached in the pool
+      size_t free_bytes = 0, total_bytes = 0;
+      GPU_CHECK(gpuMemGetInfo(&free_bytes, &total_bytes));
+      int64_t cached = 0;
+      for (const auto& kv : free_) cached += kv.first;
+      shadow_budget_ = (int64_t(free_bytes) + cached) / 2;
+    }
+  }
   weights_frozen_ = frozen;
   if (frozen) return;
   auto dying = std::move(shadows_);  // freed at the end of this scope, with shadows_ already empty
   shadows_.clear();
   shadow_keys_.clear();
+  shadow_bytes_ = 0;
 }
 
 // The shadows are of distinct, non-overlapping weight matrices, so at most one starts before p
@@ -247,6 +268,7 @@ void CudaBackend::drop_shadows_over(const void* p, int64_t bytes) {
   std::vector<WeightShadow> dying;
   while (key != shadow_keys_.end() && *key < hi) {
     auto it = shadows_.find(*key);
+    forget_shadow(it->second);
     dying.push_back(std::move(it->second));
     shadows_.erase(it);
     key = shadow_keys_.erase(key);

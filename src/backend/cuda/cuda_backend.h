@@ -177,6 +177,9 @@ class CudaBackend final : public Backend {
   // kAttnGemmMinQueries queries; shorter ones (decode) use the flash kernels.
   static constexpr int64_t kAttnGemmMinQueries = 64;
   void attention_gemm(const AttentionArgs& a);
+  // The tensor-core flash forward (ops_attention_flash_tc.cu) and whether it serves `a`.
+  bool attention_flash_tc_applies(const AttentionArgs& a) const;
+  void attention_flash_tc(const AttentionArgs& a);
   void attention_backward_gemm(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv);
   void cca_conv_rows(const CcaConvArgs& a);  // ops_cca.cu: no segments
   void cca_conv_backward_rows(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,
@@ -203,6 +206,10 @@ class CudaBackend final : public Backend {
   std::unordered_map<uintptr_t, WeightShadow> shadows_;
   std::set<uintptr_t> shadow_keys_;
   int64_t shadows_built_ = 0;
+  int64_t shadow_bytes_ = 0;      // bytes of the shadows held
+  int64_t shadow_budget_ = 0;     // the most shadow_bytes_ may reach (set when frozen)
+  int64_t shadows_declined_ = 0;  // shadows not built because the budget was reached
+  void forget_shadow(const WeightShadow& sh) { shadow_bytes_ -= sh.rows * sh.cols * 2; }
   // Drops the shadows of every weight matrix overlapping [p, p + bytes): a block going back to
   // the pool, or memory about to be written (from_host, copy, fill, scale_inplace and the
   // optimizer updates), so a stale bf16 copy never serves even if weights change while frozen.

@@ -42,6 +42,15 @@ struct CudaBackendOptions {
   // false: TF32 (fp32 operands on the tensor cores; within 1e-2 of fp32 per element);
   // make_backend sets it when the environment has ZAYA_NS_TF32=1.
   bool newton_schulz_bf16 = true;
+  // Most bytes of bf16 weight shadows (Backend::set_weights_frozen) held at once; past it, a
+  // weight matrix is converted per call as when not frozen. -1: half the device memory free
+  // (including the pool's cached blocks) when the weights are frozen.
+  int64_t weight_shadow_budget_bytes = -1;
+  // true (with bf16_matmul, on CUDA sm_80+): attention of 64 or more queries with head_dim 64
+  // or 128 runs forward as one flash kernel on the tensor cores (ops_attention_flash_tc.cu)
+  // instead of through the GEMM engine with materialised scores; make_backend sets it when the
+  // environment has ZAYA_ATTN_FLASH=1. The backward is the GEMM path either way.
+  bool attention_flash_tc = false;
 };
 
 // The GPU backend (CUDA, or HIP when built with hipcc). Throws zaya::Error("cuda", ...) when

@@ -36,6 +36,9 @@ using gpuEvent_t = hipEvent_t;
 #define gpuGetDevice hipGetDevice
 #define gpuDeviceGetPCIBusId hipDeviceGetPCIBusId
 #define gpuMalloc hipMalloc
+#define gpuFuncSetAttribute hipFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+#define gpuMemGetInfo hipMemGetInfo
 #define gpuFree hipFree
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemsetAsync hipMemsetAsync
@@ -110,6 +113,9 @@ using gpuEvent_t = cudaEvent_t;
 #define gpuGetDevice cudaGetDevice
 #define gpuDeviceGetPCIBusId cudaDeviceGetPCIBusId
 #define gpuMalloc cudaMalloc
+#define gpuFuncSetAttribute cudaFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#define gpuMemGetInfo cudaMemGetInfo
 #define gpuFree cudaFree
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemsetAsync cudaMemsetAsync

@@ -3,7 +3,8 @@
 // registers by one warp, so memory is O(tile) rather than O(T^2). fp32 scores and softmax
 // (CUDA cores). Supports per-sequence start positions (chunked prefill, decode), sliding windows
 // and packed-document starts. Used for short chunks (decode); chunks of kAttnGemmMinQueries or
-// more queries go through the GEMM engine (ops_attention_gemm.cu).
+// more queries go through the GEMM engine (ops_attention_gemm.cu) or, when asked, the
+// tensor-core flash kernel (ops_attention_flash_tc.cu).
 #include <algorithm>
 #include <vector>
 
@@ -71,7 +72,7 @@ __global__ void k_attention(AttnParams p) {
 
 void CudaBackend::attention(const AttentionArgs& a) {
   if (a.B * a.T == 0) return;
-  if (a.T >= kAttnGemmMinQueries) return attention_gemm(a);
+  if (a.T >= kAttnGemmMinQueries) return attention_flash_tc_applies(a) ? attention_flash_tc(a) : attention_gemm(a);
   DeviceBuffer pos0, seg;
   AttnParams p = attn_params(*this, a, warp_size_, "attention", pos0, seg);
   p.out = a.out;

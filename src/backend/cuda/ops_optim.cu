@@ -92,10 +92,9 @@ void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, i
   for (int s = 0; s < steps; ++s) {
     float* out = s + 1 == steps ? x : Y;  // the last iterate lands in x itself
     // The b A and a X terms are read from A and X as the GEMMs' C inputs (no copies); the
-    // iterates X, A and B stay fp32 in every mode. Under the bf16 policy the products run in
-    // TF32 (fp32 operands on the tensor cores, fp32 accumulation: ~1e-3 from fp32, about 8x its
-    // rate) or, when asked, on bf16 operands (each converted once per iteration); otherwise
-    // exactly in fp32.
+    // iterates X, A and B stay fp32 in every mode. Under the bf16 policy the products take bf16
+    // operands (the default; each converted once per iteration) or TF32 (fp32 operands on the
+    // tensor cores, fp32 accumulation: ~1e-3 from fp32); otherwise they run exactly in fp32.
     const GemmOperand x_op = bf16 ? operand(X, batch * rows, cols, cols, false, true, xh) : f32_operand(X, cols, false);
     const GemmCompute compute = bf16 ? GemmCompute::Exact : nc;
     GemmOperand x_t = x_op;
