@@ -17,23 +17,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <vector>
+
+#include "core/dtype.h"
 
 namespace {
 
 using Matrix = std::vector<float>;
 
-float round_bf16(float x) {  // round to nearest even, as the GPU backend's conversion
-  uint32_t u = 0;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  float y = 0;
-  std::memcpy(&y, &u, 4);
-  return y;
-}
+float round_bf16(float x) { return zaya::bf16_to_f32(zaya::f32_to_bf16(x)); }  // nearest even, as the GPU
 
 enum class Sum { Sgemm, Double };
 

@@ -6,8 +6,8 @@
 // double, fp32 iterates) and requires the GPU's distance from the fp32 result to be at most
 // twice the emulation's, and its distance from the emulation to be less than the emulation's
 // from fp32: a GPU that lost a term or mis-scaled a product lands O(1) away.
-#include <cstring>
 
+#include "core/dtype.h"
 #include "gpu_test_support.h"
 
 namespace zaya {
@@ -16,15 +16,7 @@ namespace {
 using namespace gpu_test;
 using Matrix = std::vector<float>;
 
-float round_bf16(float x) {  // round to nearest even, as the GPU backend's conversion
-  uint32_t u = 0;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  float y = 0;
-  std::memcpy(&y, &u, 4);
-  return y;
-}
+float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }  // nearest even, as the GPU
 
 // C[M, N] = alpha * bf16(A)[M, K] op(bf16(B)) + beta * C_in, sums in double; op(B) = B^T
 // ([N, K] stored) when b_trans.
