@@ -2,8 +2,7 @@
 // SwiGLU experts with both skip modes (forward and backward, every GEMM mode, routings that
 // change from call to call, wide shapes and edge routings, bitwise determinism), Newton-Schulz
 // (wide, square, tall), Muon momentum/update, AdamW, sum of squares, scaling, copy/fill and
-// host transfers. Skipped ("skipped: no GPU") without a device. Passed on an H100, except the
-// changing-routing, determinism and device-grouped MoE checks, which came later.
+// host transfers. Skipped ("skipped: no GPU") without a device. Passed on an H100.
 #include <cstring>
 
 #include "gpu_test_support.h"

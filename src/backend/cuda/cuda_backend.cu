@@ -1,6 +1,6 @@
 // GPU backend core: device selection and the warp-size check, the stream, the caching memory
 // pool behind alloc/free and every temporary, host<->device copies, bf16 operand staging, and
-// the factory. Passed on an H100, except the bf16 shadows of frozen weights, which came later.
+// the factory. Passed on an H100.
 #include "backend/cuda/cuda_backend.h"
 
 #include "backend/cuda/gpu_grouped_gemm.h"

@@ -18,9 +18,9 @@ struct CudaBackendOptions {
   // true (with bf16_matmul): the MoE's experts run as grouped GEMMs driven by the routing
   // offsets on the device, with no host round trip per layer (gpu_grouped_gemm.h; tensor cores
   // on CUDA sm_80+, FMAs on HIP or with portable_gemm).
-  // false: one BLASLt GEMM per expert after copying the offsets to the host. Off by default
-  // until the grouped kernels have been checked on a GPU; make_backend turns it on when the
-  // environment sets ZAYA_MOE_DEVICE_GROUPED=1.
+  // false: one BLASLt GEMM per expert after copying the offsets to the host. Off by default:
+  // on an H100 the grouped kernels pass their tests but are slower (docs/benchmarks.md);
+  // make_backend turns it on when the environment sets ZAYA_MOE_DEVICE_GROUPED=1.
   bool moe_device_grouped = false;
   // true (with bf16_matmul and a BLASLt engine): the training and evaluation LM head
   // (lm_head_loss) multiplies its fp32 operands as three TF32 tensor-core GEMMs each

@@ -4,7 +4,8 @@
 // (CUDA, sm_80 and newer), or 256 threads each owning an 8 x 8 strided micro-tile with fp32 FMAs
 // (the portable path: HIP, and CUDA with portable_gemm). Which expert a block serves is read
 // from the device offsets: the rows kind walks the experts' row-tile counts, the weights kind
-// takes the expert from blockIdx.z. Plain loads (no cp.async pipeline yet). Not yet run on a GPU.
+// takes the expert from blockIdx.z. Plain loads (no cp.async pipeline yet). Passed against the
+// CPU backend on an H100, where it is 2.2x slower than per-expert cuBLASLt GEMMs.
 #include "backend/cuda/gpu_grouped_gemm.h"
 
 #include <string>

@@ -6,7 +6,7 @@
 // per-element kernels that took 23 ms (forward) and 16 ms (backward) per layer at 16384 tokens
 // on an H100. T (the token count, and with packed documents each row's expanded length) is the
 // GEMMs' ragged dimension (GemmShape::RaggedM / RaggedK), so changing lengths share plans rather
-// than building one per length. Not yet run on a GPU.
+// than building one per length. Passed against the CPU backend on an H100.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops_cca_common.h"
 

@@ -1,7 +1,6 @@
 // GPU dense ops: linear (internal GEMM, bf16 operands by policy), embedding, RMSNorm, affine
 // and residual scaling, EDA scaled-add, GELU, softmax, router selection. Everything except the
-// GEMM operands is fp32 (spec A.11). Passed against the CPU backend on an H100, except linear's
-// bias through the GEMM's epilogue, which came later.
+// GEMM operands is fp32 (spec A.11). Passed against the CPU backend on an H100.
 #include "backend/cuda/cuda_backend.h"
 
 namespace zaya {

@@ -2,7 +2,7 @@
 // contiguous rows, a grouped GEMM pair per expert (gate_up, SwiGLU, down; bf16 operands by
 // policy, fp32 accumulation), and a scatter applying the unbiased router weight. Skip-class
 // tokens output 0 or weight*x. The experts' GEMMs run per expert from host offsets or grouped
-// from device offsets (ExpertGemms). Not yet run on a GPU in its grouped form.
+// from device offsets (ExpertGemms). Passed against the CPU backend on an H100 in both forms.
 #include "backend/cuda/ops_moe_common.h"
 
 namespace zaya {

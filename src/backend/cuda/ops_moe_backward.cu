@@ -2,7 +2,7 @@
 // each expert's hidden activations over its contiguous rows, then per expert dDown += dY^T act,
 // dAct = dY Down, SwiGLU backward, dGateUp += dH^T X, dX = dH GateUp; one block per token
 // finishes dx and the router weight gradient dweight = dout . expert(x) (or dout . x for the
-// identity skip). Not yet run on a GPU in its grouped form.
+// identity skip). Passed against the CPU backend on an H100 in both forms.
 #include "backend/cuda/ops_moe_common.h"
 
 namespace zaya {

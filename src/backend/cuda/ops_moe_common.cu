@@ -1,8 +1,8 @@
 // The GPU MoE routing plan in three kernels over tiles of 256 tokens (per-tile class counts;
 // class offsets and each tile's start per class; a stable placement by rank within the tile),
 // row gathers, SwiGLU forward/backward and the experts' GEMMs (ExpertGemms). Integer-only plan, so it is deterministic. The
-// three-kernel plan replaced a one-block plan (one prefix sum per class per 1024 tokens) and has
-// not yet run on a GPU.
+// three-kernel plan replaced a one-block plan (one prefix sum per class per 1024 tokens). Passed
+// against the CPU backend on an H100.
 #include "backend/cuda/ops_moe_common.h"
 
 #include <algorithm>
