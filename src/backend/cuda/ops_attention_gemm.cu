@@ -62,7 +62,7 @@ __global__ void k_masked_softmax(float* S, int64_t Sn, AttnParams p, int64_t b, 
   mx = block_max(mx, shf);
   double sum = 0;
   for (int64_t j = threadIdx.x; j < Sn; j += blockDim.x)
-    if (attn_visible(p, b, t, s0 + j)) sum += exp(double(row[j] * p.scale - mx));
+    if (attn_visible(p, b, t, s0 + j)) sum += double(expf(row[j] * p.scale - mx));  // the terms P uses
   sum = block_sum(sum, shd);
   const float inv = float(1.0 / sum);
   for (int64_t j = threadIdx.x; j < Sn; j += blockDim.x) {
