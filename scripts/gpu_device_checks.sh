@@ -114,6 +114,14 @@ step_train() {
   grep -E "^step [0-9]+/" "$LOGS/train.log" | tail -3
   "$BIN/zaya" generate --backend cuda --model $R/model --prompt "The" --max-tokens 24 --temperature 0 2>&1 | tail -3
 }
+# bench_train on step_bench's config with one environment setting (NAME=1), logged as
+# bench_train_cuda_SUFFIX.{json,log}; a failure prints the log's end and does not stop the step.
+bench_train_variant() {
+  local suffix=$1 setting=$2 cfg=bench/configs/zaya1-base-blocks.json
+  env "$setting" "$BIN/bench_train" --backend cuda --config $cfg --batch ${BENCH_B:-4} --seq ${BENCH_T:-4096} \
+    --warmup 2 --steps 5 --skip-peaks > "$LOGS/bench_train_cuda_$suffix.json" 2> "$LOGS/bench_train_cuda_$suffix.log" &&
+    grep -E "median|memory|gemm engine" "$LOGS/bench_train_cuda_$suffix.log" || tail -3 "$LOGS/bench_train_cuda_$suffix.log"
+}
 step_bench() {
   local cfg=bench/configs/zaya1-base-blocks.json B=${BENCH_B:-4} T=${BENCH_T:-4096}
   [[ -n ${SKIP_HF:-} ]] || PYTHONUNBUFFERED=1 python3 bench/bench_train_hf.py --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
@@ -128,22 +136,11 @@ step_bench() {
     return 1
   fi
   grep -E "median|MFU|memory|gemm engine" "$LOGS/bench_train_cuda.log"
-  # The same step with the MoE's experts as device-grouped GEMMs (opt-in until measured here).
-  ZAYA_MOE_DEVICE_GROUPED=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
-    --skip-peaks > "$LOGS/bench_train_cuda_grouped.json" 2> "$LOGS/bench_train_cuda_grouped.log" &&
-    grep -E "median|memory|gemm engine" "$LOGS/bench_train_cuda_grouped.log" || tail -3 "$LOGS/bench_train_cuda_grouped.log"
-  # The same step with the LM head in exact fp32 GEMMs instead of 3xTF32 (the default).
-  ZAYA_LM_HEAD_EXACT=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
-    --skip-peaks > "$LOGS/bench_train_cuda_exact_head.json" 2> "$LOGS/bench_train_cuda_exact_head.log" &&
-    grep -E "median|gemm engine" "$LOGS/bench_train_cuda_exact_head.log" || tail -3 "$LOGS/bench_train_cuda_exact_head.log"
-  # The same step with Newton-Schulz on TF32 operands instead of bf16 (the default, spec C.4).
-  ZAYA_NS_TF32=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
-    --skip-peaks > "$LOGS/bench_train_cuda_ns_tf32.json" 2> "$LOGS/bench_train_cuda_ns_tf32.log" &&
-    grep -E "median|gemm engine" "$LOGS/bench_train_cuda_ns_tf32.log" || tail -3 "$LOGS/bench_train_cuda_ns_tf32.log"
-  # The same step with the attention forward on the tensor-core flash kernel (opt-in until measured).
-  ZAYA_ATTN_FLASH=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 2 --steps 5 \
-    --skip-peaks > "$LOGS/bench_train_cuda_flash.json" 2> "$LOGS/bench_train_cuda_flash.log" &&
-    grep -E "median|gemm engine" "$LOGS/bench_train_cuda_flash.log" || tail -3 "$LOGS/bench_train_cuda_flash.log"
+  # The same step with one setting changed each, against the defaults (docs/benchmarks.md):
+  bench_train_variant grouped ZAYA_MOE_DEVICE_GROUPED=1  # the MoE's experts as device-grouped GEMMs
+  bench_train_variant exact_head ZAYA_LM_HEAD_EXACT=1    # the LM head in exact fp32, not 3xTF32
+  bench_train_variant ns_tf32 ZAYA_NS_TF32=1             # Newton-Schulz on TF32, not bf16 operands
+  bench_train_variant flash ZAYA_ATTN_FLASH=1            # the tensor-core flash attention forward
   # Per-op breakdown (each op synchronised: slower than the timed run above).
   "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 1 --steps 2 --skip-peaks --profile \
     > "$LOGS/bench_train_profile.json" 2> "$LOGS/bench_train_profile.log" && \
@@ -185,7 +182,7 @@ step_fit() {
   done
   return $rc
 }
-export -f $(compgen -A function step_) libdir_of
+export -f $(compgen -A function step_) libdir_of bench_train_variant
 export BIN LOGS ROOT
 for s in "${steps[@]}"; do
   echo "=== $s"

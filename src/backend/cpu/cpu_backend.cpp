@@ -61,14 +61,14 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
     const int gpus = cuda_device_count();
     o.device = gpus > 0 ? device % gpus : device;
     o.bf16_matmul = name == "cuda";  // cuda-fp32: every GEMM in fp32 (exact comparisons with the CPU)
-    const char* grouped = std::getenv("ZAYA_MOE_DEVICE_GROUPED");
-    o.moe_device_grouped = grouped && std::string(grouped) == "1";
-    const char* exact_head = std::getenv("ZAYA_LM_HEAD_EXACT");  // 1: the LM head in exact fp32 GEMMs
-    o.lm_head_tf32x3 = !(exact_head && std::string(exact_head) == "1");
-    const char* ns_tf32 = std::getenv("ZAYA_NS_TF32");  // 1: Newton-Schulz on TF32 instead of bf16 operands
-    o.newton_schulz_bf16 = !(ns_tf32 && std::string(ns_tf32) == "1");
-    const char* flash = std::getenv("ZAYA_ATTN_FLASH");  // 1: attention forward on the tensor-core flash kernel
-    o.attention_flash_tc = flash && std::string(flash) == "1";
+    auto switched_on = [](const char* var) {  // the environment sets var=1
+      const char* v = std::getenv(var);
+      return v != nullptr && std::string(v) == "1";
+    };
+    o.moe_device_grouped = switched_on("ZAYA_MOE_DEVICE_GROUPED");
+    o.lm_head_tf32x3 = !switched_on("ZAYA_LM_HEAD_EXACT");      // the LM head in exact fp32 GEMMs
+    o.newton_schulz_bf16 = !switched_on("ZAYA_NS_TF32");        // Newton-Schulz on TF32 operands
+    o.attention_flash_tc = switched_on("ZAYA_ATTN_FLASH");      // the tensor-core flash attention forward
     return make_cuda_backend(o);
 #else
     fail("backend", "zaya was built without CUDA; configure with -DZAYA_CUDA=ON");

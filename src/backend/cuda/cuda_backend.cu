@@ -139,8 +139,7 @@ std::string CudaBackend::diagnostics() const {
                                                               : "per expert from host offsets") +
          (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32") + ", Newton-Schulz " +
          (newton_schulz_bf16() ? "bf16" : options_.bf16_matmul ? "TF32" : "exact fp32") + ", attention forward " +
-         (options_.attention_flash_tc && options_.bf16_matmul && wmma_ ? "flash on the tensor cores"
-                                                                      : "through the GEMM engine") +
+         (attention_flash_tc_enabled() ? "flash on the tensor cores" : "through the GEMM engine") +
          ", " +
          std::to_string(shadows_built_) + " bf16 weight shadows built (" + std::to_string(shadows_.size()) +
          " held, " + std::to_string(shadow_bytes_) + " bytes; " + std::to_string(shadows_declined_) +
@@ -184,20 +183,10 @@ void CudaBackend::from_host(void* dst, const void* host, int64_t bytes) {
 
 GemmOperand CudaBackend::operand(const float* p, int64_t rows, int64_t cols, int64_t ld, bool trans, bool bf16,
                                  DeviceBuffer& holder) {
-  GemmOperand o;
-  o.trans = trans;
-  if (!bf16) {
-    o.ptr = p;
-    o.type = GemmType::F32;
-    o.ld = ld;
-    return o;
-  }
+  if (!bf16) return f32_operand(p, ld, trans);
   holder = DeviceBuffer(this, rows * cols * 2);
   gpu_to_bf16(stream_, p, rows, cols, ld, holder.h());
-  o.ptr = holder.h();
-  o.type = GemmType::BF16;
-  o.ld = cols;
-  return o;
+  return bf16_operand(holder.h(), cols, trans);
 }
 
 GemmOperand CudaBackend::weight_operand(const float* w, int64_t rows, int64_t cols, bool trans, bool bf16,
@@ -226,12 +215,7 @@ GemmOperand CudaBackend::weight_operand(const float* w, int64_t rows, int64_t co
     shadow_bytes_ += rows * cols * 2;
     ++shadows_built_;
   }
-  GemmOperand o;
-  o.ptr = it->second.bf16.h();
-  o.type = GemmType::BF16;
-  o.ld = cols;
-  o.trans = trans;
-  return o;
+  return bf16_operand(it->second.bf16.h(), cols, trans);
 }
 
 void CudaBackend::set_weights_frozen(bool frozen) {

@@ -177,7 +177,9 @@ class CudaBackend final : public Backend {
   // kAttnGemmMinQueries queries; shorter ones (decode) use the flash kernels.
   static constexpr int64_t kAttnGemmMinQueries = 64;
   void attention_gemm(const AttentionArgs& a);
-  // The tensor-core flash forward (ops_attention_flash_tc.cu) and whether it serves `a`.
+  // The tensor-core flash forward (ops_attention_flash_tc.cu): whether it is on (asked for, bf16
+  // policy, CUDA WMMA) and whether it serves `a` (head_dim 64 or 128).
+  bool attention_flash_tc_enabled() const;
   bool attention_flash_tc_applies(const AttentionArgs& a) const;
   void attention_flash_tc(const AttentionArgs& a);
   void attention_backward_gemm(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv);

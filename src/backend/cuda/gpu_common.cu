@@ -1,7 +1,6 @@
 // Launch helpers shared by the GPU ops: deterministic column sums (parameter gradients of
 // per-column vectors), fp32 -> bf16 packing of GEMM operands, fill, and the deterministic
-// sum of squares. Passed against the CPU backend on an H100 (the vectorised bf16 packing came
-// later).
+// sum of squares. Passed against the CPU backend on an H100.
 #include "backend/cuda/cuda_backend.h"
 
 namespace zaya {

@@ -34,6 +34,16 @@ inline GemmOperand f32_operand(const float* p, int64_t ld, bool trans) {
   return o;
 }
 
+// A packed bf16 operand (raw 16-bit storage, gpu_device.h's bf16_t) as stored, row stride ld.
+inline GemmOperand bf16_operand(const uint16_t* p, int64_t ld, bool trans) {
+  GemmOperand o;
+  o.ptr = p;
+  o.type = GemmType::BF16;
+  o.ld = ld;
+  o.trans = trans;
+  return o;
+}
+
 // A strided batch of same-shape GEMMs: problem i uses A + i*stride_a, B + i*stride_b and
 // C + i*stride_c (elements of each operand's type). count = 1 is a single GEMM.
 struct GemmBatch {

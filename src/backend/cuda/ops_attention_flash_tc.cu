@@ -187,13 +187,16 @@ void launch_flash_tc(const AttnParams& p, gpuStream_t stream) {
 }  // namespace
 #endif
 
-bool CudaBackend::attention_flash_tc_applies(const AttentionArgs& a) const {
+bool CudaBackend::attention_flash_tc_enabled() const {
 #if defined(ZAYA_GPU_CUDA)
-  return options_.attention_flash_tc && options_.bf16_matmul && wmma_ && (a.dh == 64 || a.dh == 128);
+  return options_.attention_flash_tc && options_.bf16_matmul && wmma_;
 #else
-  (void)a;
   return false;
 #endif
+}
+
+bool CudaBackend::attention_flash_tc_applies(const AttentionArgs& a) const {
+  return attention_flash_tc_enabled() && (a.dh == 64 || a.dh == 128);
 }
 
 void CudaBackend::attention_flash_tc(const AttentionArgs& a) {

@@ -90,16 +90,6 @@ __global__ void k_attn_ds(const float* P, float* dP, int64_t Sn, float scale, bf
   }
 }
 
-// A packed bf16 [rows, ld] matrix as a GEMM operand.
-GemmOperand bf16_operand(const DeviceBuffer& buf, int64_t ld, bool trans) {
-  GemmOperand o;
-  o.ptr = buf.h();
-  o.type = GemmType::BF16;
-  o.ld = ld;
-  o.trans = trans;
-  return o;
-}
-
 // The query chunks of sequence b and the keys each may see.
 struct AttnChunk {
   int64_t t0, Tq, s0, Sn;
@@ -148,7 +138,7 @@ void CudaBackend::attention_gemm(const AttentionArgs& a) {
         k_masked_softmax<<<unsigned(M), kGpuThreads, 0, stream_>>>(sc.f(), c.Sn, p, b, c.t0, c.Tq, c.s0, !bf16,
                                                                    bf16 ? hp.h() : nullptr);
         GPU_LAUNCH_CHECK();
-        const GemmOperand p_op = bf16 ? bf16_operand(hp, c.Sn, false) : f32_operand(sc.f(), c.Sn, false);
+        const GemmOperand p_op = bf16 ? bf16_operand(hp.h(), c.Sn, false) : f32_operand(sc.f(), c.Sn, false);
         gemm(M, dh, c.Sn, 1.0f, p_op, operand(vb, c.Sn, dh, ldkv, false, bf16, hv), 0.0f, og.f(), dh);  // O = P V
         k_scatter_heads<<<gpu_blocks(M * dh), kGpuThreads, 0, stream_>>>(og.f(), a.out, b, a.T, a.Hq, g * rep, rep,
                                                                          c.t0, c.Tq, dh);
@@ -192,8 +182,8 @@ void CudaBackend::attention_backward_gemm(const AttentionArgs& a, const float* d
         k_attn_ds<<<unsigned(M), kGpuThreads, 0, stream_>>>(sc.f(), dp.f(), c.Sn, a.scale,
                                                             bf16 ? hds.h() : nullptr);  // dS
         GPU_LAUNCH_CHECK();
-        const GemmOperand p_op = bf16 ? bf16_operand(hp, c.Sn, false) : f32_operand(sc.f(), c.Sn, false);
-        GemmOperand ds_op = bf16 ? bf16_operand(hds, c.Sn, false) : f32_operand(dp.f(), c.Sn, false);
+        const GemmOperand p_op = bf16 ? bf16_operand(hp.h(), c.Sn, false) : f32_operand(sc.f(), c.Sn, false);
+        GemmOperand ds_op = bf16 ? bf16_operand(hds.h(), c.Sn, false) : f32_operand(dp.f(), c.Sn, false);
         gemm(M, dh, c.Sn, 1.0f, ds_op, operand(kb, c.Sn, dh, ldkv, false, bf16, hkn), 0.0f, dqg.f(), dh);  // dQ
         k_scatter_heads<<<gpu_blocks(M * dh), kGpuThreads, 0, stream_>>>(dqg.f(), dq, b, a.T, a.Hq, g * rep, rep,
                                                                          c.t0, c.Tq, dh);

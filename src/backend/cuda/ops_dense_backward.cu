@@ -2,7 +2,7 @@
 // by id on the host, each id's rows added in token order: no atomics), RMSNorm, affine and
 // residual scaling, EDA scaled-add, GELU, softmax and routing (the LM head fused with the loss:
 // ops_lm_head.cu). Parameter gradients use the deterministic column sums of gpu_common.cu.
-// Passed against the CPU backend on an H100 (the grouped embedding backward came later).
+// Passed against the CPU backend on an H100.
 #include <algorithm>
 #include <numeric>
 #include <vector>

@@ -18,12 +18,14 @@ namespace {
 constexpr float kNsA = 3.4445f, kNsB = -4.7750f, kNsC = 2.0315f;
 constexpr double kNsNormEps = 1e-7;
 
-// X_m = x_m / (||x_m||_F + eps) for matrix m = blockIdx.y of the batch (no per-element division).
-__global__ void k_ns_init(const float* x, const double* ssq, float* X, int64_t n) {
-  const int64_t m = blockIdx.y;
-  const float inv = float(1.0 / (sqrt(ssq[m]) + kNsNormEps));
-  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x)
-    X[m * n + j] = x[m * n + j] * inv;
+// X_m = x_m / (||x_m||_F + eps) for each matrix m of the batch (blockIdx.y strides over them; no
+// per-element division).
+__global__ void k_ns_init(const float* x, const double* ssq, float* X, int64_t batch, int64_t n) {
+  for (int64_t m = blockIdx.y; m < batch; m += gridDim.y) {
+    const float inv = float(1.0 / (sqrt(ssq[m]) + kNsNormEps));
+    for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x)
+      X[m * n + j] = x[m * n + j] * inv;
+  }
 }
 
 __global__ void k_muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, int nesterov) {
@@ -66,7 +68,6 @@ void CudaBackend::newton_schulz(float* x, int64_t rows, int64_t cols, int steps)
 void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, int64_t cols, int steps) {
   ZAYA_CHECK(batch >= 0 && rows >= 0 && cols >= 0 && steps >= 0, "newton_schulz: bad shape or step count");
   if (batch == 0 || rows == 0 || cols == 0) return;
-  ZAYA_CHECK(batch <= 65535, "newton_schulz: at most 65535 matrices per call");
   // The iteration runs on the wide orientation X [r, c] (r <= c). A tall matrix is not
   // transposed: with X stored [c, r] the same products read A = X^T X and X <- a X + X B (B is
   // symmetric), only the GEMMs' operand orders change.
@@ -74,12 +75,13 @@ void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, i
   const int64_t r = tall ? cols : rows, n = rows * cols;
   const GemmCompute nc = options_.bf16_matmul ? GemmCompute::Tf32 : GemmCompute::Exact;
   const bool bf16 = newton_schulz_bf16();
-  DeviceBuffer ssq(this, batch * 8), xb(this, batch * n * 4), yb(this, batch * n * 4), A(this, batch * r * r * 4),
-      Bm(this, batch * r * r * 4);
+  // yb holds the middle iterates (none with one step: the last lands in x).
+  DeviceBuffer ssq(this, batch * 8), xb(this, batch * n * 4), yb(this, (steps > 1 ? batch * n : 1) * 4),
+      A(this, batch * r * r * 4), Bm(this, batch * r * r * 4);
   DeviceBuffer xh, ah, bh;  // bf16 copies of X, A and B (bf16 operands only)
   for (int64_t i = 0; i < batch; ++i) gpu_sum_squares(*this, x + i * n, n, ssq.d() + i);
-  const dim3 grid(std::min(gpu_blocks(n), 4096u), unsigned(batch));
-  k_ns_init<<<grid, kGpuThreads, 0, stream_>>>(x, ssq.d(), xb.f(), n);
+  const dim3 grid(std::min(gpu_blocks(n), 4096u), unsigned(std::min<int64_t>(batch, 65535)));
+  k_ns_init<<<grid, kGpuThreads, 0, stream_>>>(x, ssq.d(), xb.f(), batch, n);
   GPU_LAUNCH_CHECK();
   if (steps == 0) {
     copy(x, xb.f(), batch * n);
