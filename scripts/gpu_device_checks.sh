@@ -140,7 +140,11 @@ step_bench() {
   bench_train_variant grouped ZAYA_MOE_DEVICE_GROUPED=1  # the MoE's experts as device-grouped GEMMs
   bench_train_variant exact_head ZAYA_LM_HEAD_EXACT=1    # the LM head in exact fp32, not 3xTF32
   bench_train_variant ns_tf32 ZAYA_NS_TF32=1             # Newton-Schulz on TF32, not bf16 operands
-  bench_train_variant flash ZAYA_ATTN_FLASH=1            # the tensor-core flash attention forward
+  bench_train_variant flash ZAYA_ATTN_FLASH=1            # the tensor-core flash attention (forward, backward)
+  # Attention's own time with the flash kernels, from the synchronised per-op profile.
+  ZAYA_ATTN_FLASH=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 1 --steps 2 \
+    --skip-peaks --profile > "$LOGS/bench_train_profile_flash.json" 2> "$LOGS/bench_train_profile_flash.log" &&
+    grep -iE "attention" "$LOGS/bench_train_profile_flash.log" | head -4
   # Per-op breakdown (each op synchronised: slower than the timed run above).
   "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 1 --steps 2 --skip-peaks --profile \
     > "$LOGS/bench_train_profile.json" 2> "$LOGS/bench_train_profile.log" && \

@@ -4,7 +4,9 @@
 // temperature + partial RoPE, the delayed values, cache writes, and causal GQA attention
 // (head_dim 16/64/128, sliding window, decode offsets, document starts), forward and
 // backward (attention in every GEMM mode: 64 or more queries run on the GEMM engine, at the bf16
-// tolerance under bf16 operands). Skipped ("skipped: no GPU") without a device.
+// tolerance under bf16 operands; and on the tensor-core flash kernels, whose backward must also
+// repeat bit for bit), with NaN in the cache slots no query may read. Skipped ("skipped: no
+// GPU") without a device.
 #include <cstring>
 
 #include "gpu_test_support.h"
@@ -196,6 +198,9 @@ TEST_F(GpuCca, Attention) {
       {2, 200, 200, 8, 2, 128, 0, {0, 0}, false},  {1, 257, 257, 4, 2, 64, 33, {0}, false},
       {2, 150, 150, 4, 1, 64, 0, {0, 0}, true},    {1, 1100, 1100, 4, 2, 64, 0, {0}, false},
       {1, 1100, 1100, 4, 2, 32, 300, {0}, true},   {2, 96, 160, 4, 2, 64, 0, {64, 20}, false},
+      // head_dim 128 across several key tiles with a window and document starts, and a chunk
+      // of 70 queries at position 100 of a 200-slot cache (its unwritten slots hold NaN).
+      {1, 300, 300, 8, 2, 128, 70, {0}, true},     {1, 70, 200, 8, 2, 128, 0, {100}, false},
   };
   for (const AttnCase& c : cases) {
     const std::string what = "attention T " + std::to_string(c.T) + " dh " + std::to_string(c.dh) + " Hq " +
@@ -210,6 +215,13 @@ TEST_F(GpuCca, Attention) {
     }
     auto q = rnd(size_t(c.B * c.T * c.Hq * c.dh)), k = rnd(size_t(c.B * c.S * c.Hkv * c.dh)),
          v = rnd(size_t(c.B * c.S * c.Hkv * c.dh));
+    // Cache slots past each sequence's chunk were never written: NaN there must not reach any output.
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t s = c.pos0[size_t(b)] + c.T; s < c.S; ++s)
+        for (int64_t e = 0; e < c.Hkv * c.dh; ++e) {
+          k[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
+          v[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
+        }
     std::vector<float> out(q.size());
     AttentionArgs a;
     a.q = q.data(); a.k_cache = k.data(); a.v_cache = v.data(); a.out = out.data(); a.pos0 = c.pos0.data();
@@ -224,12 +236,13 @@ TEST_F(GpuCca, Attention) {
     // Every GEMM mode: from 64 queries on, the products run on the GEMM engine (bf16 operands
     // under the bf16 policy).
     std::vector<GemmMode> modes = gemm_modes();
-    modes.push_back({"bf16_flash", true, false, kTolBf16, false, false, true});  // the tensor-core flash forward
+    modes.push_back({"bf16_flash", true, false, kTolBf16, false, false, true});  // the tensor-core flash kernels
     for (const GemmMode& mode : modes) {
       auto be = make_gpu(mode);
       const std::string w = what + " [" + mode.name + "]";
       if (mode.attn_flash) {
-        EXPECT_NE(be->diagnostics().find("attention forward flash on the tensor cores"), std::string::npos)
+        EXPECT_NE(be->diagnostics().find("attention forward and backward flash on the tensor cores"),
+                  std::string::npos)
             << be->diagnostics();
       }
       DevBuf gq(*be, q), gk(*be, k), gv(*be, v), go(*be, int64_t(q.size()));
@@ -246,6 +259,16 @@ TEST_F(GpuCca, Attention) {
       expect_close(gdq.get(), dq, tol, w + " dq");
       expect_close(gdk.get(), dk, tol, w + " dk");
       expect_close(gdv.get(), dv, tol, w + " dv");
+      if (mode.attn_flash) {  // no atomics: a second backward repeats the first bit for bit
+        DevBuf gdq2(*be, int64_t(q.size())), gdk2(*be, int64_t(k.size())), gdv2(*be, int64_t(v.size()));
+        be->attention_backward(g, gdo.f(), gdq2.f(), gdk2.f(), gdv2.f());
+        const auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+          return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+        };
+        EXPECT_TRUE(same_bits(gdq2.get(), gdq.get()) && same_bits(gdk2.get(), gdk.get()) &&
+                    same_bits(gdv2.get(), gdv.get()))
+            << w << ": the flash backward does not repeat";
+      }
     }
   }
 }

@@ -68,7 +68,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
     o.moe_device_grouped = switched_on("ZAYA_MOE_DEVICE_GROUPED");
     o.lm_head_tf32x3 = !switched_on("ZAYA_LM_HEAD_EXACT");      // the LM head in exact fp32 GEMMs
     o.newton_schulz_bf16 = !switched_on("ZAYA_NS_TF32");        // Newton-Schulz on TF32 operands
-    o.attention_flash_tc = switched_on("ZAYA_ATTN_FLASH");      // the tensor-core flash attention forward
+    o.attention_flash_tc = switched_on("ZAYA_ATTN_FLASH");      // the tensor-core flash attention
     return make_cuda_backend(o);
 #else
     fail("backend", "zaya was built without CUDA; configure with -DZAYA_CUDA=ON");

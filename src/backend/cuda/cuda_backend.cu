@@ -138,8 +138,8 @@ std::string CudaBackend::diagnostics() const {
          (options_.moe_device_grouped && options_.bf16_matmul ? "as device-grouped GEMMs"
                                                               : "per expert from host offsets") +
          (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32") + ", Newton-Schulz " +
-         (newton_schulz_bf16() ? "bf16" : options_.bf16_matmul ? "TF32" : "exact fp32") + ", attention forward " +
-         (attention_flash_tc_enabled() ? "flash on the tensor cores" : "through the GEMM engine") +
+         (newton_schulz_bf16() ? "bf16" : options_.bf16_matmul ? "TF32" : "exact fp32") + ", attention " +
+         (attention_flash_tc_enabled() ? "forward and backward flash on the tensor cores" : "through the GEMM engine") +
          ", " +
          std::to_string(shadows_built_) + " bf16 weight shadows built (" + std::to_string(shadows_.size()) +
          " held, " + std::to_string(shadow_bytes_) + " bytes; " + std::to_string(shadows_declined_) +

@@ -6,6 +6,7 @@
 // listed in docs/gpu.md, "Not done yet".
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <set>
@@ -177,11 +178,13 @@ class CudaBackend final : public Backend {
   // kAttnGemmMinQueries queries; shorter ones (decode) use the flash kernels.
   static constexpr int64_t kAttnGemmMinQueries = 64;
   void attention_gemm(const AttentionArgs& a);
-  // The tensor-core flash forward (ops_attention_flash_tc.cu): whether it is on (asked for, bf16
-  // policy, CUDA WMMA) and whether it serves `a` (head_dim 64 or 128).
+  // The tensor-core flash attention (ops_attention_flash_tc.cu, ops_attention_flash_tc_backward.cu):
+  // whether it is on (asked for, bf16 policy, CUDA sm_80+) and whether it serves `a` (head_dim 64
+  // or 128, every tensor 16-byte aligned; `more` names the backward's extra tensors).
   bool attention_flash_tc_enabled() const;
-  bool attention_flash_tc_applies(const AttentionArgs& a) const;
+  bool attention_flash_tc_applies(const AttentionArgs& a, std::initializer_list<const void*> more = {}) const;
   void attention_flash_tc(const AttentionArgs& a);
+  void attention_backward_flash_tc(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv);
   void attention_backward_gemm(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv);
   void cca_conv_rows(const CcaConvArgs& a);  // ops_cca.cu: no segments
   void cca_conv_backward_rows(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,

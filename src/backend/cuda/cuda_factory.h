@@ -47,9 +47,10 @@ struct CudaBackendOptions {
   // (including the pool's cached blocks) when the weights are frozen.
   int64_t weight_shadow_budget_bytes = -1;
   // true (with bf16_matmul, on CUDA sm_80+): attention of 64 or more queries with head_dim 64
-  // or 128 runs forward as one flash kernel on the tensor cores (ops_attention_flash_tc.cu)
-  // instead of through the GEMM engine with materialised scores; make_backend sets it when the
-  // environment has ZAYA_ATTN_FLASH=1. The backward is the GEMM path either way.
+  // or 128 runs forward and backward as flash kernels on the tensor cores (mma.sync:
+  // ops_attention_flash_tc.cu, ops_attention_flash_tc_backward.cu) instead of through the GEMM
+  // engine with materialised scores; make_backend sets it when the environment has
+  // ZAYA_ATTN_FLASH=1.
   bool attention_flash_tc = false;
 };
 

@@ -6,7 +6,8 @@
 //   dK/dV kernel, one warp per key: over the query heads of its KV group and the queries that
 //     can see it: dV += P dO, dK += dS Q.
 // fp32 throughout. Used for short chunks; kAttnGemmMinQueries or more queries go through the
-// GEMM engine (ops_attention_gemm.cu).
+// GEMM engine (ops_attention_gemm.cu) or, when asked, the tensor-core flash backward
+// (ops_attention_flash_tc_backward.cu).
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops_attention_common.h"
 
@@ -152,7 +153,10 @@ __global__ void k_attention_dkdv(AttnParams p) {
 
 void CudaBackend::attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) {
   if (a.B * a.T == 0) return;
-  if (a.T >= kAttnGemmMinQueries) return attention_backward_gemm(a, dout, dq, dk, dv);
+  if (a.T >= kAttnGemmMinQueries) {
+    if (attention_flash_tc_applies(a, {dout, dq, dk, dv})) return attention_backward_flash_tc(a, dout, dq, dk, dv);
+    return attention_backward_gemm(a, dout, dq, dk, dv);
+  }
   DeviceBuffer pos0, seg;
   AttnParams p = attn_params(*this, a, warp_size_, "attention_backward", pos0, seg);
   DeviceBuffer lse(this, a.B * a.T * a.Hq * 4), drow(this, a.B * a.T * a.Hq * 4);

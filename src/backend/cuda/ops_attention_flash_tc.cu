@@ -1,190 +1,230 @@
-// Flash-style causal GQA attention forward on the tensor cores (CUDA sm_80+, WMMA bf16 16x16x16
-// with fp32 accumulation), for chunks of kAttnGemmMinQueries or more queries under the bf16
-// policy and head_dim 64 or 128 (CudaBackendOptions::attention_flash_tc). One block of 4 warps
-// per 64 queries of one head: the queries stay in shared memory as bf16; for each tile of 64
-// visible keys, S = Q K^T (bf16 operands, fp32 scores), an online softmax per row (fp32, the
-// visibility rule of ops_attention_common.h: causal, sliding window, document starts, decode
-// offsets), the rows of the fp32 output accumulator rescaled in shared memory, and O += P V with
-// P rounded to bf16, as the GEMM path rounds it. Scores never reach device memory. The backward
-// is unchanged (the GEMM path recomputes the softmax). Elsewhere (HIP, fp32, other head dims)
-// attention() keeps the GEMM path.
+// Flash-style causal GQA attention forward on the tensor cores (CUDA sm_80+, mma.sync m16n8k16
+// bf16 with fp32 accumulation), for chunks of kAttnGemmMinQueries or more queries under the bf16
+// policy and head_dim 64 or 128 (CudaBackendOptions::attention_flash_tc). K and V are packed to
+// bf16 once per call (ops_attention_flash_tc_common.h). One block of 4 warps per 64 queries of
+// one head; each warp keeps its 16 query rows as A fragments, and per tile of 64 keys:
+//   S = Q K^T in registers; the visibility rule (causal, sliding window, document starts,
+//   decode offsets) and the scale applied in place; an online softmax per row in base 2, the
+//   row max reduced over the 4 lanes that share a row; the output accumulator (registers)
+//   rescaled; O += P V with P rounded to bf16 straight from the score registers.
+// K and V tiles are double-buffered through cp.async, so the next tile loads while this one
+// multiplies. Scores never leave registers. The same kernel, with lse_only, computes just the
+// rows' log-sum-exp for the backward (ops_attention_flash_tc_backward.cu). HIP, fp32 and other
+// head dims keep the GEMM path.
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/ops_attention_common.h"
+#include "backend/cuda/ops_attention_flash_tc_common.h"
 
 namespace zaya {
 
 #if defined(ZAYA_GPU_CUDA)
 namespace {
 
-constexpr int kFlashRows = 64;            // queries per block (16 per warp)
-constexpr int kFlashKeys = 64;            // keys per tile
-constexpr int kFlashWarps = 4;
-constexpr int kFlashThreads = kFlashWarps * 32;
-constexpr int kLdS = kFlashKeys + 4;      // fp32 scores row stride (a multiple of 4 floats)
-constexpr int kLdP = kFlashKeys + 8;      // bf16 probabilities row stride (a multiple of 8)
-
 template <int DH>
-struct FlashLayout {
-  static constexpr int kLdH = DH + 8;  // bf16 Q/K/V row stride
-  static constexpr int kLdO = DH + 4;  // fp32 output accumulator row stride
-  static constexpr size_t q = 0;
-  static constexpr size_t k = q + size_t(kFlashRows) * kLdH * 2;
-  static constexpr size_t v = k + size_t(kFlashKeys) * kLdH * 2;
-  static constexpr size_t s = v + size_t(kFlashKeys) * kLdH * 2;
-  static constexpr size_t p = s + size_t(kFlashRows) * kLdS * 4;
-  static constexpr size_t o = p + size_t(kFlashRows) * kLdP * 2;
-  static constexpr size_t stats = o + size_t(kFlashRows) * kLdO * 4;  // m, l, alpha per row
-  static constexpr size_t bytes = stats + size_t(3) * kFlashRows * 4;
+struct ForwardLayout {
+  static constexpr int kLd = DH + 8;  // bf16 row stride of every tile: conflict-free fragment loads
+  static constexpr int kTile = kFlashKeys * kLd;
+  static constexpr size_t q = 0;                                 // Q [64][kLd]
+  static constexpr size_t k = q + size_t(kFlashRows) * kLd * 2;  // K [2][64][kLd]
+  static constexpr size_t v = k + size_t(2) * kTile * 2;         // V [2][64][kLd]
+  static constexpr size_t bytes = v + size_t(2) * kTile * 2;
 };
 
-// rows [r0, r0 + 64) of head hh of a [B, rows_per_seq, H, DH] fp32 tensor into bf16 shared rows;
-// rows at or past `valid` are zero.
-template <int DH>
-__device__ void stage_bf16(bf16_t* dst, const float* src, int64_t b, int64_t rows_per_seq, int64_t H, int64_t hh,
-                           int64_t r0, int64_t valid) {
-  constexpr int kLd = FlashLayout<DH>::kLdH;
-  for (int i = int(threadIdx.x); i < kFlashRows * DH; i += kFlashThreads) {
-    const int r = i / DH, d = i % DH;
-    const int64_t row = r0 + r;
-    dst[r * kLd + d] = row < valid ? f32_to_bf16(src[((b * rows_per_seq + row) * H + hh) * DH + d]) : bf16_t(0);
+// Four elements a thread: dh is a multiple of 4, so a float4 never crosses a row.
+__global__ void k_pack_rows(const float* src, bf16_t* dst, int64_t B, int64_t rows, int64_t rows_pad, int64_t H,
+                            int64_t dh, const int64_t* pos0, int64_t chunk) {
+  const int64_t n = B * H * rows_pad * dh / 4;
+  for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < n; x += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t e = x * 4, d = e % dh, r = (e / dh) % rows_pad, bh = e / (dh * rows_pad);
+    const int64_t h = bh % H, b = bh / H;
+    int64_t valid = rows;
+    if (pos0 && pos0[b] + chunk < valid) valid = pos0[b] + chunk;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r < valid) v = *reinterpret_cast<const float4*>(src + ((b * rows + r) * H + h) * dh + d);
+    uint32_t* out = reinterpret_cast<uint32_t*>(dst + e);
+    out[0] = mma::pack_bf16x2(v.x, v.y);
+    out[1] = mma::pack_bf16x2(v.z, v.w);
   }
 }
 
-template <int DH>
-__global__ void __launch_bounds__(kFlashThreads) k_attention_flash_tc(AttnParams p) {
+template <int DH, bool kLseOnly>
+__global__ void __launch_bounds__(kFlashThreads) k_flash_forward(FlashParams fp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();  // bf16 WMMA needs sm_80; the backend takes this path only where the device has it
+  __trap();  // mma.sync bf16 needs sm_80; the backend takes this path only where the device has it
 #else
-  using namespace nvcuda;
-  using L = FlashLayout<DH>;
+  using L = ForwardLayout<DH>;
+  constexpr int kLd = L::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16_t* Qs = reinterpret_cast<bf16_t*>(smem + L::q);
   bf16_t* Ks = reinterpret_cast<bf16_t*>(smem + L::k);
   bf16_t* Vs = reinterpret_cast<bf16_t*>(smem + L::v);
-  float* Ss = reinterpret_cast<float*>(smem + L::s);
-  bf16_t* Ps = reinterpret_cast<bf16_t*>(smem + L::p);
-  float* Os = reinterpret_cast<float*>(smem + L::o);
-  float* row_m = reinterpret_cast<float*>(smem + L::stats);
-  float* row_l = row_m + kFlashRows;
-  float* row_alpha = row_l + kFlashRows;
+  const AttnParams& p = fp.a;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int gq = mma::group_of(lane), qd = mma::quad_of(lane);
   const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (p.Hq / p.Hkv);
   const int64_t t_begin = int64_t(blockIdx.x) * kFlashRows;
-  const int64_t t_end = t_begin + kFlashRows < p.T ? t_begin + kFlashRows : p.T;
-  const int64_t pos_first = p.pos0[b] + t_begin, pos_last = p.pos0[b] + t_end - 1;
+  const int64_t t_last = (t_begin + kFlashRows < p.T ? t_begin + kFlashRows : p.T) - 1;
+  const int64_t pos_first = p.pos0[b] + t_begin, pos_last = p.pos0[b] + t_last;
   int64_t s_begin = p.window > 0 && pos_first - p.window + 1 > 0 ? pos_first - p.window + 1 : 0;
   if (p.seg && p.seg[b * p.T + t_begin] > s_begin) s_begin = p.seg[b * p.T + t_begin];
-  const int64_t s_end = pos_last + 1;
+  const int64_t tile0 = s_begin / kFlashKeys * kFlashKeys;
+  const int n_tiles = int((pos_last + 1 - tile0 + kFlashKeys - 1) / kFlashKeys);
+  const bf16_t* kg = fp.k + (b * p.Hkv + g) * fp.S_pad * DH;
+  const bf16_t* vg = fp.v + (b * p.Hkv + g) * fp.S_pad * DH;
+  auto stage = [&](int buf, int64_t s0) {
+    flash_stage_rows<DH>(Ks + buf * L::kTile, kg + s0 * DH, kFlashKeys);
+    if constexpr (!kLseOnly) flash_stage_rows<DH>(Vs + buf * L::kTile, vg + s0 * DH, kFlashKeys);
+  };
+  if (n_tiles > 0) stage(0, tile0);
+  mma::cp_async_commit();
 
-  stage_bf16<DH>(Qs, p.q, b, p.T, p.Hq, h, t_begin, p.T);
-  for (int i = int(threadIdx.x); i < kFlashRows * L::kLdO; i += kFlashThreads) Os[i] = 0.0f;
-  for (int i = int(threadIdx.x); i < kFlashRows; i += kFlashThreads) {
-    row_m[i] = -INFINITY;
-    row_l[i] = 0.0f;
-  }
-  // The softmax of row r = 16 * warp + lane / 2 is kept by two lanes, each over half the keys.
-  const int my_row = 16 * warp + lane / 2, half = lane % 2;
-  const int64_t t = t_begin + my_row;
-  for (int64_t s0 = s_begin; s0 < s_end; s0 += kFlashKeys) {
-    __syncthreads();  // the previous tile's K, V and P are no longer read
-    stage_bf16<DH>(Ks, p.k, b, p.S, p.Hkv, g, s0, s_end);
-    stage_bf16<DH>(Vs, p.v, b, p.S, p.Hkv, g, s0, s_end);
-    __syncthreads();
-    // S (this warp's 16 rows x 64 keys) = Q K^T.
-    {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc[kFlashKeys / 16];
-#pragma unroll
-      for (int n = 0; n < kFlashKeys / 16; ++n) wmma::fill_fragment(sacc[n], 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < DH; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qa;
-        wmma::load_matrix_sync(qa, reinterpret_cast<const __nv_bfloat16*>(Qs + (16 * warp) * L::kLdH + kk), L::kLdH);
-#pragma unroll
-        for (int n = 0; n < kFlashKeys / 16; ++n) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kb;  // K^T: K's rows as columns
-          wmma::load_matrix_sync(kb, reinterpret_cast<const __nv_bfloat16*>(Ks + (16 * n) * L::kLdH + kk), L::kLdH);
-          wmma::mma_sync(sacc[n], qa, kb, sacc[n]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < kFlashKeys / 16; ++n)
-        wmma::store_matrix_sync(Ss + (16 * warp) * kLdS + 16 * n, sacc[n], kLdS, wmma::mem_row_major);
-    }
-    __syncwarp();
-    // Online softmax of my_row over this tile's visible keys.
-    {
-      const float* srow = Ss + my_row * kLdS;
-      const bool row_valid = t < p.T;
-      float tile_max = -INFINITY;
-      for (int j = half * 32; j < half * 32 + 32; ++j)
-        if (row_valid && s0 + j < s_end && attn_visible(p, b, t, s0 + j)) tile_max = fmaxf(tile_max, srow[j] * p.scale);
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      const float m_old = row_m[my_row];
-      const float m_new = fmaxf(m_old, tile_max);
-      // No visible key yet (m_new = -inf): nothing accumulates, alpha 1 keeps the zeros.
-      const float alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
-      float sum = 0.0f;
-      bf16_t* prow = Ps + my_row * kLdP;
-      for (int j = half * 32; j < half * 32 + 32; ++j) {
-        float e = 0.0f;
-        if (m_new != -INFINITY && row_valid && s0 + j < s_end && attn_visible(p, b, t, s0 + j))
-          e = expf(srow[j] * p.scale - m_new);
-        const bf16_t eb = f32_to_bf16(e);
-        prow[j] = eb;
-        sum += bf16_to_f32(eb);  // the normaliser sums what P V multiplies
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      if (half == 0) {
-        row_m[my_row] = m_new;
-        row_l[my_row] = row_l[my_row] * alpha + sum;
-        row_alpha[my_row] = alpha;
-      }
-    }
-    __syncwarp();
-    // This warp's output rows *= alpha, then += P V.
-    for (int i = lane; i < 16 * DH; i += 32) {
-      const int r = 16 * warp + i / DH, d = i % DH;
-      Os[r * L::kLdO + d] *= row_alpha[r];
-    }
-    __syncwarp();
-#pragma unroll
-    for (int n = 0; n < DH / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc;
-      float* otile = Os + (16 * warp) * L::kLdO + 16 * n;
-      wmma::load_matrix_sync(oacc, otile, L::kLdO, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < kFlashKeys; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> pa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> vb;
-        wmma::load_matrix_sync(pa, reinterpret_cast<const __nv_bfloat16*>(Ps + (16 * warp) * kLdP + kk), kLdP);
-        wmma::load_matrix_sync(vb, reinterpret_cast<const __nv_bfloat16*>(Vs + kk * L::kLdH + 16 * n), L::kLdH);
-        wmma::mma_sync(oacc, pa, vb, oacc);
-      }
-      wmma::store_matrix_sync(otile, oacc, L::kLdO, wmma::mem_row_major);
-    }
+  // Q: the block's 64 rows of head h rounded to bf16 (rows past the chunk are zero), then each
+  // warp's 16 rows as A fragments for the whole loop.
+  for (int i = int(threadIdx.x); i < kFlashRows * DH / 4; i += kFlashThreads) {
+    const int r = i / (DH / 4), d = (i % (DH / 4)) * 4;
+    const int64_t t = t_begin + r;
+    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (t < p.T) x = *reinterpret_cast<const float4*>(p.q + ((b * p.T + t) * p.Hq + h) * DH + d);
+    uint32_t* dst = reinterpret_cast<uint32_t*>(Qs + r * kLd + d);
+    dst[0] = mma::pack_bf16x2(x.x, x.y);
+    dst[1] = mma::pack_bf16x2(x.z, x.w);
   }
   __syncthreads();
-  for (int i = int(threadIdx.x); i < kFlashRows * DH; i += kFlashThreads) {
-    const int r = i / DH, d = i % DH;
-    const int64_t tr = t_begin + r;
-    if (tr >= p.T) continue;
-    const float l = row_l[r];
-    p.out[((b * p.T + tr) * p.Hq + h) * DH + d] = l > 0.0f ? Os[r * L::kLdO + d] / l : 0.0f;
+  uint32_t qf[DH / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < DH / 16; ++kk) mma::load_a(qf[kk], Qs, kLd, 16 * warp, 16 * kk, lane);
+
+  // This lane's two rows: lo = 16 warp + group, hi = lo + 8.
+  const int64_t t_lo = t_begin + 16 * warp + gq, t_hi = t_lo + 8;
+  const FlashRow row_lo = flash_row(p, b, t_lo), row_hi = flash_row(p, b, t_hi);
+  const int window = int(p.window);
+  float o[DH / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < DH / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // l: this lane's share of the row sum
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int64_t s0 = tile0 + int64_t(it) * kFlashKeys;
+    if (it + 1 < n_tiles) stage((it + 1) & 1, s0 + kFlashKeys);
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();  // this tile's copies have landed (the next tile's may be in flight)
+    __syncthreads();
+    const bf16_t* Kt = Ks + (it & 1) * L::kTile;
+    const bf16_t* Vt = Vs + (it & 1) * L::kTile;
+    float sc[kFlashKeys / 8][4];
+#pragma unroll
+    for (int n = 0; n < kFlashKeys / 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; ++kk)
+#pragma unroll
+      for (int n = 0; n < kFlashKeys / 8; ++n) {
+        uint32_t bk[2];
+        mma::load_b(bk, Kt, kLd, 8 * n, 16 * kk, lane);
+        mma::mma_16816(sc[n], qf[kk], bk);
+      }
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kFlashKeys / 8; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int s = int(s0) + 8 * n + 2 * qd + j;
+        sc[n][j] = flash_visible(row_lo, s, window) ? sc[n][j] * fp.scale_log2 : -INFINITY;
+        sc[n][2 + j] = flash_visible(row_hi, s, window) ? sc[n][2 + j] * fp.scale_log2 : -INFINITY;
+        mx_lo = fmaxf(mx_lo, sc[n][j]);
+        mx_hi = fmaxf(mx_hi, sc[n][2 + j]);
+      }
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+    const float new_lo = fmaxf(m_lo, mx_lo), new_hi = fmaxf(m_hi, mx_hi);
+    // A row with nothing visible yet keeps base 0: its terms 2^-inf are 0 and alpha is 0, never NaN.
+    const float base_lo = new_lo == -INFINITY ? 0.0f : new_lo, base_hi = new_hi == -INFINITY ? 0.0f : new_hi;
+    const float alpha_lo = exp2f(m_lo - base_lo), alpha_hi = exp2f(m_hi - base_hi);
+    m_lo = new_lo;
+    m_hi = new_hi;
+    float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kFlashKeys / 8; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        sc[n][j] = exp2f(sc[n][j] - base_lo);
+        sc[n][2 + j] = exp2f(sc[n][2 + j] - base_hi);
+        sum_lo += sc[n][j];
+        sum_hi += sc[n][2 + j];
+      }
+    l_lo = l_lo * alpha_lo + sum_lo;
+    l_hi = l_hi * alpha_hi + sum_hi;
+    if constexpr (!kLseOnly) {
+#pragma unroll
+      for (int nd = 0; nd < DH / 8; ++nd) {
+        o[nd][0] *= alpha_lo;
+        o[nd][1] *= alpha_lo;
+        o[nd][2] *= alpha_hi;
+        o[nd][3] *= alpha_hi;
+      }
+      // P's C fragments of key columns 16 kk .. 16 kk + 15 are exactly the A fragment of that k-step.
+#pragma unroll
+      for (int kk = 0; kk < kFlashKeys / 16; ++kk) {
+        const uint32_t pa[4] = {mma::pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
+                                mma::pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                                mma::pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                mma::pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int nd = 0; nd < DH / 8; ++nd) {
+          uint32_t bv[2];
+          mma::load_b_trans(bv, Vt, kLd, 16 * kk, 8 * nd, lane);
+          mma::mma_16816(o[nd], pa, bv);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this buffer before the next iteration refills it
+  }
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  if constexpr (!kLseOnly) {
+    const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f, inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+    float* out_lo = p.out + ((b * p.T + t_lo) * p.Hq + h) * DH + 2 * qd;
+    float* out_hi = p.out + ((b * p.T + t_hi) * p.Hq + h) * DH + 2 * qd;
+#pragma unroll
+    for (int nd = 0; nd < DH / 8; ++nd) {
+      if (t_lo < p.T) *reinterpret_cast<float2*>(out_lo + 8 * nd) = make_float2(o[nd][0] * inv_lo, o[nd][1] * inv_lo);
+      if (t_hi < p.T) *reinterpret_cast<float2*>(out_hi + 8 * nd) = make_float2(o[nd][2] * inv_hi, o[nd][3] * inv_hi);
+    }
+  }
+  if (fp.lse2 && qd == 0) {
+    float* lse = fp.lse2 + (b * p.Hq + h) * fp.T_pad;
+    if (t_lo < p.T) lse[t_lo] = m_lo + log2f(l_lo);
+    if (t_hi < p.T) lse[t_hi] = m_hi + log2f(l_hi);
   }
 #endif
 }
 
-template <int DH>
-void launch_flash_tc(const AttnParams& p, gpuStream_t stream) {
-  const size_t bytes = FlashLayout<DH>::bytes;  // over the default 48 KiB: allowed per launch (sm_80+)
-  GPU_CHECK(gpuFuncSetAttribute(reinterpret_cast<const void*>(&k_attention_flash_tc<DH>),
+template <int DH, bool kLseOnly>
+void launch_forward(gpuStream_t s, const FlashParams& p) {
+  const size_t bytes = ForwardLayout<DH>::bytes;  // over the default 48 KiB for DH 128: allowed per kernel (sm_80+)
+  GPU_CHECK(gpuFuncSetAttribute(reinterpret_cast<const void*>(&k_flash_forward<DH, kLseOnly>),
                                 gpuFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  const dim3 grid(unsigned((p.T + kFlashRows - 1) / kFlashRows), unsigned(p.Hq), unsigned(p.B));
-  k_attention_flash_tc<DH><<<grid, kFlashThreads, bytes, stream>>>(p);
+  const dim3 grid(unsigned((p.a.T + kFlashRows - 1) / kFlashRows), unsigned(p.a.Hq), unsigned(p.a.B));
+  k_flash_forward<DH, kLseOnly><<<grid, kFlashThreads, bytes, s>>>(p);
   GPU_LAUNCH_CHECK();
 }
 
 }  // namespace
+
+void flash_pack_rows(gpuStream_t s, const float* src, bf16_t* dst, int64_t B, int64_t rows, int64_t rows_pad,
+                     int64_t H, int64_t dh, const int64_t* pos0, int64_t chunk) {
+  k_pack_rows<<<gpu_blocks(B * H * rows_pad * dh / 4), kGpuThreads, 0, s>>>(src, dst, B, rows, rows_pad, H, dh, pos0,
+                                                                            chunk);
+  GPU_LAUNCH_CHECK();
+}
+
+void flash_forward(gpuStream_t s, const FlashParams& p, bool lse_only) {
+  if (p.a.dh == 64) lse_only ? launch_forward<64, true>(s, p) : launch_forward<64, false>(s, p);
+  else if (p.a.dh == 128) lse_only ? launch_forward<128, true>(s, p) : launch_forward<128, false>(s, p);
+  else fail("cuda", "flash attention: head_dim " + std::to_string(p.a.dh) + " is not 64 or 128");
+}
 #endif
 
 bool CudaBackend::attention_flash_tc_enabled() const {
@@ -195,17 +235,31 @@ bool CudaBackend::attention_flash_tc_enabled() const {
 #endif
 }
 
-bool CudaBackend::attention_flash_tc_applies(const AttentionArgs& a) const {
-  return attention_flash_tc_enabled() && (a.dh == 64 || a.dh == 128);
+bool CudaBackend::attention_flash_tc_applies(const AttentionArgs& a, std::initializer_list<const void*> more) const {
+  if (!attention_flash_tc_enabled() || (a.dh != 64 && a.dh != 128)) return false;
+  // The kernels move 16 bytes a thread (float4 loads, cp.async) and store float2 pairs.
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned(a.q) || !aligned(a.k_cache) || !aligned(a.v_cache) || !aligned(a.out)) return false;
+  for (const void* ptr : more)
+    if (!aligned(ptr)) return false;
+  return true;
 }
 
 void CudaBackend::attention_flash_tc(const AttentionArgs& a) {
 #if defined(ZAYA_GPU_CUDA)
   DeviceBuffer pos0, seg;
-  AttnParams p = attn_params(*this, a, warp_size_, "attention", pos0, seg);
-  p.out = a.out;
-  if (a.dh == 64) launch_flash_tc<64>(p, stream_);
-  else launch_flash_tc<128>(p, stream_);
+  FlashParams fp;
+  fp.a = attn_params(*this, a, warp_size_, "attention", pos0, seg);
+  fp.a.out = a.out;
+  fp.S_pad = flash_padded(a.S);
+  fp.scale_log2 = a.scale * 1.4426950408889634f;
+  const int64_t kv_bytes = a.B * a.Hkv * fp.S_pad * a.dh * 2;
+  DeviceBuffer kp(this, kv_bytes), vp(this, kv_bytes);
+  flash_pack_rows(stream_, a.k_cache, kp.h(), a.B, a.S, fp.S_pad, a.Hkv, a.dh, fp.a.pos0, a.T);
+  flash_pack_rows(stream_, a.v_cache, vp.h(), a.B, a.S, fp.S_pad, a.Hkv, a.dh, fp.a.pos0, a.T);
+  fp.k = kp.h();
+  fp.v = vp.h();
+  flash_forward(stream_, fp, false);
 #else
   (void)a;
   fail("cuda", "attention: the tensor-core flash kernel is CUDA-only");

@@ -1,0 +1,362 @@
+// Backward of the tensor-core flash attention (CUDA sm_80+, mma.sync m16n8k16 bf16, fp32
+// accumulation; ops_attention_flash_tc.cu has the forward), for the same chunks: 64 or more
+// queries, bf16 policy, head_dim 64 or 128. Nothing of size T x S reaches device memory, and
+// nothing is accumulated with atomics, so the result repeats bitwise:
+//   1. Q, dO, K, V packed to bf16 (K and V rows past each sequence's last position zeroed);
+//      D = rowsum(dO * O) per query row, in fp32 from the fp32 tensors;
+//   2. the forward kernel in its lse_only form: each row's base-2 log-sum-exp;
+//   3. dQ, one block per 64 queries of a head, over tiles of 64 keys (double-buffered):
+//      S = Q K^T, dP = dO V^T, P = 2^(x - lse2) on visible keys, dS = scale P (dP - D),
+//      dQ += dS K, with P and dS kept in registers and dS fed to the tensor cores as A fragments;
+//   4. dK and dV, one block per 64 keys of a KV group, each warp 16 keys, over the query heads of
+//      the group and tiles of 32 queries (double-buffered): S^T = K Q^T, dP^T = V dO^T,
+//      dV += P^T dO, dK += dS^T Q, written once at the end.
+// P and dS are rounded to bf16 as the GEMM path rounds them; the visibility rule is the
+// forward's (causal, sliding window, document starts, decode offsets).
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/ops_attention_flash_tc_common.h"
+
+namespace zaya {
+
+#if defined(ZAYA_GPU_CUDA)
+namespace {
+
+// drow[(b * Hq + h) * T_pad + t] = sum_d dout[r, d] * o[r, d] for r = (b * T + t) * Hq + h: one
+// warp per row.
+__global__ void k_flash_drow(const float* dout, const float* o, float* drow, int64_t B, int64_t T, int64_t Hq,
+                             int64_t dh, int64_t T_pad) {
+  const int64_t rows = B * T * Hq, warps = int64_t(gridDim.x) * blockDim.x / 32;
+  const int lane = int(threadIdx.x) % 32;
+  for (int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    float s = 0.0f;
+    for (int64_t d = lane; d < dh; d += 32) s += dout[r * dh + d] * o[r * dh + d];
+    s = warp_sum(s);
+    if (lane == 0) {
+      const int64_t h = r % Hq, t = (r / Hq) % T, b = r / (Hq * T);
+      drow[(b * Hq + h) * T_pad + t] = s;
+    }
+  }
+}
+
+template <int DH>
+struct DqLayout {
+  static constexpr int kLd = DH + 8;
+  static constexpr int kTile = kFlashKeys * kLd;
+  static constexpr size_t q = 0;                                  // Q  [64][kLd]
+  static constexpr size_t dout = q + size_t(kFlashRows) * kLd * 2;  // dO [64][kLd]
+  static constexpr size_t k = dout + size_t(kFlashRows) * kLd * 2;  // K  [2][64][kLd]
+  static constexpr size_t v = k + size_t(2) * kTile * 2;          // V  [2][64][kLd]
+  static constexpr size_t bytes = v + size_t(2) * kTile * 2;
+};
+
+template <int DH>
+struct DkvLayout {
+  static constexpr int kLd = DH + 8;
+  static constexpr int kQTile = kFlashDkvQueries * kLd;
+  static constexpr size_t k = 0;                                    // K  [64][kLd], the block's keys
+  static constexpr size_t v = k + size_t(kFlashKeys) * kLd * 2;     // V  [64][kLd]
+  static constexpr size_t q = v + size_t(kFlashKeys) * kLd * 2;     // Q  [2][32][kLd]
+  static constexpr size_t dout = q + size_t(2) * kQTile * 2;        // dO [2][32][kLd]
+  static constexpr size_t bytes = dout + size_t(2) * kQTile * 2;
+};
+
+template <int DH>
+__global__ void __launch_bounds__(kFlashThreads) k_flash_dq(FlashParams fp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  using L = DqLayout<DH>;
+  constexpr int kLd = L::kLd;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16_t* Qs = reinterpret_cast<bf16_t*>(smem + L::q);
+  bf16_t* dOs = reinterpret_cast<bf16_t*>(smem + L::dout);
+  bf16_t* Ks = reinterpret_cast<bf16_t*>(smem + L::k);
+  bf16_t* Vs = reinterpret_cast<bf16_t*>(smem + L::v);
+  const AttnParams& p = fp.a;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int gq = mma::group_of(lane), qd = mma::quad_of(lane);
+  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (p.Hq / p.Hkv);
+  const int64_t t_begin = int64_t(blockIdx.x) * kFlashRows;
+  const int64_t t_last = (t_begin + kFlashRows < p.T ? t_begin + kFlashRows : p.T) - 1;
+  const int64_t pos_first = p.pos0[b] + t_begin, pos_last = p.pos0[b] + t_last;
+  int64_t s_begin = p.window > 0 && pos_first - p.window + 1 > 0 ? pos_first - p.window + 1 : 0;
+  if (p.seg && p.seg[b * p.T + t_begin] > s_begin) s_begin = p.seg[b * p.T + t_begin];
+  const int64_t tile0 = s_begin / kFlashKeys * kFlashKeys;
+  const int n_tiles = int((pos_last + 1 - tile0 + kFlashKeys - 1) / kFlashKeys);
+  const bf16_t* kg = fp.k + (b * p.Hkv + g) * fp.S_pad * DH;
+  const bf16_t* vg = fp.v + (b * p.Hkv + g) * fp.S_pad * DH;
+  const int64_t row0 = (b * p.Hq + h) * fp.T_pad;  // this head's rows in the packed and statistics layouts
+  auto stage = [&](int buf, int64_t s0) {
+    flash_stage_rows<DH>(Ks + buf * L::kTile, kg + s0 * DH, kFlashKeys);
+    flash_stage_rows<DH>(Vs + buf * L::kTile, vg + s0 * DH, kFlashKeys);
+  };
+  flash_stage_rows<DH>(Qs, fp.q + (row0 + t_begin) * DH, kFlashRows);
+  flash_stage_rows<DH>(dOs, fp.dout + (row0 + t_begin) * DH, kFlashRows);
+  stage(0, tile0);
+  mma::cp_async_commit();
+
+  const int64_t t_lo = t_begin + 16 * warp + gq, t_hi = t_lo + 8;
+  const FlashRow row_lo = flash_row(p, b, t_lo), row_hi = flash_row(p, b, t_hi);
+  const float lse_lo = t_lo < p.T ? fp.lse2[row0 + t_lo] : 0.0f, lse_hi = t_hi < p.T ? fp.lse2[row0 + t_hi] : 0.0f;
+  const float d_lo = t_lo < p.T ? fp.drow[row0 + t_lo] : 0.0f, d_hi = t_hi < p.T ? fp.drow[row0 + t_hi] : 0.0f;
+  const int window = int(p.window);
+  float dq[DH / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < DH / 8; ++nd) dq[nd][0] = dq[nd][1] = dq[nd][2] = dq[nd][3] = 0.0f;
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int64_t s0 = tile0 + int64_t(it) * kFlashKeys;
+    if (it + 1 < n_tiles) stage((it + 1) & 1, s0 + kFlashKeys);
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();
+    __syncthreads();
+    const bf16_t* Kt = Ks + (it & 1) * L::kTile;
+    const bf16_t* Vt = Vs + (it & 1) * L::kTile;
+    float sc[kFlashKeys / 8][4], dp[kFlashKeys / 8][4];
+#pragma unroll
+    for (int n = 0; n < kFlashKeys / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) sc[n][c] = dp[n][c] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; ++kk) {
+      uint32_t qa[4], da[4];
+      mma::load_a(qa, Qs, kLd, 16 * warp, 16 * kk, lane);
+      mma::load_a(da, dOs, kLd, 16 * warp, 16 * kk, lane);
+#pragma unroll
+      for (int n = 0; n < kFlashKeys / 8; ++n) {
+        uint32_t bk[2], bv[2];
+        mma::load_b(bk, Kt, kLd, 8 * n, 16 * kk, lane);
+        mma::mma_16816(sc[n], qa, bk);  // S = Q K^T
+        mma::load_b(bv, Vt, kLd, 8 * n, 16 * kk, lane);
+        mma::mma_16816(dp[n], da, bv);  // dP = dO V^T
+      }
+    }
+    // dS = scale P (dP - D) in place of S; P = 0 off the visible keys.
+#pragma unroll
+    for (int n = 0; n < kFlashKeys / 8; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int s = int(s0) + 8 * n + 2 * qd + j;
+        const float p_lo = flash_visible(row_lo, s, window) ? exp2f(sc[n][j] * fp.scale_log2 - lse_lo) : 0.0f;
+        const float p_hi = flash_visible(row_hi, s, window) ? exp2f(sc[n][2 + j] * fp.scale_log2 - lse_hi) : 0.0f;
+        sc[n][j] = p.scale * p_lo * (dp[n][j] - d_lo);
+        sc[n][2 + j] = p.scale * p_hi * (dp[n][2 + j] - d_hi);
+      }
+    // dQ += dS K: K's rows are B's rows here (k = the key), read through the transposing load.
+#pragma unroll
+    for (int kk = 0; kk < kFlashKeys / 16; ++kk) {
+      const uint32_t dsa[4] = {mma::pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
+                               mma::pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                               mma::pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                               mma::pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < DH / 8; ++nd) {
+        uint32_t bk[2];
+        mma::load_b_trans(bk, Kt, kLd, 16 * kk, 8 * nd, lane);
+        mma::mma_16816(dq[nd], dsa, bk);
+      }
+    }
+    __syncthreads();
+  }
+  float* dq_lo = p.dq + ((b * p.T + t_lo) * p.Hq + h) * DH + 2 * qd;
+  float* dq_hi = p.dq + ((b * p.T + t_hi) * p.Hq + h) * DH + 2 * qd;
+#pragma unroll
+  for (int nd = 0; nd < DH / 8; ++nd) {
+    if (t_lo < p.T) *reinterpret_cast<float2*>(dq_lo + 8 * nd) = make_float2(dq[nd][0], dq[nd][1]);
+    if (t_hi < p.T) *reinterpret_cast<float2*>(dq_hi + 8 * nd) = make_float2(dq[nd][2], dq[nd][3]);
+  }
+#endif
+}
+
+template <int DH>
+__global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  using L = DkvLayout<DH>;
+  constexpr int kLd = L::kLd;
+  constexpr int kQ = kFlashDkvQueries;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16_t* Ks = reinterpret_cast<bf16_t*>(smem + L::k);
+  bf16_t* Vs = reinterpret_cast<bf16_t*>(smem + L::v);
+  bf16_t* Qs = reinterpret_cast<bf16_t*>(smem + L::q);
+  bf16_t* dOs = reinterpret_cast<bf16_t*>(smem + L::dout);
+  const AttnParams& p = fp.a;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int gq = mma::group_of(lane), qd = mma::quad_of(lane);
+  const int64_t b = blockIdx.z, g = blockIdx.y, rep = p.Hq / p.Hkv;
+  const int64_t s_lo = int64_t(blockIdx.x) * kFlashKeys;
+  const int64_t s_hi = s_lo + kFlashKeys < p.S ? s_lo + kFlashKeys : p.S;  // exclusive
+  const int64_t pos0 = p.pos0[b];
+  // The queries that may see a key of the tile: position >= s_lo and, with a window, position
+  // < s_hi - 1 + window.
+  const int64_t t_first = s_lo - pos0 > 0 ? s_lo - pos0 : 0;
+  int64_t t_end = p.T;
+  if (p.window > 0 && s_hi - 1 + p.window - pos0 < t_end) t_end = s_hi - 1 + p.window - pos0;
+  const int64_t qt0 = t_first / kQ * kQ;
+  const int64_t n_qt = t_end > t_first ? (t_end - qt0 + kQ - 1) / kQ : 0;
+  const int n_iter = int(rep * n_qt);
+  auto stage = [&](int buf, int i) {
+    const int64_t hh = g * rep + i / n_qt, t0 = qt0 + (i % n_qt) * kQ;
+    const int64_t row = (b * p.Hq + hh) * fp.T_pad + t0;
+    flash_stage_rows<DH>(Qs + buf * L::kQTile, fp.q + row * DH, kQ);
+    flash_stage_rows<DH>(dOs + buf * L::kQTile, fp.dout + row * DH, kQ);
+  };
+  const bf16_t* kg = fp.k + ((b * p.Hkv + g) * fp.S_pad + s_lo) * DH;
+  const bf16_t* vg = fp.v + ((b * p.Hkv + g) * fp.S_pad + s_lo) * DH;
+  flash_stage_rows<DH>(Ks, kg, kFlashKeys);
+  flash_stage_rows<DH>(Vs, vg, kFlashKeys);
+  if (n_iter > 0) stage(0, 0);
+  mma::cp_async_commit();
+
+  // This lane's two keys (rows of S^T): a = 16 warp + group, b = a + 8.
+  const int s_a = int(s_lo) + 16 * warp + gq, s_b = s_a + 8;
+  const int window = int(p.window);
+  float dk[DH / 8][4], dv[DH / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < DH / 8; ++nd)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) dk[nd][c] = dv[nd][c] = 0.0f;
+
+  for (int it = 0; it < n_iter; ++it) {
+    if (it + 1 < n_iter) stage((it + 1) & 1, it + 1);
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();
+    __syncthreads();
+    const int64_t hh = g * rep + it / n_qt, t0 = qt0 + (it % n_qt) * kQ;
+    const int64_t row0 = (b * p.Hq + hh) * fp.T_pad;
+    const bf16_t* Qt = Qs + (it & 1) * L::kQTile;
+    const bf16_t* dOt = dOs + (it & 1) * L::kQTile;
+    float st[kQ / 8][4], dpt[kQ / 8][4];
+#pragma unroll
+    for (int n = 0; n < kQ / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) st[n][c] = dpt[n][c] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; ++kk) {
+      uint32_t ka[4], va[4];
+      mma::load_a(ka, Ks, kLd, 16 * warp, 16 * kk, lane);
+      mma::load_a(va, Vs, kLd, 16 * warp, 16 * kk, lane);
+#pragma unroll
+      for (int n = 0; n < kQ / 8; ++n) {
+        uint32_t bq[2], bo[2];
+        mma::load_b(bq, Qt, kLd, 8 * n, 16 * kk, lane);
+        mma::mma_16816(st[n], ka, bq);  // S^T = K Q^T
+        mma::load_b(bo, dOt, kLd, 8 * n, 16 * kk, lane);
+        mma::mma_16816(dpt[n], va, bo);  // dP^T = V dO^T
+      }
+    }
+    // Column t of S^T is query t: P^T = 2^(x - lse2[t]) where visible, dS^T = scale P^T (dP^T - D[t]).
+#pragma unroll
+    for (int n = 0; n < kQ / 8; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int64_t t = t0 + 8 * n + 2 * qd + j;
+        const FlashRow r = flash_row(p, b, t);
+        const float lse = t < p.T ? fp.lse2[row0 + t] : 0.0f, dr = t < p.T ? fp.drow[row0 + t] : 0.0f;
+        const float pa = flash_visible(r, s_a, window) ? exp2f(st[n][j] * fp.scale_log2 - lse) : 0.0f;
+        const float pb = flash_visible(r, s_b, window) ? exp2f(st[n][2 + j] * fp.scale_log2 - lse) : 0.0f;
+        st[n][j] = pa;
+        st[n][2 + j] = pb;
+        dpt[n][j] = p.scale * pa * (dpt[n][j] - dr);
+        dpt[n][2 + j] = p.scale * pb * (dpt[n][2 + j] - dr);
+      }
+    // dV += P^T dO and dK += dS^T Q: the queries are the k dimension; dO and Q rows are B's rows.
+#pragma unroll
+    for (int kk = 0; kk < kQ / 16; ++kk) {
+      const uint32_t pa[4] = {mma::pack_bf16x2(st[2 * kk][0], st[2 * kk][1]),
+                              mma::pack_bf16x2(st[2 * kk][2], st[2 * kk][3]),
+                              mma::pack_bf16x2(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                              mma::pack_bf16x2(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+      const uint32_t dsa[4] = {mma::pack_bf16x2(dpt[2 * kk][0], dpt[2 * kk][1]),
+                               mma::pack_bf16x2(dpt[2 * kk][2], dpt[2 * kk][3]),
+                               mma::pack_bf16x2(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                               mma::pack_bf16x2(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < DH / 8; ++nd) {
+        uint32_t bo[2], bq[2];
+        mma::load_b_trans(bo, dOt, kLd, 16 * kk, 8 * nd, lane);
+        mma::mma_16816(dv[nd], pa, bo);
+        mma::load_b_trans(bq, Qt, kLd, 16 * kk, 8 * nd, lane);
+        mma::mma_16816(dk[nd], dsa, bq);
+      }
+    }
+    __syncthreads();
+  }
+  const int64_t ld = p.Hkv * DH;
+  float* dk_a = p.dk + (b * p.S + s_a) * ld + g * DH + 2 * qd;
+  float* dv_a = p.dv + (b * p.S + s_a) * ld + g * DH + 2 * qd;
+#pragma unroll
+  for (int nd = 0; nd < DH / 8; ++nd) {
+    if (s_a < s_hi) {
+      *reinterpret_cast<float2*>(dk_a + 8 * nd) = make_float2(dk[nd][0], dk[nd][1]);
+      *reinterpret_cast<float2*>(dv_a + 8 * nd) = make_float2(dv[nd][0], dv[nd][1]);
+    }
+    if (s_b < s_hi) {
+      *reinterpret_cast<float2*>(dk_a + 8 * ld + 8 * nd) = make_float2(dk[nd][2], dk[nd][3]);
+      *reinterpret_cast<float2*>(dv_a + 8 * ld + 8 * nd) = make_float2(dv[nd][2], dv[nd][3]);
+    }
+  }
+#endif
+}
+
+template <typename Kernel>
+void launch_with_smem(Kernel kernel, size_t bytes, dim3 grid, gpuStream_t s, const FlashParams& p) {
+  GPU_CHECK(gpuFuncSetAttribute(reinterpret_cast<const void*>(kernel), gpuFuncAttributeMaxDynamicSharedMemorySize,
+                                int(bytes)));
+  kernel<<<grid, kFlashThreads, bytes, s>>>(p);
+  GPU_LAUNCH_CHECK();
+}
+
+template <int DH>
+void launch_backward(gpuStream_t s, const FlashParams& p) {
+  const AttnParams& a = p.a;
+  launch_with_smem(k_flash_dq<DH>, DqLayout<DH>::bytes,
+                   dim3(unsigned((a.T + kFlashRows - 1) / kFlashRows), unsigned(a.Hq), unsigned(a.B)), s, p);
+  launch_with_smem(k_flash_dkdv<DH>, DkvLayout<DH>::bytes,
+                   dim3(unsigned((a.S + kFlashKeys - 1) / kFlashKeys), unsigned(a.Hkv), unsigned(a.B)), s, p);
+}
+
+}  // namespace
+#endif
+
+void CudaBackend::attention_backward_flash_tc(const AttentionArgs& a, const float* dout, float* dq, float* dk,
+                                              float* dv) {
+#if defined(ZAYA_GPU_CUDA)
+  DeviceBuffer pos0, seg;
+  FlashParams fp;
+  fp.a = attn_params(*this, a, warp_size_, "attention_backward", pos0, seg);
+  fp.a.o = a.out;
+  fp.a.dout = dout;
+  fp.a.dq = dq;
+  fp.a.dk = dk;
+  fp.a.dv = dv;
+  fp.T_pad = flash_padded(a.T);
+  fp.S_pad = flash_padded(a.S);
+  fp.scale_log2 = a.scale * 1.4426950408889634f;
+  const int64_t kv_bytes = a.B * a.Hkv * fp.S_pad * a.dh * 2, q_bytes = a.B * a.Hq * fp.T_pad * a.dh * 2;
+  DeviceBuffer kp(this, kv_bytes), vp(this, kv_bytes), qp(this, q_bytes), dop(this, q_bytes);
+  DeviceBuffer lse2(this, a.B * a.Hq * fp.T_pad * 4), drow(this, a.B * a.Hq * fp.T_pad * 4);
+  flash_pack_rows(stream_, a.k_cache, kp.h(), a.B, a.S, fp.S_pad, a.Hkv, a.dh, fp.a.pos0, a.T);
+  flash_pack_rows(stream_, a.v_cache, vp.h(), a.B, a.S, fp.S_pad, a.Hkv, a.dh, fp.a.pos0, a.T);
+  flash_pack_rows(stream_, a.q, qp.h(), a.B, a.T, fp.T_pad, a.Hq, a.dh);
+  flash_pack_rows(stream_, dout, dop.h(), a.B, a.T, fp.T_pad, a.Hq, a.dh);
+  fp.k = kp.h();
+  fp.v = vp.h();
+  fp.q = qp.h();
+  fp.dout = dop.h();
+  fp.lse2 = lse2.f();
+  fp.drow = drow.f();
+  k_flash_drow<<<gpu_warp_blocks(a.B * a.T * a.Hq, 32), kGpuThreads, 0, stream_>>>(dout, a.out, fp.drow, a.B, a.T,
+                                                                                   a.Hq, a.dh, fp.T_pad);
+  GPU_LAUNCH_CHECK();
+  flash_forward(stream_, fp, true);  // lse2 only
+  if (a.dh == 64) launch_backward<64>(stream_, fp);
+  else launch_backward<128>(stream_, fp);
+#else
+  (void)a; (void)dout; (void)dq; (void)dk; (void)dv;
+  fail("cuda", "attention_backward: the tensor-core flash kernels are CUDA-only");
+#endif
+}
+
+}  // namespace zaya
