@@ -9,8 +9,10 @@
 #   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
 #   bench  bench_train (ZAYA1-base-shaped blocks; again with device-grouped MoE GEMMs, with
 #          the LM head in exact fp32, with TF32 Newton-Schulz, and with the tensor-core flash
-#          attention forward), its transformers peer, bench_decode (batch 1, 16; again
+#          attention), its transformers peer, bench_decode (batch 1, 16; again
 #          with device-grouped MoE GEMMs)
+#   attention  bench_attention (the GEMM path and the tensor-core flash kernels, head_dim 128
+#          and 64, and a sliding window) against torch's scaled_dot_product_attention
 #   kernels  Nsight Compute's time for every kernel of one bench_train step, summed by name
 #   fit    the full 8.3B zaya1-base, training steps on this one GPU (no sharding): memory and speed
 # Logs and JSON results go to $OUT/logs.tgz ($OUT default /tmp/zaya-gpu-out), re-packed after
@@ -157,6 +159,32 @@ step_bench() {
     ZAYA_MOE_DEVICE_GROUPED=1 "$BIN/bench_decode" --backend cuda --config $cfg --batch $b --prompt 128 --tokens 64 \
       --rounds 3 > "$LOGS/bench_decode_grouped_b$b.json" 2> "$LOGS/bench_decode_grouped_b$b.log" &&
       tail -1 "$LOGS/bench_decode_grouped_b$b.log" || tail -3 "$LOGS/bench_decode_grouped_b$b.log"
+  done
+}
+step_attention() {
+  local shape i=0
+  for shape in "--head-dim 128" "--head-dim 64 --heads 16 --kv-heads 4" "--head-dim 128 --window 1024"; do
+    i=$((i + 1))
+    "$BIN/bench_attention" --backend cuda --batch ${BENCH_B:-4} --seq ${BENCH_T:-4096} $shape \
+      > "$LOGS/bench_attention_$i.json" 2> "$LOGS/bench_attention_$i.log" || { tail -3 "$LOGS/bench_attention_$i.log"; return 1; }
+    python3 bench/bench_attention_torch.py --batch ${BENCH_B:-4} --seq ${BENCH_T:-4096} $shape \
+      > "$LOGS/bench_attention_torch_$i.json" 2> "$LOGS/bench_attention_torch_$i.log" || tail -3 "$LOGS/bench_attention_torch_$i.log"
+    echo "shape: $shape"
+    cat "$LOGS/bench_attention_$i.log"
+    python3 - "$LOGS/bench_attention_$i.json" "$LOGS/bench_attention_torch_$i.json" <<'PY'
+import json, sys
+z = json.load(open(sys.argv[1]))
+try:
+    t = json.load(open(sys.argv[2]))
+except Exception as e:
+    sys.exit(f"torch peer: no result ({e})")
+print(f"torch   forward {t['forward_ms']:8.3f} ms ({t['forward_tflops']:6.1f} TFLOP/s)  forward+backward "
+      f"{t['forward_backward_ms']:8.3f} ms ({t['forward_backward_tflops']:6.1f} TFLOP/s)")
+for name, p in z["paths"].items():
+    if "forward_ms" in p:
+        print(f"{name}: {t['forward_ms'] / p['forward_ms']:.2f}x torch's speed forward, "
+              f"{t['forward_backward_ms'] / p['forward_backward_ms']:.2f}x forward+backward")
+PY
   done
 }
 step_kernels() {

@@ -12,7 +12,7 @@ OUTDIR=$(mktemp -d /tmp/zaya-devpack.XXXXXX)
 trap 'rm -rf "$OUTDIR"' EXIT
 mkdir -p "$OUTDIR/bin" "$OUTDIR/lib"
 bins=()
-for b in zaya zaya_gpu_tests zaya_nccl_check zaya_dp_check bench_train bench_decode; do
+for b in zaya zaya_gpu_tests zaya_nccl_check zaya_dp_check bench_train bench_decode bench_attention; do
   for d in "$BUILD/bin" "$BUILD" "$BUILD/bench"; do
     if [[ -x "$d/$b" ]]; then cp "$d/$b" "$OUTDIR/bin/"; bins+=("$d/$b"); break; fi
   done
