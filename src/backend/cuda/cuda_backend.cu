@@ -68,6 +68,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
   // portable kernels are asked for.
   wmma_ = !options_.portable_gemm && gpu_device_compute_major(options_.device) >= 8 &&
           grouped_gemm_compiled_arch() >= 80;
+  max_shared_per_block_ = gpu_device_max_shared_per_block(options_.device);
 #endif
   gemm_ = std::make_unique<GpuGemm>(stream_, options_.portable_gemm);
 }

@@ -180,7 +180,8 @@ class CudaBackend final : public Backend {
   void attention_gemm(const AttentionArgs& a);
   // The tensor-core flash attention (ops_attention_flash_tc.cu, ops_attention_flash_tc_backward.cu):
   // whether it is on (asked for, bf16 policy, CUDA sm_80+) and whether it serves `a` (head_dim 64
-  // or 128, every tensor 16-byte aligned; `more` names the backward's extra tensors).
+  // or 128, every tensor 16-byte aligned, and the shared memory of the forward and backward
+  // kernels within the device's per-block limit; `more` names the backward's extra tensors).
   bool attention_flash_tc_enabled() const;
   bool attention_flash_tc_applies(const AttentionArgs& a, std::initializer_list<const void*> more = {}) const;
   void attention_flash_tc(const AttentionArgs& a);
@@ -194,6 +195,7 @@ class CudaBackend final : public Backend {
   CudaBackendOptions options_;
   int warp_size_ = 32;  // the device's (checked equal to the kernels' GPU_WARP_SIZE)
   bool wmma_ = false;   // see wmma()
+  int64_t max_shared_per_block_ = 0;  // the device's opt-in shared memory per block (CUDA)
   double peak_gflops_ = 0;  // matmul_peak_gflops(), measured once
   int64_t reserved_bytes_ = 0, peak_reserved_bytes_ = 0;  // device memory held by the pool
   gpuStream_t stream_ = nullptr;

@@ -153,6 +153,13 @@ inline int gpu_device_compute_major(int device) {
   return v;
 }
 
+// The most dynamic shared memory one block may ask for (bytes; 0 when it cannot be read).
+inline int gpu_device_max_shared_per_block(int device) {
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+  return v;
+}
+
 // Whether p is device (or managed) memory; *device is then the GPU it belongs to. Never throws.
 inline bool gpu_pointer_on_device(const void* p, int* device) {
   cudaPointerAttributes a{};

@@ -11,6 +11,8 @@
 // multiplies. Scores never leave registers. The same kernel, with lse_only, computes just the
 // rows' log-sum-exp for the backward (ops_attention_flash_tc_backward.cu). HIP, fp32 and other
 // head dims keep the GEMM path.
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops_attention_flash_tc_common.h"
 
@@ -179,6 +181,7 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_forward(FlashParams fp)
     }
     __syncthreads();  // every warp is done with this buffer before the next iteration refills it
   }
+  mma::cp_async_wait<0>();
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
@@ -220,6 +223,8 @@ void flash_pack_rows(gpuStream_t s, const float* src, bf16_t* dst, int64_t B, in
   GPU_LAUNCH_CHECK();
 }
 
+size_t flash_forward_smem_bytes(int64_t dh) { return dh == 64 ? ForwardLayout<64>::bytes : ForwardLayout<128>::bytes; }
+
 void flash_forward(gpuStream_t s, const FlashParams& p, bool lse_only) {
   if (p.a.dh == 64) lse_only ? launch_forward<64, true>(s, p) : launch_forward<64, false>(s, p);
   else if (p.a.dh == 128) lse_only ? launch_forward<128, true>(s, p) : launch_forward<128, false>(s, p);
@@ -237,6 +242,11 @@ bool CudaBackend::attention_flash_tc_enabled() const {
 
 bool CudaBackend::attention_flash_tc_applies(const AttentionArgs& a, std::initializer_list<const void*> more) const {
   if (!attention_flash_tc_enabled() || (a.dh != 64 && a.dh != 128)) return false;
+#if defined(ZAYA_GPU_CUDA)
+  // Forward and backward together or not at all (sm_86/89 allow 99 KB a block: not dQ's at 128).
+  const size_t smem = std::max(flash_forward_smem_bytes(a.dh), flash_backward_smem_bytes(a.dh));
+  if (int64_t(smem) > max_shared_per_block_) return false;
+#endif
   // The kernels move 16 bytes a thread (float4 loads, cp.async) and store float2 pairs.
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned(a.q) || !aligned(a.k_cache) || !aligned(a.v_cache) || !aligned(a.out)) return false;

@@ -13,6 +13,8 @@
 //      dV += P^T dO, dK += dS^T Q, written once at the end.
 // P and dS are rounded to bf16 as the GEMM path rounds them; the visibility rule is the
 // forward's (causal, sliding window, document starts, decode offsets).
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops_attention_flash_tc_common.h"
 
@@ -158,6 +160,7 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dq(FlashParams fp) {
     }
     __syncthreads();
   }
+  mma::cp_async_wait<0>();
   float* dq_lo = p.dq + ((b * p.T + t_lo) * p.Hq + h) * DH + 2 * qd;
   float* dq_hi = p.dq + ((b * p.T + t_hi) * p.Hq + h) * DH + 2 * qd;
 #pragma unroll
@@ -204,9 +207,11 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
   };
   const bf16_t* kg = fp.k + ((b * p.Hkv + g) * fp.S_pad + s_lo) * DH;
   const bf16_t* vg = fp.v + ((b * p.Hkv + g) * fp.S_pad + s_lo) * DH;
-  flash_stage_rows<DH>(Ks, kg, kFlashKeys);
-  flash_stage_rows<DH>(Vs, vg, kFlashKeys);
-  if (n_iter > 0) stage(0, 0);
+  if (n_iter > 0) {  // a tile no query sees only writes zeros
+    flash_stage_rows<DH>(Ks, kg, kFlashKeys);
+    flash_stage_rows<DH>(Vs, vg, kFlashKeys);
+    stage(0, 0);
+  }
   mma::cp_async_commit();
 
   // This lane's two keys (rows of S^T): a = 16 warp + group, b = a + 8.
@@ -283,6 +288,7 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
     }
     __syncthreads();
   }
+  mma::cp_async_wait<0>();  // no copy outstanding at exit (the last group is empty)
   const int64_t ld = p.Hkv * DH;
   float* dk_a = p.dk + (b * p.S + s_a) * ld + g * DH + 2 * qd;
   float* dv_a = p.dv + (b * p.S + s_a) * ld + g * DH + 2 * qd;
@@ -318,6 +324,11 @@ void launch_backward(gpuStream_t s, const FlashParams& p) {
 }
 
 }  // namespace
+
+size_t flash_backward_smem_bytes(int64_t dh) {
+  return dh == 64 ? std::max(DqLayout<64>::bytes, DkvLayout<64>::bytes)
+                  : std::max(DqLayout<128>::bytes, DkvLayout<128>::bytes);
+}
 #endif
 
 void CudaBackend::attention_backward_flash_tc(const AttentionArgs& a, const float* dout, float* dq, float* dk,

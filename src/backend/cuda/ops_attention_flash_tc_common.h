@@ -46,6 +46,11 @@ struct FlashParams {
 void flash_pack_rows(gpuStream_t s, const float* src, bf16_t* dst, int64_t B, int64_t rows, int64_t rows_pad,
                      int64_t H, int64_t dh, const int64_t* pos0 = nullptr, int64_t chunk = 0);
 
+// Dynamic shared memory per block of the forward kernel and of the larger backward kernel for
+// head_dim dh (64 or 128).
+size_t flash_forward_smem_bytes(int64_t dh);
+size_t flash_backward_smem_bytes(int64_t dh);
+
 // The forward over the packed K and V of `p`: writes p.a.out (unless lse_only) and p.lse2 (when
 // set). head_dim 64 or 128.
 void flash_forward(gpuStream_t s, const FlashParams& p, bool lse_only);
