@@ -100,9 +100,12 @@ TEST_P(GpuMoe, ChangingRoutings) {
 // Widths past one 128-column tile of the grouped kernels (D = 160, 2I = 272) with K not a
 // multiple of their 32-step (160, 136), then routings at the edges: one token, every token
 // skipped (no routed rows), one expert, more classes than a routing-plan tile has threads
-// (300 experts), and frozen experts (no weight gradients asked for).
+// (300 experts), and frozen experts (no weight gradients asked for). Widths that are not
+// multiples of 8 (D = 36, I = 20) keep the grouped mode on its plain kernels, every other shape
+// here takes the pipelined ones.
 TEST_P(GpuMoe, WideShapesAndEdgeRoutings) {
   check(160, 136, 3, false, rnd_ints(300, 4));
+  check(36, 20, 3, false, rnd_ints(200, 4));
   check(160, 136, 3, true, rnd_ints(300, 4), /*weight_grads=*/false);
   check(32, 40, 4, true, {4});
   check(32, 40, 4, false, {2});

@@ -1,10 +1,11 @@
 // Grouped GEMMs over expert-contiguous rows whose extents live in device memory: expert e owns
 // rows offsets[e] .. offsets[e + 1] (the MoE routing plan's offsets, never copied to the host),
 // so a layer's experts run as one launch each with no host round trip. bf16 operands, fp32
-// accumulation and an fp32 output: on the tensor cores (WMMA) when tensor_cores is asked for in
-// a CUDA build (the caller asks only for sm_80 or newer: CudaBackend::wmma()), else with FMAs on
-// any target (HIP included). Not yet run on a
-// GPU; opt-in (CudaBackendOptions::moe_device_grouped) until it has been.
+// accumulation and an fp32 output: on the tensor cores when tensor_cores is asked for in a CUDA
+// build (the caller asks only for sm_80 or newer: CudaBackend::wmma()) -- the pipelined mma.sync
+// kernels where the shapes allow, else WMMA -- or with FMAs on any target (HIP included).
+// Opt-in (CudaBackendOptions::moe_device_grouped): the WMMA kernels lost to per-expert cuBLASLt
+// GEMMs; the pipelined ones have not run yet.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,18 @@ void grouped_gemm_rows(gpuStream_t s, bool tensor_cores, const int32_t* offsets,
 void grouped_gemm_weights(gpuStream_t s, bool tensor_cores, const int32_t* offsets, int64_t E, int64_t M, int64_t N,
                           float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, float beta,
                           float* C, int64_t ldc, int64_t stride_c);
+
+// The same two products through the pipelined tensor-core kernels (gpu_grouped_gemm_mma.cu,
+// CUDA sm_80+ only: the caller checks the device). They return false, launching nothing, when
+// the shapes or strides are not multiples of 8 elements or an operand is not 16-byte aligned
+// (and always on HIP); grouped_gemm_rows / grouped_gemm_weights try them first when asked for
+// tensor cores.
+bool grouped_gemm_rows_mma(gpuStream_t s, const int32_t* offsets, int64_t E, int64_t max_rows, int64_t N, int64_t K,
+                           float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, bool b_trans,
+                           int64_t stride_b, float beta, float* C, int64_t ldc);
+bool grouped_gemm_weights_mma(gpuStream_t s, const int32_t* offsets, int64_t E, int64_t M, int64_t N, float alpha,
+                              const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, float beta, float* C,
+                              int64_t ldc, int64_t stride_c);
 
 // The virtual architecture (e.g. 90 for compute_90) the grouped kernels were compiled for on
 // this device (CUDA), or 0 (HIP, or no usable device): the WMMA path needs 80 or more.

@@ -3,9 +3,10 @@
 // registers (flash attention) instead of round-tripping it through shared memory as WMMA's
 // opaque fragments force:
 //   mma_16816      D[16x8] += A[16x16] B[16x8], bf16 operands, fp32 accumulators;
-//   load_a / load_b / load_b_trans   fragments from bf16 tiles in shared memory;
+//   load_a / load_a_trans / load_b / load_b_trans   fragments from bf16 tiles in shared memory;
 //   pack_bf16x2    two fp32 values rounded (to nearest even) into one bf16 pair;
-//   cp_async16     a 16-byte global -> shared copy that does not hold the thread.
+//   cp_async16     a 16-byte global -> shared copy that does not hold the thread (or_zero: zero
+//                  fill for the parts of a tile past a matrix's edge).
 // Fragment layout (PTX ISA, mma.m16n8k16, lane = 4 * group + quad):
 //   A: a[0] = (row group,     cols 2 quad, 2 quad + 1)   a[1] = (row group + 8, same cols)
 //      a[2] = (row group,     cols 2 quad + 8, + 9)      a[3] = (row group + 8, cols + 8)
@@ -87,6 +88,25 @@ __device__ inline void load_b_trans(uint32_t (&b)[2], const bf16_t* tile, int ld
 #endif
 }
 
+// The A fragment (rows m0..m0+15, k0..k0+15) of a matrix held transposed, as a row-major [k][m]
+// tile: A(m, k) = tile[k * ld + m] (a weight gradient's A^T), through ldmatrix's transposing
+// load of four 8x8 matrices. Same alignment rule as load_b_trans.
+__device__ inline void load_a_trans(uint32_t (&a)[4], const bf16_t* tile, int ld, int m0, int k0, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // Lane l addresses row (l & 7) of matrix l >> 3: matrices 0..3 are a[0] (k0.., m0..),
+  // a[1] (k0.., m0+8..), a[2] (k0+8.., m0..) and a[3] (k0+8.., m0+8..).
+  const int which = lane >> 3;
+  const bf16_t* row = tile + (k0 + (lane & 7) + (which >> 1) * 8) * ld + m0 + (which & 1) * 8;
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+#else
+  (void)a; (void)tile; (void)ld; (void)m0; (void)k0; (void)lane;
+  __trap();
+#endif
+}
+
 // 16 bytes from global to shared memory, asynchronously; both addresses 16-byte aligned.
 __device__ inline void cp_async16(void* shared_dst, const void* global_src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -94,6 +114,19 @@ __device__ inline void cp_async16(void* shared_dst, const void* global_src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global_src) : "memory");
 #else
   (void)shared_dst; (void)global_src;
+  __trap();
+#endif
+}
+
+// As cp_async16 when `valid`, else 16 zero bytes into shared memory (nothing is read: src may be
+// any mapped address).
+__device__ inline void cp_async16_or_zero(void* shared_dst, const void* global_src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global_src), "r"(bytes) : "memory");
+#else
+  (void)shared_dst; (void)global_src; (void)valid;
   __trap();
 #endif
 }
