@@ -119,7 +119,7 @@ __device__ inline void cp_async16(void* shared_dst, const void* global_src) {
 }
 
 // As cp_async16 when `valid`, else 16 zero bytes into shared memory (nothing is read: src may be
-// any mapped address).
+// any 16-byte-aligned mapped address).
 __device__ inline void cp_async16_or_zero(void* shared_dst, const void* global_src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
