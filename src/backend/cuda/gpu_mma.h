@@ -5,6 +5,7 @@
 //   mma_16816      D[16x8] += A[16x16] B[16x8], bf16 operands, fp32 accumulators;
 //   load_a / load_a_trans / load_b / load_b_trans   fragments from bf16 tiles in shared memory;
 //   pack_bf16x2    two fp32 values rounded (to nearest even) into one bf16 pair;
+//   c_to_a, mma_rows   a product's C fragments as the next product's A, times a [k][n] tile;
 //   cp_async16     a 16-byte global -> shared copy that does not hold the thread (or_zero: zero
 //                  fill for the parts of a tile past a matrix's edge).
 // Fragment layout (PTX ISA, mma.m16n8k16, lane = 4 * group + quad):
@@ -105,6 +106,30 @@ __device__ inline void load_a_trans(uint32_t (&a)[4], const bf16_t* tile, int ld
   (void)a; (void)tile; (void)ld; (void)m0; (void)k0; (void)lane;
   __trap();
 #endif
+}
+
+// The A fragment of k-step kk (columns 16 kk .. 16 kk + 15) of a 16-row product held as C
+// fragments c[n] (columns 8 n .. 8 n + 7), rounded to bf16: the C layout of two neighbouring
+// column blocks is the A layout of their k-step, so one product feeds the next in registers.
+template <int NT>
+__device__ inline void c_to_a(uint32_t (&a)[4], const float (&c)[NT][4], int kk) {
+  a[0] = pack_bf16x2(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack_bf16x2(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack_bf16x2(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack_bf16x2(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// acc[nd] += a * B for every column block nd < ND, where B is rows k0..k0+15 of a row-major
+// [k][n] tile and block nd its columns 8 nd .. 8 nd + 7 (P V, dS K, P^T dO, dS^T Q).
+template <int ND>
+__device__ inline void mma_rows(float (&acc)[ND][4], const uint32_t (&a)[4], const bf16_t* tile, int ld, int k0,
+                                int lane) {
+#pragma unroll
+  for (int nd = 0; nd < ND; ++nd) {
+    uint32_t b[2];
+    load_b_trans(b, tile, ld, k0, 8 * nd, lane);
+    mma_16816(acc[nd], a, b);
+  }
 }
 
 // 16 bytes from global to shared memory, asynchronously; both addresses 16-byte aligned.

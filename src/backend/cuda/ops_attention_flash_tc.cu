@@ -62,14 +62,9 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_forward(FlashParams fp)
   const AttnParams& p = fp.a;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int gq = mma::group_of(lane), qd = mma::quad_of(lane);
-  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (p.Hq / p.Hkv);
-  const int64_t t_begin = int64_t(blockIdx.x) * kFlashRows;
-  const int64_t t_last = (t_begin + kFlashRows < p.T ? t_begin + kFlashRows : p.T) - 1;
-  const int64_t pos_first = p.pos0[b] + t_begin, pos_last = p.pos0[b] + t_last;
-  int64_t s_begin = p.window > 0 && pos_first - p.window + 1 > 0 ? pos_first - p.window + 1 : 0;
-  if (p.seg && p.seg[b * p.T + t_begin] > s_begin) s_begin = p.seg[b * p.T + t_begin];
-  const int64_t tile0 = s_begin / kFlashKeys * kFlashKeys;
-  const int n_tiles = int((pos_last + 1 - tile0 + kFlashKeys - 1) / kFlashKeys);
+  const FlashQueryBlock blk = flash_query_block(p);
+  const int64_t b = blk.b, h = blk.h, g = blk.g, t_begin = blk.t_begin, tile0 = blk.tile0;
+  const int n_tiles = blk.n_tiles;
   const bf16_t* kg = fp.k + (b * p.Hkv + g) * fp.S_pad * DH;
   const bf16_t* vg = fp.v + (b * p.Hkv + g) * fp.S_pad * DH;
   auto stage = [&](int buf, int64_t s0) {
@@ -167,16 +162,9 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_forward(FlashParams fp)
       // P's C fragments of key columns 16 kk .. 16 kk + 15 are exactly the A fragment of that k-step.
 #pragma unroll
       for (int kk = 0; kk < kFlashKeys / 16; ++kk) {
-        const uint32_t pa[4] = {mma::pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
-                                mma::pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
-                                mma::pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                mma::pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-        for (int nd = 0; nd < DH / 8; ++nd) {
-          uint32_t bv[2];
-          mma::load_b_trans(bv, Vt, kLd, 16 * kk, 8 * nd, lane);
-          mma::mma_16816(o[nd], pa, bv);
-        }
+        uint32_t pa[4];
+        mma::c_to_a(pa, sc, kk);
+        mma::mma_rows(o, pa, Vt, kLd, 16 * kk, lane);
       }
     }
     __syncthreads();  // every warp is done with this buffer before the next iteration refills it
@@ -223,6 +211,20 @@ void flash_pack_rows(gpuStream_t s, const float* src, bf16_t* dst, int64_t B, in
   GPU_LAUNCH_CHECK();
 }
 
+FlashCall::FlashCall(CudaBackend& be, const AttentionArgs& a, const char* op) {
+  fp.a = attn_params(be, a, 32, op, pos0, seg);  // the flash kernels are CUDA-only: 32-lane warps
+  fp.S_pad = flash_padded(a.S);
+  fp.T_pad = flash_padded(a.T);
+  fp.scale_log2 = a.scale * 1.4426950408889634f;
+  const int64_t kv_bytes = a.B * a.Hkv * fp.S_pad * a.dh * 2;
+  k = DeviceBuffer(&be, kv_bytes);
+  v = DeviceBuffer(&be, kv_bytes);
+  flash_pack_rows(be.stream(), a.k_cache, k.h(), a.B, a.S, fp.S_pad, a.Hkv, a.dh, fp.a.pos0, a.T);
+  flash_pack_rows(be.stream(), a.v_cache, v.h(), a.B, a.S, fp.S_pad, a.Hkv, a.dh, fp.a.pos0, a.T);
+  fp.k = k.h();
+  fp.v = v.h();
+}
+
 size_t flash_forward_smem_bytes(int64_t dh) { return dh == 64 ? ForwardLayout<64>::bytes : ForwardLayout<128>::bytes; }
 
 void flash_forward(gpuStream_t s, const FlashParams& p, bool lse_only) {
@@ -257,19 +259,9 @@ bool CudaBackend::attention_flash_tc_applies(const AttentionArgs& a, std::initia
 
 void CudaBackend::attention_flash_tc(const AttentionArgs& a) {
 #if defined(ZAYA_GPU_CUDA)
-  DeviceBuffer pos0, seg;
-  FlashParams fp;
-  fp.a = attn_params(*this, a, warp_size_, "attention", pos0, seg);
-  fp.a.out = a.out;
-  fp.S_pad = flash_padded(a.S);
-  fp.scale_log2 = a.scale * 1.4426950408889634f;
-  const int64_t kv_bytes = a.B * a.Hkv * fp.S_pad * a.dh * 2;
-  DeviceBuffer kp(this, kv_bytes), vp(this, kv_bytes);
-  flash_pack_rows(stream_, a.k_cache, kp.h(), a.B, a.S, fp.S_pad, a.Hkv, a.dh, fp.a.pos0, a.T);
-  flash_pack_rows(stream_, a.v_cache, vp.h(), a.B, a.S, fp.S_pad, a.Hkv, a.dh, fp.a.pos0, a.T);
-  fp.k = kp.h();
-  fp.v = vp.h();
-  flash_forward(stream_, fp, false);
+  FlashCall call(*this, a, "attention");
+  call.fp.a.out = a.out;
+  flash_forward(stream_, call.fp, false);
 #else
   (void)a;
   fail("cuda", "attention: the tensor-core flash kernel is CUDA-only");

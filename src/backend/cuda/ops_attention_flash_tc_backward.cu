@@ -59,7 +59,9 @@ struct DkvLayout {
   static constexpr size_t v = k + size_t(kFlashKeys) * kLd * 2;     // V  [64][kLd]
   static constexpr size_t q = v + size_t(kFlashKeys) * kLd * 2;     // Q  [2][32][kLd]
   static constexpr size_t dout = q + size_t(2) * kQTile * 2;        // dO [2][32][kLd]
-  static constexpr size_t bytes = dout + size_t(2) * kQTile * 2;
+  // Per query of the tile: lse2, D, position (-1 past the chunk) and document start [2][4][32].
+  static constexpr size_t stats = dout + size_t(2) * kQTile * 2;
+  static constexpr size_t bytes = stats + size_t(2) * 4 * kFlashDkvQueries * 4;
 };
 
 template <int DH>
@@ -77,14 +79,9 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dq(FlashParams fp) {
   const AttnParams& p = fp.a;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int gq = mma::group_of(lane), qd = mma::quad_of(lane);
-  const int64_t b = blockIdx.z, h = blockIdx.y, g = h / (p.Hq / p.Hkv);
-  const int64_t t_begin = int64_t(blockIdx.x) * kFlashRows;
-  const int64_t t_last = (t_begin + kFlashRows < p.T ? t_begin + kFlashRows : p.T) - 1;
-  const int64_t pos_first = p.pos0[b] + t_begin, pos_last = p.pos0[b] + t_last;
-  int64_t s_begin = p.window > 0 && pos_first - p.window + 1 > 0 ? pos_first - p.window + 1 : 0;
-  if (p.seg && p.seg[b * p.T + t_begin] > s_begin) s_begin = p.seg[b * p.T + t_begin];
-  const int64_t tile0 = s_begin / kFlashKeys * kFlashKeys;
-  const int n_tiles = int((pos_last + 1 - tile0 + kFlashKeys - 1) / kFlashKeys);
+  const FlashQueryBlock blk = flash_query_block(p);
+  const int64_t b = blk.b, h = blk.h, g = blk.g, t_begin = blk.t_begin, tile0 = blk.tile0;
+  const int n_tiles = blk.n_tiles;
   const bf16_t* kg = fp.k + (b * p.Hkv + g) * fp.S_pad * DH;
   const bf16_t* vg = fp.v + (b * p.Hkv + g) * fp.S_pad * DH;
   const int64_t row0 = (b * p.Hq + h) * fp.T_pad;  // this head's rows in the packed and statistics layouts
@@ -147,16 +144,9 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dq(FlashParams fp) {
     // dQ += dS K: K's rows are B's rows here (k = the key), read through the transposing load.
 #pragma unroll
     for (int kk = 0; kk < kFlashKeys / 16; ++kk) {
-      const uint32_t dsa[4] = {mma::pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]),
-                               mma::pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
-                               mma::pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                               mma::pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-      for (int nd = 0; nd < DH / 8; ++nd) {
-        uint32_t bk[2];
-        mma::load_b_trans(bk, Kt, kLd, 16 * kk, 8 * nd, lane);
-        mma::mma_16816(dq[nd], dsa, bk);
-      }
+      uint32_t dsa[4];
+      mma::c_to_a(dsa, sc, kk);
+      mma::mma_rows(dq, dsa, Kt, kLd, 16 * kk, lane);
     }
     __syncthreads();
   }
@@ -184,6 +174,7 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
   bf16_t* Vs = reinterpret_cast<bf16_t*>(smem + L::v);
   bf16_t* Qs = reinterpret_cast<bf16_t*>(smem + L::q);
   bf16_t* dOs = reinterpret_cast<bf16_t*>(smem + L::dout);
+  float* stats = reinterpret_cast<float*>(smem + L::stats);
   const AttnParams& p = fp.a;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int gq = mma::group_of(lane), qd = mma::quad_of(lane);
@@ -199,11 +190,22 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
   const int64_t qt0 = t_first / kQ * kQ;
   const int64_t n_qt = t_end > t_first ? (t_end - qt0 + kQ - 1) / kQ : 0;
   const int n_iter = int(rep * n_qt);
+  // Stages query tile i (head hh, queries t0..t0+31): Q and dO asynchronously, and each query's
+  // statistics and visibility (plain loads, read after the same barrier).
   auto stage = [&](int buf, int i) {
     const int64_t hh = g * rep + i / n_qt, t0 = qt0 + (i % n_qt) * kQ;
     const int64_t row = (b * p.Hq + hh) * fp.T_pad + t0;
     flash_stage_rows<DH>(Qs + buf * L::kQTile, fp.q + row * DH, kQ);
     flash_stage_rows<DH>(dOs + buf * L::kQTile, fp.dout + row * DH, kQ);
+    if (threadIdx.x < kQ) {
+      const int64_t t = t0 + threadIdx.x;
+      const FlashRow r = flash_row(p, b, t);
+      float* q_stats = stats + buf * 4 * kQ;
+      q_stats[threadIdx.x] = t < p.T ? fp.lse2[row + threadIdx.x] : 0.0f;
+      q_stats[kQ + threadIdx.x] = t < p.T ? fp.drow[row + threadIdx.x] : 0.0f;
+      reinterpret_cast<int*>(q_stats)[2 * kQ + threadIdx.x] = r.pos;
+      reinterpret_cast<int*>(q_stats)[3 * kQ + threadIdx.x] = r.seg;
+    }
   };
   const bf16_t* kg = fp.k + ((b * p.Hkv + g) * fp.S_pad + s_lo) * DH;
   const bf16_t* vg = fp.v + ((b * p.Hkv + g) * fp.S_pad + s_lo) * DH;
@@ -228,8 +230,10 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
     mma::cp_async_commit();
     mma::cp_async_wait<1>();
     __syncthreads();
-    const int64_t hh = g * rep + it / n_qt, t0 = qt0 + (it % n_qt) * kQ;
-    const int64_t row0 = (b * p.Hq + hh) * fp.T_pad;
+    const float* st_lse = stats + (it & 1) * 4 * kQ;
+    const float* st_drow = st_lse + kQ;
+    const int* st_pos = reinterpret_cast<const int*>(st_lse) + 2 * kQ;
+    const int* st_seg = st_pos + kQ;
     const bf16_t* Qt = Qs + (it & 1) * L::kQTile;
     const bf16_t* dOt = dOs + (it & 1) * L::kQTile;
     float st[kQ / 8][4], dpt[kQ / 8][4];
@@ -256,9 +260,11 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
     for (int n = 0; n < kQ / 8; ++n)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int64_t t = t0 + 8 * n + 2 * qd + j;
-        const FlashRow r = flash_row(p, b, t);
-        const float lse = t < p.T ? fp.lse2[row0 + t] : 0.0f, dr = t < p.T ? fp.drow[row0 + t] : 0.0f;
+        const int tl = 8 * n + 2 * qd + j;  // the query's place in the tile
+        FlashRow r;
+        r.pos = st_pos[tl];
+        r.seg = st_seg[tl];
+        const float lse = st_lse[tl], dr = st_drow[tl];
         const float pa = flash_visible(r, s_a, window) ? exp2f(st[n][j] * fp.scale_log2 - lse) : 0.0f;
         const float pb = flash_visible(r, s_b, window) ? exp2f(st[n][2 + j] * fp.scale_log2 - lse) : 0.0f;
         st[n][j] = pa;
@@ -269,22 +275,11 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
     // dV += P^T dO and dK += dS^T Q: the queries are the k dimension; dO and Q rows are B's rows.
 #pragma unroll
     for (int kk = 0; kk < kQ / 16; ++kk) {
-      const uint32_t pa[4] = {mma::pack_bf16x2(st[2 * kk][0], st[2 * kk][1]),
-                              mma::pack_bf16x2(st[2 * kk][2], st[2 * kk][3]),
-                              mma::pack_bf16x2(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                              mma::pack_bf16x2(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-      const uint32_t dsa[4] = {mma::pack_bf16x2(dpt[2 * kk][0], dpt[2 * kk][1]),
-                               mma::pack_bf16x2(dpt[2 * kk][2], dpt[2 * kk][3]),
-                               mma::pack_bf16x2(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                               mma::pack_bf16x2(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
-#pragma unroll
-      for (int nd = 0; nd < DH / 8; ++nd) {
-        uint32_t bo[2], bq[2];
-        mma::load_b_trans(bo, dOt, kLd, 16 * kk, 8 * nd, lane);
-        mma::mma_16816(dv[nd], pa, bo);
-        mma::load_b_trans(bq, Qt, kLd, 16 * kk, 8 * nd, lane);
-        mma::mma_16816(dk[nd], dsa, bq);
-      }
+      uint32_t pa[4], dsa[4];
+      mma::c_to_a(pa, st, kk);
+      mma::c_to_a(dsa, dpt, kk);
+      mma::mma_rows(dv, pa, dOt, kLd, 16 * kk, lane);
+      mma::mma_rows(dk, dsa, Qt, kLd, 16 * kk, lane);
     }
     __syncthreads();
   }
@@ -334,26 +329,18 @@ size_t flash_backward_smem_bytes(int64_t dh) {
 void CudaBackend::attention_backward_flash_tc(const AttentionArgs& a, const float* dout, float* dq, float* dk,
                                               float* dv) {
 #if defined(ZAYA_GPU_CUDA)
-  DeviceBuffer pos0, seg;
-  FlashParams fp;
-  fp.a = attn_params(*this, a, warp_size_, "attention_backward", pos0, seg);
+  FlashCall call(*this, a, "attention_backward");
+  FlashParams& fp = call.fp;
   fp.a.o = a.out;
   fp.a.dout = dout;
   fp.a.dq = dq;
   fp.a.dk = dk;
   fp.a.dv = dv;
-  fp.T_pad = flash_padded(a.T);
-  fp.S_pad = flash_padded(a.S);
-  fp.scale_log2 = a.scale * 1.4426950408889634f;
-  const int64_t kv_bytes = a.B * a.Hkv * fp.S_pad * a.dh * 2, q_bytes = a.B * a.Hq * fp.T_pad * a.dh * 2;
-  DeviceBuffer kp(this, kv_bytes), vp(this, kv_bytes), qp(this, q_bytes), dop(this, q_bytes);
+  const int64_t q_bytes = a.B * a.Hq * fp.T_pad * a.dh * 2;
+  DeviceBuffer qp(this, q_bytes), dop(this, q_bytes);
   DeviceBuffer lse2(this, a.B * a.Hq * fp.T_pad * 4), drow(this, a.B * a.Hq * fp.T_pad * 4);
-  flash_pack_rows(stream_, a.k_cache, kp.h(), a.B, a.S, fp.S_pad, a.Hkv, a.dh, fp.a.pos0, a.T);
-  flash_pack_rows(stream_, a.v_cache, vp.h(), a.B, a.S, fp.S_pad, a.Hkv, a.dh, fp.a.pos0, a.T);
   flash_pack_rows(stream_, a.q, qp.h(), a.B, a.T, fp.T_pad, a.Hq, a.dh);
   flash_pack_rows(stream_, dout, dop.h(), a.B, a.T, fp.T_pad, a.Hq, a.dh);
-  fp.k = kp.h();
-  fp.v = vp.h();
   fp.q = qp.h();
   fp.dout = dop.h();
   fp.lse2 = lse2.f();

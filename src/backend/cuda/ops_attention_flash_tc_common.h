@@ -46,6 +46,15 @@ struct FlashParams {
 void flash_pack_rows(gpuStream_t s, const float* src, bf16_t* dst, int64_t B, int64_t rows, int64_t rows_pad,
                      int64_t H, int64_t dh, const int64_t* pos0 = nullptr, int64_t chunk = 0);
 
+// What the forward and the backward both set up for one call: the kernel parameters of `a`
+// (pos0 and seg uploaded), the scale in base 2, and K and V packed to bf16 (each sequence's
+// cache rows past its chunk zeroed). The buffers live as long as the object. CUDA only.
+struct FlashCall {
+  DeviceBuffer pos0, seg, k, v;
+  FlashParams fp;
+  FlashCall(CudaBackend& be, const AttentionArgs& a, const char* op);
+};
+
 // Dynamic shared memory per block of the forward kernel and of the larger backward kernel for
 // head_dim dh (64 or 128).
 size_t flash_forward_smem_bytes(int64_t dh);
@@ -73,6 +82,30 @@ __device__ inline FlashRow flash_row(const AttnParams& p, int64_t b, int64_t t) 
 
 __device__ inline bool flash_visible(const FlashRow& r, int s, int window) {
   return s <= r.pos && s >= r.seg && (window <= 0 || r.pos - s < window);
+}
+
+// The block of the forward and dQ kernels (grid: query blocks, heads, sequences): queries
+// [t_begin, t_begin + kFlashRows) of head h (KV group g) of sequence b, and the key tiles
+// [tile0, tile0 + n_tiles * kFlashKeys) holding every key any of them may see (tile0 aligned
+// down to a tile; the first query's window and document start bound it below).
+struct FlashQueryBlock {
+  int64_t b, h, g, t_begin, tile0;
+  int n_tiles;
+};
+
+__device__ inline FlashQueryBlock flash_query_block(const AttnParams& p) {
+  FlashQueryBlock q;
+  q.b = blockIdx.z;
+  q.h = blockIdx.y;
+  q.g = q.h / (p.Hq / p.Hkv);
+  q.t_begin = int64_t(blockIdx.x) * kFlashRows;
+  const int64_t t_last = (q.t_begin + kFlashRows < p.T ? q.t_begin + kFlashRows : p.T) - 1;
+  const int64_t pos_first = p.pos0[q.b] + q.t_begin, pos_last = p.pos0[q.b] + t_last;
+  int64_t s_begin = p.window > 0 && pos_first - p.window + 1 > 0 ? pos_first - p.window + 1 : 0;
+  if (p.seg && p.seg[q.b * p.T + q.t_begin] > s_begin) s_begin = p.seg[q.b * p.T + q.t_begin];
+  q.tile0 = s_begin / kFlashKeys * kFlashKeys;
+  q.n_tiles = int((pos_last + 1 - q.tile0 + kFlashKeys - 1) / kFlashKeys);
+  return q;
 }
 
 // Copies `rows` packed rows of DH bf16 (contiguous in global memory) into a shared tile with
