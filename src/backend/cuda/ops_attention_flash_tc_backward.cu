@@ -190,22 +190,38 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
   const int64_t qt0 = t_first / kQ * kQ;
   const int64_t n_qt = t_end > t_first ? (t_end - qt0 + kQ - 1) / kQ : 0;
   const int n_iter = int(rep * n_qt);
-  // Stages query tile i (head hh, queries t0..t0+31): Q and dO asynchronously, and each query's
-  // statistics and visibility (plain loads, read after the same barrier).
+  // Query tile i: head hh, queries t0..t0+31, and its first row in the packed layouts.
+  auto tile_row = [&](int i) { return (b * p.Hq + g * rep + i / n_qt) * fp.T_pad + qt0 + (i % n_qt) * kQ; };
+  // Q and dO of tile i, asynchronously.
   auto stage = [&](int buf, int i) {
-    const int64_t hh = g * rep + i / n_qt, t0 = qt0 + (i % n_qt) * kQ;
-    const int64_t row = (b * p.Hq + hh) * fp.T_pad + t0;
+    const int64_t row = tile_row(i);
     flash_stage_rows<DH>(Qs + buf * L::kQTile, fp.q + row * DH, kQ);
     flash_stage_rows<DH>(dOs + buf * L::kQTile, fp.dout + row * DH, kQ);
-    if (threadIdx.x < kQ) {
-      const int64_t t = t0 + threadIdx.x;
-      const FlashRow r = flash_row(p, b, t);
-      float* q_stats = stats + buf * 4 * kQ;
-      q_stats[threadIdx.x] = t < p.T ? fp.lse2[row + threadIdx.x] : 0.0f;
-      q_stats[kQ + threadIdx.x] = t < p.T ? fp.drow[row + threadIdx.x] : 0.0f;
-      reinterpret_cast<int*>(q_stats)[2 * kQ + threadIdx.x] = r.pos;
-      reinterpret_cast<int*>(q_stats)[3 * kQ + threadIdx.x] = r.seg;
+  };
+  // Each query's lse2, D, position and document start (threads 0..31, one query each): loaded
+  // into registers a tile ahead, stored to shared memory after this tile's products, read after
+  // the next barrier (so the loads' latency hides behind the products).
+  struct QueryStats {
+    float lse = 0.0f, drow = 0.0f;
+    FlashRow row;
+  };
+  auto load_stats = [&](int i) {
+    QueryStats q;
+    const int64_t row = tile_row(i), t = row % fp.T_pad + threadIdx.x;
+    if (threadIdx.x < kQ && t < p.T) {
+      q.lse = fp.lse2[row + threadIdx.x];
+      q.drow = fp.drow[row + threadIdx.x];
+      q.row = flash_row(p, b, t);
     }
+    return q;
+  };
+  auto store_stats = [&](int buf, const QueryStats& q) {
+    if (threadIdx.x >= kQ) return;
+    float* q_stats = stats + buf * 4 * kQ;
+    q_stats[threadIdx.x] = q.lse;
+    q_stats[kQ + threadIdx.x] = q.drow;
+    reinterpret_cast<int*>(q_stats)[2 * kQ + threadIdx.x] = q.row.pos;
+    reinterpret_cast<int*>(q_stats)[3 * kQ + threadIdx.x] = q.row.seg;
   };
   const bf16_t* kg = fp.k + ((b * p.Hkv + g) * fp.S_pad + s_lo) * DH;
   const bf16_t* vg = fp.v + ((b * p.Hkv + g) * fp.S_pad + s_lo) * DH;
@@ -213,6 +229,7 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
     flash_stage_rows<DH>(Ks, kg, kFlashKeys);
     flash_stage_rows<DH>(Vs, vg, kFlashKeys);
     stage(0, 0);
+    store_stats(0, load_stats(0));
   }
   mma::cp_async_commit();
 
@@ -226,7 +243,11 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
     for (int c = 0; c < 4; ++c) dk[nd][c] = dv[nd][c] = 0.0f;
 
   for (int it = 0; it < n_iter; ++it) {
-    if (it + 1 < n_iter) stage((it + 1) & 1, it + 1);
+    QueryStats next;
+    if (it + 1 < n_iter) {
+      stage((it + 1) & 1, it + 1);
+      next = load_stats(it + 1);
+    }
     mma::cp_async_commit();
     mma::cp_async_wait<1>();
     __syncthreads();
@@ -281,6 +302,7 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
       mma::mma_rows(dv, pa, dOt, kLd, 16 * kk, lane);
       mma::mma_rows(dk, dsa, Qt, kLd, 16 * kk, lane);
     }
+    if (it + 1 < n_iter) store_stats((it + 1) & 1, next);  // that buffer was last read at it - 1
     __syncthreads();
   }
   mma::cp_async_wait<0>();  // no copy outstanding at exit (the last group is empty)
