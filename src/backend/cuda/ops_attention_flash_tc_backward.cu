@@ -181,14 +181,9 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_dkdv(FlashParams fp) {
   const int64_t b = blockIdx.z, g = blockIdx.y, rep = p.Hq / p.Hkv;
   const int64_t s_lo = int64_t(blockIdx.x) * kFlashKeys;
   const int64_t s_hi = s_lo + kFlashKeys < p.S ? s_lo + kFlashKeys : p.S;  // exclusive
-  const int64_t pos0 = p.pos0[b];
-  // The queries that may see a key of the tile: position >= s_lo and, with a window, position
-  // < s_hi - 1 + window.
-  const int64_t t_first = s_lo - pos0 > 0 ? s_lo - pos0 : 0;
-  int64_t t_end = p.T;
-  if (p.window > 0 && s_hi - 1 + p.window - pos0 < t_end) t_end = s_hi - 1 + p.window - pos0;
-  const int64_t qt0 = t_first / kQ * kQ;
-  const int64_t n_qt = t_end > t_first ? (t_end - qt0 + kQ - 1) / kQ : 0;
+  // The query tiles holding every query that may see a key of the tile.
+  const FlashQueryTiles queries = flash_query_tiles(p.pos0[b], p.T, p.window, s_lo, s_hi, kQ);
+  const int64_t qt0 = queries.t0, n_qt = queries.n_tiles;
   const int n_iter = int(rep * n_qt);
   // Query tile i: head hh, queries t0..t0+31, and its first row in the packed layouts.
   auto tile_row = [&](int i) { return (b * p.Hq + g * rep + i / n_qt) * fp.T_pad + qt0 + (i % n_qt) * kQ; };

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/flash_ranges.h"
 #include "backend/cuda/gpu_device.h"
 #include "backend/cuda/gpu_mma.h"
 #include "backend/cuda/ops_attention_common.h"
@@ -86,8 +87,8 @@ __device__ inline bool flash_visible(const FlashRow& r, int s, int window) {
 
 // The block of the forward and dQ kernels (grid: query blocks, heads, sequences): queries
 // [t_begin, t_begin + kFlashRows) of head h (KV group g) of sequence b, and the key tiles
-// [tile0, tile0 + n_tiles * kFlashKeys) holding every key any of them may see (tile0 aligned
-// down to a tile; the first query's window and document start bound it below).
+// [tile0, tile0 + n_tiles * kFlashKeys) holding every key any of them may see
+// (flash_key_tiles).
 struct FlashQueryBlock {
   int64_t b, h, g, t_begin, tile0;
   int n_tiles;
@@ -99,12 +100,11 @@ __device__ inline FlashQueryBlock flash_query_block(const AttnParams& p) {
   q.h = blockIdx.y;
   q.g = q.h / (p.Hq / p.Hkv);
   q.t_begin = int64_t(blockIdx.x) * kFlashRows;
-  const int64_t t_last = (q.t_begin + kFlashRows < p.T ? q.t_begin + kFlashRows : p.T) - 1;
-  const int64_t pos_first = p.pos0[q.b] + q.t_begin, pos_last = p.pos0[q.b] + t_last;
-  int64_t s_begin = p.window > 0 && pos_first - p.window + 1 > 0 ? pos_first - p.window + 1 : 0;
-  if (p.seg && p.seg[q.b * p.T + q.t_begin] > s_begin) s_begin = p.seg[q.b * p.T + q.t_begin];
-  q.tile0 = s_begin / kFlashKeys * kFlashKeys;
-  q.n_tiles = int((pos_last + 1 - q.tile0 + kFlashKeys - 1) / kFlashKeys);
+  const int64_t t_end = q.t_begin + kFlashRows < p.T ? q.t_begin + kFlashRows : p.T;
+  const int64_t seg_first = p.seg ? int64_t(p.seg[q.b * p.T + q.t_begin]) : 0;
+  const FlashKeyTiles keys = flash_key_tiles(p.pos0[q.b], q.t_begin, t_end, p.window, seg_first, kFlashKeys);
+  q.tile0 = keys.tile0;
+  q.n_tiles = int(keys.n_tiles);
   return q;
 }
 

@@ -14,11 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define ZAYA_HOST_DEVICE __host__ __device__
-#else
-#define ZAYA_HOST_DEVICE
-#endif
+#include "backend/cuda/host_device.h"
 
 namespace zaya {
 
