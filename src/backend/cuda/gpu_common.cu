@@ -103,7 +103,7 @@ void gpu_column_sums(CudaBackend& be, int64_t rows, int64_t dim, float* out, con
 void gpu_to_bf16(gpuStream_t s, const float* src, int64_t rows, int64_t cols, int64_t ld, bf16_t* dst) {
   if (rows * cols <= 0) return;
   const int64_t n = rows * cols;
-  const bool aligned = (reinterpret_cast<uintptr_t>(src) % 16 == 0) && (reinterpret_cast<uintptr_t>(dst) % 8 == 0);
+  const bool aligned = gpu_aligned(src, 16) && gpu_aligned(dst, 8);
   if (ld == cols && aligned && n >= 4) {  // contiguous: vectorised, then the (< 4) tail
     const int64_t n4 = n / 4;
     k_to_bf16_vec4<<<gpu_blocks(n4), kGpuThreads, 0, s>>>(reinterpret_cast<const float4*>(src), n4,

@@ -15,6 +15,9 @@ using bf16_t = uint16_t;
 // Threads per block for element-wise and row kernels: a multiple of 32 and of 64.
 constexpr int kGpuThreads = 256;
 
+// Whether p is `bytes`-aligned: vector loads (float4, 16-byte cp.async) need 16.
+inline bool gpu_aligned(const void* p, uintptr_t bytes = 16) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 inline unsigned gpu_blocks(int64_t n, int threads = kGpuThreads) {
   int64_t b = (n + threads - 1) / threads;
   if (b < 1) b = 1;

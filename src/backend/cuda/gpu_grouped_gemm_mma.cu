@@ -175,7 +175,6 @@ __global__ void __launch_bounds__(kThreads)
                            C + e * stride_c, ldc);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 int64_t tiles(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
 
 template <typename Kernel>
@@ -192,7 +191,7 @@ bool grouped_gemm_rows_mma(gpuStream_t s, const int32_t* offsets, int64_t E, int
   // Every 8-element piece a copy moves must be whole and 16-byte aligned: A's rows run along K;
   // B's along K (stored [N, K]) or along N.
   const int64_t b_contiguous = b_trans ? K : N;
-  if (K % 8 || b_contiguous % 8 || lda % 8 || ldb % 8 || stride_b % 8 || !aligned16(A) || !aligned16(B)) return false;
+  if (K % 8 || b_contiguous % 8 || lda % 8 || ldb % 8 || stride_b % 8 || !gpu_aligned(A) || !gpu_aligned(B)) return false;
   if (tiles(N, kBN) > 65535) return false;
   const dim3 grid(unsigned(tiles(max_rows, kBM) + E), unsigned(tiles(N, kBN)));
   if (b_trans) {
@@ -213,7 +212,7 @@ bool grouped_gemm_rows_mma(gpuStream_t s, const int32_t* offsets, int64_t E, int
 bool grouped_gemm_weights_mma(gpuStream_t s, const int32_t* offsets, int64_t E, int64_t M, int64_t N, float alpha,
                               const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, float beta, float* C,
                               int64_t ldc, int64_t stride_c) {
-  if (M % 8 || N % 8 || lda % 8 || ldb % 8 || !aligned16(A) || !aligned16(B)) return false;
+  if (M % 8 || N % 8 || lda % 8 || ldb % 8 || !gpu_aligned(A) || !gpu_aligned(B)) return false;
   if (E > 65535 || tiles(M, kBM) * tiles(N, kBN) > 2147483647LL) return false;
   const size_t bytes = smem_bytes<false, false>();
   allow_smem(k_grouped_weights_mma, bytes);

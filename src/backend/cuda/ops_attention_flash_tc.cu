@@ -21,14 +21,15 @@ namespace zaya {
 #if defined(ZAYA_GPU_CUDA)
 namespace {
 
-template <int DH>
+// The lse_only form stages no V, so its blocks leave that space to more blocks per SM.
+template <int DH, bool kLseOnly = false>
 struct ForwardLayout {
   static constexpr int kLd = DH + 8;  // bf16 row stride of every tile: conflict-free fragment loads
   static constexpr int kTile = kFlashKeys * kLd;
   static constexpr size_t q = 0;                                 // Q [64][kLd]
   static constexpr size_t k = q + size_t(kFlashRows) * kLd * 2;  // K [2][64][kLd]
-  static constexpr size_t v = k + size_t(2) * kTile * 2;         // V [2][64][kLd]
-  static constexpr size_t bytes = v + size_t(2) * kTile * 2;
+  static constexpr size_t v = k + size_t(2) * kTile * 2;         // V [2][64][kLd] (none when lse_only)
+  static constexpr size_t bytes = v + (kLseOnly ? 0 : size_t(2) * kTile * 2);
 };
 
 // Four elements a thread: dh is a multiple of 4, so a float4 never crosses a row.
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_forward(FlashParams fp)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync bf16 needs sm_80; the backend takes this path only where the device has it
 #else
-  using L = ForwardLayout<DH>;
+  using L = ForwardLayout<DH, kLseOnly>;
   constexpr int kLd = L::kLd;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16_t* Qs = reinterpret_cast<bf16_t*>(smem + L::q);
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(kFlashThreads) k_flash_forward(FlashParams fp)
 
 template <int DH, bool kLseOnly>
 void launch_forward(gpuStream_t s, const FlashParams& p) {
-  const size_t bytes = ForwardLayout<DH>::bytes;  // over the default 48 KiB for DH 128: allowed per kernel (sm_80+)
+  const size_t bytes = ForwardLayout<DH, kLseOnly>::bytes;  // over the default 48 KiB for DH 128: allowed per kernel (sm_80+)
   GPU_CHECK(gpuFuncSetAttribute(reinterpret_cast<const void*>(&k_flash_forward<DH, kLseOnly>),
                                 gpuFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   const dim3 grid(unsigned((p.a.T + kFlashRows - 1) / kFlashRows), unsigned(p.a.Hq), unsigned(p.a.B));
@@ -250,10 +251,9 @@ bool CudaBackend::attention_flash_tc_applies(const AttentionArgs& a, std::initia
   if (int64_t(smem) > max_shared_per_block_) return false;
 #endif
   // The kernels move 16 bytes a thread (float4 loads, cp.async) and store float2 pairs.
-  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  if (!aligned(a.q) || !aligned(a.k_cache) || !aligned(a.v_cache) || !aligned(a.out)) return false;
+  if (!gpu_aligned(a.q) || !gpu_aligned(a.k_cache) || !gpu_aligned(a.v_cache) || !gpu_aligned(a.out)) return false;
   for (const void* ptr : more)
-    if (!aligned(ptr)) return false;
+    if (!gpu_aligned(ptr)) return false;
   return true;
 }
 
