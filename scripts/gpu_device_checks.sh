@@ -116,11 +116,11 @@ step_train() {
   grep -E "^step [0-9]+/" "$LOGS/train.log" | tail -3
   "$BIN/zaya" generate --backend cuda --model $R/model --prompt "The" --max-tokens 24 --temperature 0 2>&1 | tail -3
 }
-# bench_train on step_bench's config with one environment setting (NAME=1), logged as
+# bench_train on step_bench's config with environment settings (NAME=1 ...), logged as
 # bench_train_cuda_SUFFIX.{json,log}; a failure prints the log's end and does not stop the step.
 bench_train_variant() {
-  local suffix=$1 setting=$2 cfg=bench/configs/zaya1-base-blocks.json
-  env "$setting" "$BIN/bench_train" --backend cuda --config $cfg --batch ${BENCH_B:-4} --seq ${BENCH_T:-4096} \
+  local suffix=$1 cfg=bench/configs/zaya1-base-blocks.json
+  env "${@:2}" "$BIN/bench_train" --backend cuda --config $cfg --batch ${BENCH_B:-4} --seq ${BENCH_T:-4096} \
     --warmup 2 --steps 5 --skip-peaks > "$LOGS/bench_train_cuda_$suffix.json" 2> "$LOGS/bench_train_cuda_$suffix.log" &&
     grep -E "median|memory|gemm engine" "$LOGS/bench_train_cuda_$suffix.log" || tail -3 "$LOGS/bench_train_cuda_$suffix.log"
 }
@@ -143,6 +143,9 @@ step_bench() {
   bench_train_variant exact_head ZAYA_LM_HEAD_EXACT=1    # the LM head in exact fp32, not 3xTF32
   bench_train_variant ns_tf32 ZAYA_NS_TF32=1             # Newton-Schulz on TF32, not bf16 operands
   bench_train_variant flash ZAYA_ATTN_FLASH=1            # the tensor-core flash attention (forward, backward)
+  bench_train_variant ns_bf16_iterates ZAYA_NS_BF16_ITERATES=1  # Newton-Schulz's iterates in bf16 (no packing)
+  # The opt-in kernels together: what the step would be if they all became the defaults.
+  bench_train_variant candidates ZAYA_ATTN_FLASH=1 ZAYA_MOE_DEVICE_GROUPED=1 ZAYA_NS_BF16_ITERATES=1
   # Attention's own time with the flash kernels, from the synchronised per-op profile.
   ZAYA_ATTN_FLASH=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 1 --steps 2 \
     --skip-peaks --profile > "$LOGS/bench_train_profile_flash.json" 2> "$LOGS/bench_train_profile_flash.log" &&

@@ -98,6 +98,8 @@ struct GemmMode {
   bool ns_bf16 = false;
   // Attention forward of 64+ queries on the tensor-core flash kernel (head_dim 64 and 128).
   bool attn_flash = false;
+  // With ns_bf16: Newton-Schulz's iterates in bf16 too (ZAYA_NS_BF16_ITERATES).
+  bool ns_bf16_iterates = false;
 };
 inline std::vector<GemmMode> gemm_modes() {
   return {{"bf16", true, false, kTolBf16}, {"fp32", false, false, kTolF32}, {"tiled_fp32", false, true, kTolF32}};
@@ -116,6 +118,7 @@ inline std::unique_ptr<Backend> make_gpu(const GemmMode& m) {
   o.moe_device_grouped = m.moe_grouped;
   o.newton_schulz_bf16 = m.ns_bf16;
   o.attention_flash_tc = m.attn_flash;
+  o.newton_schulz_bf16_iterates = m.ns_bf16_iterates;
   return make_cuda_backend(o);
 }
 

@@ -329,6 +329,7 @@ TEST(GpuTraining, FiftyStepsMatchCpu) {
   ASSERT_LT(ref.back(), ref.front()) << "the CPU run itself should learn the pattern";
   std::vector<GemmMode> modes = gemm_modes();
   modes.push_back({"bf16_ns_bf16", true, false, kTolBf16, false, true});  // the backend's defaults
+  modes.push_back({"bf16_ns_bf16_iterates", true, false, kTolBf16, false, true, false, true});
   for (const GemmMode& mode : modes) {
     auto gpu = make_gpu(mode);
     std::vector<float> gpu_params;

@@ -1,9 +1,9 @@
 // Newton-Schulz with bf16 GEMM operands (CudaBackendOptions::newton_schulz_bf16, the spec's C.4
-// proposal) against the exact algorithm. bf16 operands move the result 2-3% from fp32 in the
+// proposal), with fp32 or bf16 iterates (newton_schulz_bf16_iterates), against the exact algorithm. bf16 operands move the result 2-3% from fp32 in the
 // Frobenius norm (bench/ns_bf16_study), and two correct bf16 runs that differ only in summation
 // order differ by up to 1.6%, so an element-wise comparison with the fp32 CPU cannot hold. The
 // test instead emulates the same arithmetic on the host (operands rounded to bf16, sums in
-// double, fp32 iterates) and requires the GPU's distance from the fp32 result to be at most
+// double, the iterates fp32 or rounded to bf16 after each product) and requires the GPU's distance from the fp32 result to be at most
 // twice the emulation's, and its distance from the emulation to be less than the emulation's
 // from fp32: a GPU that lost a term or mis-scaled a product lands O(1) away.
 
@@ -34,30 +34,44 @@ Matrix bf16_gemm(int64_t M, int64_t N, int64_t K, float alpha, const Matrix& A, 
   return c;
 }
 
-// Newton-Schulz of one wide matrix [r, c] (r <= c) with bf16 operands and fp32 iterates.
-Matrix bf16_newton_schulz(Matrix x, int64_t r, int64_t c, int steps) {
+Matrix rounded(Matrix m) {
+  for (float& v : m) v = round_bf16(v);
+  return m;
+}
+
+// Newton-Schulz of one wide matrix [r, c] (r <= c) with bf16 operands, and fp32 iterates or
+// (bf16_iterates) each product's result rounded to bf16, as the GPU stores it.
+Matrix bf16_newton_schulz(Matrix x, int64_t r, int64_t c, int steps, bool bf16_iterates) {
   const float a = 3.4445f, b = -4.7750f, cc = 2.0315f;
+  const auto stored = [&](Matrix m) { return bf16_iterates ? rounded(std::move(m)) : m; };
   double ss = 0;
   for (float v : x) ss += double(v) * v;
   const float inv = float(1.0 / (std::sqrt(ss) + 1e-7));
   for (float& v : x) v *= inv;
+  x = stored(x);
   for (int s = 0; s < steps; ++s) {
-    const Matrix A = bf16_gemm(r, r, c, 1.0f, x, x, true, 0.0f, {});
-    const Matrix B = bf16_gemm(r, r, r, cc, A, A, false, b, A);
-    x = bf16_gemm(r, c, r, 1.0f, B, x, false, a, x);
+    const Matrix A = stored(bf16_gemm(r, r, c, 1.0f, x, x, true, 0.0f, {}));
+    const Matrix B = stored(bf16_gemm(r, r, r, cc, A, A, false, b, A));
+    x = stored(bf16_gemm(r, c, r, 1.0f, B, x, false, a, x));
   }
   return x;
 }
 
-std::unique_ptr<Backend> make_bf16_ns_gpu(bool portable) {
+struct NsMode {
+  bool portable;       // the tiled GEMM (bf16 iterates then take the fp32-and-round way)
+  bool bf16_iterates;  // CudaBackendOptions::newton_schulz_bf16_iterates
+};
+
+std::unique_ptr<Backend> make_bf16_ns_gpu(const NsMode& mode) {
   CudaBackendOptions o;
   o.bf16_matmul = true;
-  o.portable_gemm = portable;
+  o.portable_gemm = mode.portable;
   o.newton_schulz_bf16 = true;
+  o.newton_schulz_bf16_iterates = mode.bf16_iterates;
   return make_cuda_backend(o);
 }
 
-class GpuNewtonSchulzBf16 : public ::testing::TestWithParam<bool> {  // parameter: the portable GEMM
+class GpuNewtonSchulzBf16 : public ::testing::TestWithParam<NsMode> {
  protected:
   void SetUp() override {
     if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
@@ -68,7 +82,10 @@ class GpuNewtonSchulzBf16 : public ::testing::TestWithParam<bool> {  // paramete
 };
 
 TEST_P(GpuNewtonSchulzBf16, WithinTwiceTheBf16ArithmeticError) {
-  EXPECT_NE(gpu->diagnostics().find("Newton-Schulz bf16"), std::string::npos) << gpu->diagnostics();
+  const NsMode mode = GetParam();
+  EXPECT_NE(gpu->diagnostics().find(mode.bf16_iterates ? "Newton-Schulz bf16 with bf16 iterates" : "Newton-Schulz bf16,"),
+            std::string::npos)
+      << gpu->diagnostics();
   // Wide, tall, square, and batches of three (wide and tall) with one matrix 100x larger.
   struct Case {
     int64_t batch, rows, cols;
@@ -92,7 +109,7 @@ TEST_P(GpuNewtonSchulzBf16, WithinTwiceTheBf16ArithmeticError) {
       if (tall)
         for (int64_t i = 0; i < cs.rows; ++i)
           for (int64_t j = 0; j < cs.cols; ++j) wide[size_t(j * cs.rows + i)] = xm[size_t(i * cs.cols + j)];
-      const Matrix emu_wide = bf16_newton_schulz(wide, r, c, 5);
+      const Matrix emu_wide = bf16_newton_schulz(wide, r, c, 5, mode.bf16_iterates);
       Matrix emu = emu_wide;
       if (tall)
         for (int64_t i = 0; i < cs.rows; ++i)
@@ -110,10 +127,21 @@ TEST_P(GpuNewtonSchulzBf16, WithinTwiceTheBf16ArithmeticError) {
       EXPECT_LT(to_emu, emu_err) << what << ": GPU to emulation " << to_emu << ", emulation to fp32 " << emu_err;
     }
   }
+  // On BLASLt every product of the bf16-iterate mode writes bf16 itself; the tiled GEMM cannot,
+  // so there each one takes the fp32-and-round way.
+  if (mode.bf16_iterates) {
+    const std::string expect = mode.portable ? "(75 GEMMs the fp32 way)" : "(0 GEMMs the fp32 way)";
+    EXPECT_NE(gpu->diagnostics().find(expect), std::string::npos) << gpu->diagnostics();
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Gemm, GpuNewtonSchulzBf16, ::testing::Values(false, true),
-                         [](const auto& info) { return std::string(info.param ? "tiled" : "blaslt"); });
+INSTANTIATE_TEST_SUITE_P(Gemm, GpuNewtonSchulzBf16,
+                         ::testing::Values(NsMode{false, false}, NsMode{true, false}, NsMode{false, true},
+                                           NsMode{true, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.portable ? "tiled" : "blaslt") +
+                                  (info.param.bf16_iterates ? "_bf16_iterates" : "_fp32_iterates");
+                         });
 
 }  // namespace
 }  // namespace zaya

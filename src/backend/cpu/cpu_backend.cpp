@@ -66,9 +66,10 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
       return v != nullptr && std::string(v) == "1";
     };
     o.moe_device_grouped = switched_on("ZAYA_MOE_DEVICE_GROUPED");
-    o.lm_head_tf32x3 = !switched_on("ZAYA_LM_HEAD_EXACT");      // the LM head in exact fp32 GEMMs
-    o.newton_schulz_bf16 = !switched_on("ZAYA_NS_TF32");        // Newton-Schulz on TF32 operands
-    o.attention_flash_tc = switched_on("ZAYA_ATTN_FLASH");      // the tensor-core flash attention
+    o.lm_head_tf32x3 = !switched_on("ZAYA_LM_HEAD_EXACT");                 // the LM head in exact fp32 GEMMs
+    o.newton_schulz_bf16 = !switched_on("ZAYA_NS_TF32");                   // Newton-Schulz on TF32 operands
+    o.newton_schulz_bf16_iterates = switched_on("ZAYA_NS_BF16_ITERATES");  // Newton-Schulz's iterates in bf16
+    o.attention_flash_tc = switched_on("ZAYA_ATTN_FLASH");                 // the tensor-core flash attention
     return make_cuda_backend(o);
 #else
     fail("backend", "zaya was built without CUDA; configure with -DZAYA_CUDA=ON");

@@ -139,7 +139,11 @@ std::string CudaBackend::diagnostics() const {
          (options_.moe_device_grouped && options_.bf16_matmul ? "as device-grouped GEMMs"
                                                               : "per expert from host offsets") +
          (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32") + ", Newton-Schulz " +
-         (newton_schulz_bf16() ? "bf16" : options_.bf16_matmul ? "TF32" : "exact fp32") + ", attention " +
+         (newton_schulz_bf16_iterates() ? "bf16 with bf16 iterates (" + std::to_string(bf16_out_fallbacks_) +
+                                              " GEMMs the fp32 way)"
+          : newton_schulz_bf16()   ? std::string("bf16")
+          : options_.bf16_matmul   ? std::string("TF32")
+                                   : std::string("exact fp32")) + ", attention " +
          (attention_flash_tc_enabled() ? "forward and backward flash on the tensor cores" : "through the GEMM engine") +
          ", " +
          std::to_string(shadows_built_) + " bf16 weight shadows built (" + std::to_string(shadows_.size()) +
@@ -188,6 +192,22 @@ GemmOperand CudaBackend::operand(const float* p, int64_t rows, int64_t cols, int
   holder = DeviceBuffer(this, rows * cols * 2);
   gpu_to_bf16(stream_, p, rows, cols, ld, holder.h());
   return bf16_operand(holder.h(), cols, trans);
+}
+
+void CudaBackend::gemm_bf16_out(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A,
+                                const GemmOperand& B, float beta, const bf16_t* C_in, bf16_t* D, int64_t ldc,
+                                const GemmBatch& batch) {
+  if (gemm_->run_bf16_out(M, N, K, alpha, A, B, beta, C_in, D, ldc, batch)) return;
+  ZAYA_CHECK(ldc == N && (batch.count == 1 || batch.stride_c == M * N),
+             "gemm_bf16_out: the fp32 way needs contiguous outputs");
+  ++bf16_out_fallbacks_;
+  const int64_t n = batch.count * M * N;
+  DeviceBuffer c(this, n * 4);
+  if (beta != 0.0f) gpu_from_bf16(stream_, C_in, n, c.f());
+  GemmBatch b = batch;
+  b.stride_c = M * N;
+  gemm(M, N, K, alpha, A, B, beta, c.f(), N, b);
+  gpu_to_bf16(stream_, c.f(), 1, n, n, D);
 }
 
 GemmOperand CudaBackend::weight_operand(const float* w, int64_t rows, int64_t cols, bool trans, bool bf16,

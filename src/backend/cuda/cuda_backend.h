@@ -147,6 +147,14 @@ class CudaBackend final : public Backend {
                  GemmCompute compute = GemmCompute::Exact) {
     gemm_->run_into(M, N, K, alpha, A, B, beta, C_in, D, ldc, batch, compute);
   }
+  // The same with bf16 C_in and D (GpuGemm::run_bf16_out; C_in may equal D, or be null when
+  // beta is 0). Where the engine cannot (the tiled kernel, or no BLASLt algorithm), it widens
+  // C_in, runs the fp32 GEMM and rounds the result to bf16: the same arithmetic up to
+  // summation order. That way needs contiguous outputs (ldc == N, stride_c == M * N).
+  void gemm_bf16_out(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
+                     float beta, const bf16_t* C_in, bf16_t* D, int64_t ldc, const GemmBatch& batch = {});
+  // GEMMs gemm_bf16_out ran the fp32 way (expected 0 on a BLASLt engine).
+  int64_t bf16_out_fallbacks() const { return bf16_out_fallbacks_; }
   // A single GEMM, then C[m, n] += bias[n] (bias may be null): the BLASLt bias epilogue.
   void gemm_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
                  float* C, int64_t ldc, const float* bias, GemmCompute compute = GemmCompute::Exact) {
@@ -164,8 +172,10 @@ class CudaBackend final : public Backend {
   bool lm_head_tf32x3() const;
   bool bf16_matmul() const { return options_.bf16_matmul; }
   bool moe_device_grouped() const { return options_.moe_device_grouped; }
-  // Whether Newton-Schulz takes bf16 GEMM operands (asked for, under the bf16 policy).
+  // Whether Newton-Schulz takes bf16 GEMM operands (asked for, under the bf16 policy), and
+  // whether its iterates are bf16 as well (asked for, with bf16 operands).
   bool newton_schulz_bf16() const { return options_.newton_schulz_bf16 && options_.bf16_matmul; }
+  bool newton_schulz_bf16_iterates() const { return newton_schulz_bf16() && options_.newton_schulz_bf16_iterates; }
   // Whether the grouped GEMMs take their bf16 WMMA path (CUDA, sm_80 and newer, not asked for the
   // portable kernels; decided once at start).
   bool wmma() const { return wmma_; }
@@ -200,6 +210,7 @@ class CudaBackend final : public Backend {
   int64_t reserved_bytes_ = 0, peak_reserved_bytes_ = 0;  // device memory held by the pool
   gpuStream_t stream_ = nullptr;
   std::unique_ptr<GpuGemm> gemm_;
+  int64_t bf16_out_fallbacks_ = 0;
   std::unordered_map<void*, int64_t> live_;  // pool block -> its size in bytes
   // bf16 copies of frozen weight matrices, by the weights' address (set_weights_frozen).
   struct WeightShadow {
@@ -232,6 +243,8 @@ void gpu_column_sums(CudaBackend& be, int64_t rows, int64_t dim, float* out, con
                      const float* b, const float* c, const float* v, const float* rv);
 // dst[r*cols + j] = bf16(src[r*ld + j]).
 void gpu_to_bf16(gpuStream_t s, const float* src, int64_t rows, int64_t cols, int64_t ld, bf16_t* dst);
+// dst[i] = float(src[i]) for i < n.
+void gpu_from_bf16(gpuStream_t s, const bf16_t* src, int64_t n, float* dst);
 void gpu_fill(gpuStream_t s, float* dst, float value, int64_t n);
 // Sum of squares of x[0..n) in double, left on the device in *out (deterministic).
 void gpu_sum_squares(CudaBackend& be, const float* x, int64_t n, double* out);

@@ -42,6 +42,13 @@ struct CudaBackendOptions {
   // false: TF32 (fp32 operands on the tensor cores; within 1e-2 of fp32 per element);
   // make_backend sets it when the environment has ZAYA_NS_TF32=1.
   bool newton_schulz_bf16 = true;
+  // true (with newton_schulz_bf16): the iterates X, A and B are bf16 as well: each product
+  // writes its bf16 result directly (cuBLASLt bf16 C and D) and reads the b A and a X terms in
+  // bf16, as PyTorch's Muon runs it, so no operand is packed per iteration. On the host it is
+  // nearer fp32 than fp32 iterates with bf16 operands (1.2-1.8% against 2.0-3.3% in the
+  // Frobenius norm, bench/ns_bf16_study); make_backend sets it when the environment has
+  // ZAYA_NS_BF16_ITERATES=1.
+  bool newton_schulz_bf16_iterates = false;
   // Most bytes of bf16 weight shadows (Backend::set_weights_frozen) held at once; past it, a
   // weight matrix is converted per call as when not frozen. -1: half the device memory free
   // (including the pool's cached blocks) when the weights are frozen.

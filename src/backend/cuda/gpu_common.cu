@@ -56,6 +56,11 @@ __global__ void k_to_bf16(const float* src, int64_t rows, int64_t cols, int64_t 
       dst[r * cols + j] = f32_to_bf16(src[r * ld + j]);
 }
 
+__global__ void k_from_bf16(const bf16_t* src, int64_t n, float* dst) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = bf16_to_f32(src[i]);
+}
+
 __global__ void k_fill(float* dst, float value, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = value;
@@ -118,6 +123,12 @@ void gpu_to_bf16(gpuStream_t s, const float* src, int64_t rows, int64_t cols, in
   const int64_t col_blocks = (cols + kGpuThreads - 1) / kGpuThreads;
   const dim3 grid(unsigned(col_blocks < 64 ? col_blocks : 64), unsigned(rows < 65535 ? rows : 65535));
   k_to_bf16<<<grid, kGpuThreads, 0, s>>>(src, rows, cols, ld, dst);
+  GPU_LAUNCH_CHECK();
+}
+
+void gpu_from_bf16(gpuStream_t s, const bf16_t* src, int64_t n, float* dst) {
+  if (n <= 0) return;
+  k_from_bf16<<<gpu_blocks(n), kGpuThreads, 0, s>>>(src, n, dst);
   GPU_LAUNCH_CHECK();
 }
 

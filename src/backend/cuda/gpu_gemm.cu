@@ -67,14 +67,14 @@ gpuBlasLtMatrixLayout_t make_layout(GemmType type, uint64_t rows, uint64_t cols,
 }
 
 void make_layouts(Layouts& out, int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B,
-                  int64_t ldc, const GemmBatch& batch) {
+                  int64_t ldc, const GemmBatch& batch, GemmType c_type) {
   // Our B stored [N,K] (trans) is column-major K x N: transposed. Stored [K,N]: N x K as is.
   const uint64_t l_rows = uint64_t(B.trans ? K : N), l_cols = uint64_t(B.trans ? N : K);
   // Our A stored [M,K] is column-major K x M as is; stored [K,M] (trans): M x K, transposed.
   const uint64_t r_rows = uint64_t(A.trans ? M : K), r_cols = uint64_t(A.trans ? K : M);
   out.l = make_layout(B.type, l_rows, l_cols, B.ld, batch.count, batch.stride_b, "layout B");
   out.r = make_layout(A.type, r_rows, r_cols, A.ld, batch.count, batch.stride_a, "layout A");
-  out.c = make_layout(GemmType::F32, uint64_t(N), uint64_t(M), ldc, batch.count, batch.stride_c, "layout C");
+  out.c = make_layout(c_type, uint64_t(N), uint64_t(M), ldc, batch.count, batch.stride_c, "layout C");
 }
 #endif
 
@@ -175,6 +175,17 @@ void GpuGemm::run_into(int64_t M, int64_t N, int64_t K, float alpha, const GemmO
   run(M, N, K, alpha, A, B, beta, D, ldc, batch, compute);
 }
 
+bool GpuGemm::run_bf16_out(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
+                           float beta, const uint16_t* C_in, uint16_t* D, int64_t ldc, const GemmBatch& batch) {
+  ZAYA_CHECK(A.type == B.type, "gemm: operand types differ");
+  ZAYA_CHECK(batch.count >= 1, "gemm: batch count must be >= 1");
+  if (M <= 0 || N <= 0) return true;
+  if (!handle_ || K <= 0) return false;
+  const void* c_in = beta == 0.0f || C_in == D ? nullptr : C_in;  // nullptr: C is D itself
+  return run_blaslt(M, N, K, alpha, A, B, beta, D, ldc, batch, GemmCompute::Exact, GemmShape::Fixed, nullptr, c_in,
+                    GemmType::BF16);
+}
+
 void GpuGemm::run_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
                        float beta, float* C, int64_t ldc, const float* bias, GemmCompute compute) {
   if (!bias) return run(M, N, K, alpha, A, B, beta, C, ldc, {}, compute);
@@ -192,15 +203,15 @@ void GpuGemm::run_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmO
 }
 
 GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B,
-                                 const float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute,
-                                 GemmShape shape, const float* bias) {
+                                 const void* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute,
+                                 GemmShape shape, const float* bias, GemmType c_type) {
 #if defined(ZAYA_GPU_BLASLT)
   const int64_t pm = shape == GemmShape::RaggedM ? ragged_bound(M) : M;
   const int64_t pk = shape == GemmShape::RaggedK ? ragged_bound(K) : K;
   const uint32_t al_l = alignment_of(B.ptr), al_r = alignment_of(A.ptr), al_c = alignment_of(C);
   std::vector<int64_t> key = {pm, N, pk, int64_t(A.type), A.ld, A.trans, B.ld, B.trans, ldc, al_l, al_r, al_c,
                               batch.count, batch.stride_a, batch.stride_b, batch.stride_c, int64_t(compute),
-                              int64_t(shape), bias ? int64_t(alignment_of(bias)) : 0};
+                              int64_t(shape), bias ? int64_t(alignment_of(bias)) : 0, int64_t(c_type)};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   // Shapes outside the few dozen a step repeats (ragged ones included) could still grow the
@@ -234,7 +245,7 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
     blas_check(gpuBlasLtMatmulDescSetAttribute(plan->desc, GPU_BLASLT_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                "bias pointer");
   }
-  make_layouts(plan->lay, pm, N, pk, A, B, ldc, batch);
+  make_layouts(plan->lay, pm, N, pk, A, B, ldc, batch, c_type);
   gpuBlasLtPreference_t pref = nullptr;
   blas_check(gpuBlasLtPreferenceCreate(&pref), "preference");
   uint64_t ws = uint64_t(workspace_bytes_);
@@ -257,19 +268,19 @@ GpuGemm::Plan* GpuGemm::plan_for(int64_t M, int64_t N, int64_t K, const GemmOper
   return plan;
 #else
   (void)M, (void)N, (void)K, (void)A, (void)B, (void)C, (void)ldc, (void)batch, (void)compute, (void)shape;
-  (void)bias;
+  (void)bias, (void)c_type;
   return nullptr;
 #endif
 }
 
 bool GpuGemm::run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
-                         float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute,
-                         GemmShape shape, const float* bias, const float* c_in) {
+                         float beta, void* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute,
+                         GemmShape shape, const float* bias, const void* c_in, GemmType c_type) {
 #if defined(ZAYA_GPU_BLASLT)
   // The plan promises the heuristic the alignment of C and D: the less aligned of the two.
-  const float* c_read = c_in ? c_in : C;
-  const float* c_align = alignment_of(c_read) < alignment_of(C) ? c_read : C;
-  Plan* plan = plan_for(M, N, K, A, B, c_align, ldc, batch, compute, shape, bias);
+  const void* c_read = c_in ? c_in : C;
+  const void* c_align = alignment_of(c_read) < alignment_of(C) ? c_read : C;
+  Plan* plan = plan_for(M, N, K, A, B, c_align, ldc, batch, compute, shape, bias, c_type);
   if (!plan->found) return false;  // no algorithm for this shape/alignment: the caller uses the tiled kernel
   auto handle = static_cast<gpuBlasLtHandle_t>(handle_);
   if (bias)  // this call's vector (the plan is shared by every bias of its key)
@@ -286,16 +297,16 @@ bool GpuGemm::run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const Gem
   // Ragged: the bound's algorithm on layouts of the actual shape. Should the library refuse it
   // for this shape, an exact plan serves (and the refusal is counted).
   Layouts lay;
-  make_layouts(lay, M, N, K, A, B, ldc, batch);
+  make_layouts(lay, M, N, K, A, B, ldc, batch, c_type);
   const gpuBlasStatus_t st = gpuBlasLtMatmul(handle, plan->desc, &alpha, B.ptr, lay.l, A.ptr, lay.r, &beta, c_read,
                                              lay.c, C, lay.c, &plan->result.algo, workspace_,
                                              size_t(workspace_bytes_), stream_);
   if (st == GPU_BLAS_SUCCESS) return true;
   ++ragged_fallbacks_;
-  return run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, batch, compute, GemmShape::Fixed, bias, c_in);
+  return run_blaslt(M, N, K, alpha, A, B, beta, C, ldc, batch, compute, GemmShape::Fixed, bias, c_in, c_type);
 #else
   (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)B, (void)beta, (void)C, (void)ldc, (void)batch, (void)compute;
-  (void)shape, (void)bias, (void)c_in;
+  (void)shape, (void)bias, (void)c_in, (void)c_type;
   return false;
 #endif
 }

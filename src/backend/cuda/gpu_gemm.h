@@ -1,5 +1,6 @@
 // The GPU backend's one internal GEMM: row-major C[M,N] = alpha * op(A) op(B) + beta * C
-// (+ a bias on every row) with fp32 or bf16 operands, fp32 accumulation and an fp32 C. cuBLASLt on CUDA, hipBLASLt on HIP
+// (+ a bias on every row) with fp32 or bf16 operands, fp32 accumulation and an fp32 C (or, on
+// a BLASLt engine, a bf16 C: run_bf16_out). cuBLASLt on CUDA, hipBLASLt on HIP
 // when found (ZAYA_HAVE_HIPBLASLT), otherwise (or when asked, `portable`) our own tiled kernel.
 // beta == 0 never reads C (outputs may hold NaN poison).
 #pragma once
@@ -93,6 +94,13 @@ class GpuGemm {
   void run_into(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B, float beta,
                 const float* C_in, float* D, int64_t ldc, const GemmBatch& batch = {},
                 GemmCompute compute = GemmCompute::Exact);
+  // D = alpha op(A) op(B) + beta * C_in with bf16 C_in and D (raw bf16 storage): fp32
+  // accumulation and scaling, D rounded to bf16 once. C_in may equal D, and is not read when
+  // beta is 0 (nullptr allowed). BLASLt only: returns false, having done nothing, when there is
+  // no BLASLt engine, K is 0 or the library has no algorithm for the problem, and the caller
+  // then computes it another way.
+  bool run_bf16_out(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
+                    float beta, const uint16_t* C_in, uint16_t* D, int64_t ldc, const GemmBatch& batch = {});
   // "cublaslt", "hipblaslt" or "tiled".
   const char* engine() const;
   // Plans built so far (cache misses) and the host seconds spent building them (descriptors and
@@ -109,16 +117,18 @@ class GpuGemm {
 
  private:
   // bias: the epilogue's bias vector (nullptr: none). c_in: where beta * C is read from
-  // (nullptr: C itself; else a distinct matrix of C's layout).
+  // (nullptr: C itself; else a distinct matrix of C's layout). c_type: the type of C and c_in
+  // (fp32 unless run_bf16_out).
   bool run_blaslt(int64_t M, int64_t N, int64_t K, float alpha, const GemmOperand& A, const GemmOperand& B,
-                  float beta, float* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape,
-                  const float* bias = nullptr, const float* c_in = nullptr);
+                  float beta, void* C, int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape,
+                  const float* bias = nullptr, const void* c_in = nullptr, GemmType c_type = GemmType::F32);
   // BLASLt descriptors, layouts and the chosen algorithm of each problem shape (with operand
   // alignments and batch), built and queried once: a training step repeats a few dozen shapes.
   // A ragged plan is built for ragged_bound() of its ragged dimension (M or K).
   struct Plan;
-  Plan* plan_for(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, const float* C,
-                 int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape, const float* bias);
+  Plan* plan_for(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, const void* C,
+                 int64_t ldc, const GemmBatch& batch, GemmCompute compute, GemmShape shape, const float* bias,
+                 GemmType c_type);
   std::map<std::vector<int64_t>, Plan*> plans_;
   int64_t plans_built_ = 0;
   double plan_seconds_ = 0;

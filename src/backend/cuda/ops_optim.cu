@@ -5,7 +5,8 @@
 // one call per iteration product for the whole [E, rows, cols] tensor, reading the b A and a X
 // terms as C inputs (GpuGemm::run_into) rather than copying them, and writing the last iterate
 // into the caller's buffer. Under the bf16 policy its operands are bf16 (spec C.4; fp32
-// iterates), or TF32 when CudaBackendOptions::newton_schulz_bf16 is off; exact fp32 otherwise.
+// iterates, or bf16 ones with CudaBackendOptions::newton_schulz_bf16_iterates), or TF32 when
+// CudaBackendOptions::newton_schulz_bf16 is off; exact fp32 otherwise.
 #include <algorithm>
 #include <cmath>
 
@@ -18,14 +19,47 @@ namespace {
 constexpr float kNsA = 3.4445f, kNsB = -4.7750f, kNsC = 2.0315f;
 constexpr double kNsNormEps = 1e-7;
 
+__device__ inline void ns_store(float* p, float v) { *p = v; }
+__device__ inline void ns_store(bf16_t* p, float v) { *p = f32_to_bf16(v); }
+
 // X_m = x_m / (||x_m||_F + eps) for each matrix m of the batch (blockIdx.y strides over them; no
-// per-element division).
-__global__ void k_ns_init(const float* x, const double* ssq, float* X, int64_t batch, int64_t n) {
+// per-element division), stored fp32 or bf16.
+template <typename Out>
+__global__ void k_ns_init(const float* x, const double* ssq, Out* X, int64_t batch, int64_t n) {
   for (int64_t m = blockIdx.y; m < batch; m += gridDim.y) {
     const float inv = float(1.0 / (sqrt(ssq[m]) + kNsNormEps));
     for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x)
-      X[m * n + j] = x[m * n + j] * inv;
+      ns_store(X + m * n + j, x[m * n + j] * inv);
   }
+}
+
+// Newton-Schulz with bf16 iterates (CudaBackendOptions::newton_schulz_bf16_iterates): the
+// normalised input is stored in bf16, and every product writes its bf16 result directly, reading
+// its b A or a X term in bf16 (fp32 accumulation and scaling, one rounding per product). Nothing
+// is packed per iteration; the last iterate is widened into x. Shapes as newton_schulz_batched.
+void ns_with_bf16_iterates(CudaBackend& be, float* x, const double* ssq, int64_t batch, int64_t rows,
+                                 int64_t cols, int steps) {
+  const bool tall = rows > cols;
+  const int64_t r = tall ? cols : rows, n = rows * cols;
+  DeviceBuffer xa(&be, batch * n * 2), xb(&be, batch * n * 2), A(&be, batch * r * r * 2), Bm(&be, batch * r * r * 2);
+  const dim3 grid(std::min(gpu_blocks(n), 4096u), unsigned(std::min<int64_t>(batch, 65535)));
+  k_ns_init<<<grid, kGpuThreads, 0, be.stream()>>>(x, ssq, xa.h(), batch, n);
+  GPU_LAUNCH_CHECK();
+  bf16_t* X = xa.h();
+  bf16_t* Y = xb.h();
+  const GemmBatch bx{batch, n, n, r * r}, ba{batch, r * r, r * r, r * r}, bb_wide{batch, r * r, n, n},
+      bb_tall{batch, n, r * r, n};
+  const GemmOperand a_op = bf16_operand(A.h(), r, false), b_op = bf16_operand(Bm.h(), r, false);
+  for (int s = 0; s < steps; ++s) {
+    const GemmOperand x_op = bf16_operand(X, cols, false), x_t = bf16_operand(X, cols, true);
+    if (tall) be.gemm_bf16_out(r, r, rows, 1.0f, x_t, x_op, 0.0f, nullptr, A.h(), r, bx);  // A = X^T X
+    else be.gemm_bf16_out(r, r, cols, 1.0f, x_op, x_t, 0.0f, nullptr, A.h(), r, bx);       // A = X X^T
+    be.gemm_bf16_out(r, r, r, kNsC, a_op, a_op, kNsB, A.h(), Bm.h(), r, ba);              // B = b A + c A A
+    if (tall) be.gemm_bf16_out(rows, cols, r, 1.0f, x_op, b_op, kNsA, X, Y, cols, bb_tall);  // Y = a X + X B
+    else be.gemm_bf16_out(r, cols, r, 1.0f, b_op, x_op, kNsA, X, Y, cols, bb_wide);          // Y = a X + B X
+    std::swap(X, Y);
+  }
+  gpu_from_bf16(be.stream(), X, batch * n, x);
 }
 
 __global__ void k_muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, int nesterov) {
@@ -73,13 +107,16 @@ void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, i
   // symmetric), only the GEMMs' operand orders change.
   const bool tall = rows > cols;
   const int64_t r = tall ? cols : rows, n = rows * cols;
+  DeviceBuffer ssq(this, batch * 8);
+  for (int64_t i = 0; i < batch; ++i) gpu_sum_squares(*this, x + i * n, n, ssq.d() + i);
+  if (steps > 0 && newton_schulz_bf16_iterates())
+    return ns_with_bf16_iterates(*this, x, ssq.d(), batch, rows, cols, steps);
   const GemmCompute nc = options_.bf16_matmul ? GemmCompute::Tf32 : GemmCompute::Exact;
   const bool bf16 = newton_schulz_bf16();
   // yb holds the middle iterates (none with one step: the last lands in x).
-  DeviceBuffer ssq(this, batch * 8), xb(this, batch * n * 4), yb(this, (steps > 1 ? batch * n : 1) * 4),
+  DeviceBuffer xb(this, batch * n * 4), yb(this, (steps > 1 ? batch * n : 1) * 4),
       A(this, batch * r * r * 4), Bm(this, batch * r * r * 4);
   DeviceBuffer xh, ah, bh;  // bf16 copies of X, A and B (bf16 operands only)
-  for (int64_t i = 0; i < batch; ++i) gpu_sum_squares(*this, x + i * n, n, ssq.d() + i);
   const dim3 grid(std::min(gpu_blocks(n), 4096u), unsigned(std::min<int64_t>(batch, 65535)));
   k_ns_init<<<grid, kGpuThreads, 0, stream_>>>(x, ssq.d(), xb.f(), batch, n);
   GPU_LAUNCH_CHECK();
