@@ -1,14 +1,18 @@
 // Training-step benchmark on the CPU backend, or on the GPU backend with --backend cuda.
 //
-// One training step exactly as the trainer runs it with one micro-batch (global batch = B
-// sequences of T tokens): zero the grads, Model::forward_backward (loss = mean next-token CE,
-// loss_scale = 1 / (B*T)), global grad-norm clip (max norm 1.0), Optimizer::step (Muon with
-// 5 Newton-Schulz steps per matrix / per expert, AdamW for the rest), BiasBalancer::step.
+// One training step exactly as the trainer runs it: zero the grads, Model::forward_backward on
+// each of --micro-batches K (default 1) micro-batches of B sequences of T tokens, the gradients
+// accumulating (loss = mean next-token CE over all K*B*T tokens, loss_scale = 1 / (K*B*T)),
+// global grad-norm clip (max norm 1.0), Optimizer::step (Muon with 5 Newton-Schulz steps per
+// matrix / per expert, AdamW for the rest), BiasBalancer::step on the summed expert counts.
 // zaya-60m preset, random init (seed), random token ids (fixed seed), B=8 T=256 by default.
 // Warm-up steps, then the median over timed steps of: tokens/s, seconds of forward+backward
 // and seconds of the optimizer part (norm + clip + optimizer + balancer).
 // mfu_fwd_bwd is the same FLOPs over the forward+backward time alone (what each data-parallel
 // rank repeats in full; distributed Muon shares the optimizer's Newton-Schulz among the ranks).
+// newton_schulz_flops_per_step counts the optimizer's matmuls, which MFU leaves out;
+// model_share_of_matmul_flops is the model's part of all the step's matmul FLOPs (the most MFU
+// can reach on one rank), matmul_flops_utilisation both together over the step time and peak.
 //
 // MFU = training_flops_per_token(config, T) * tokens/s / sgemm peak. The peak is the median
 // GFLOP/s of a 2048^3 cblas_sgemm on all threads (the 1024^3 measure_sgemm_gflops() figure
@@ -82,7 +86,7 @@ std::vector<int32_t> random_ids(int64_t n, int64_t V, uint64_t seed) {
 struct Args {
   std::string model_dir, preset = "zaya-60m", config_path, backend = "cpu";
   uint64_t seed = 1234, data_seed = 7;
-  int64_t B = 8, T = 256;
+  int64_t B = 8, T = 256, micro_batches = 1;
   int warmup = 2, steps = 7, peak_runs = 7;
   int64_t gemm_n = 2048;
   double lr = 4e-4, clip = 1.0;
@@ -102,6 +106,10 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--seq", a.T, "Tokens per sequence (at least 2)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, std::numeric_limits<int64_t>::max()).description("INT>=2"));
+  app.add_option("--micro-batches", a.micro_batches,
+                 "Micro-batches of --batch sequences accumulated per optimizer step (distinct random tokens)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--warmup", a.warmup, "Untimed steps first")->capture_default_str();
   app.add_option("--steps", a.steps, "Timed steps")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--lr", a.lr, "Learning rate")->capture_default_str();
@@ -158,11 +166,16 @@ int main(int argc, char** argv) try {
   BiasBalancer balancer(layout, bc, tb);
   float* grads = tb.alloc(layout.total);
 
-  const int64_t B = args.B, T = args.T, N = B * T;
-  std::vector<int32_t> ids = random_ids(N, c.vocab_size, args.data_seed);
-  std::vector<int32_t> targets(static_cast<size_t>(N));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) targets[size_t(b * T + t)] = t + 1 < T ? ids[size_t(b * T + t + 1)] : -1;
+  // N: tokens per optimizer step, over K micro-batches of B x T (distinct random tokens each).
+  const int64_t B = args.B, T = args.T, K = args.micro_batches, N = K * B * T;
+  std::vector<std::vector<int32_t>> ids(static_cast<size_t>(K)), targets(static_cast<size_t>(K));
+  for (int64_t m = 0; m < K; ++m) {
+    ids[size_t(m)] = random_ids(B * T, c.vocab_size, args.data_seed + uint64_t(m));
+    targets[size_t(m)].resize(size_t(B * T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        targets[size_t(m)][size_t(b * T + t)] = t + 1 < T ? ids[size_t(m)][size_t(b * T + t + 1)] : -1;
+  }
 
   int64_t muon_mats = int64_t(optim.muon_matrices().size());
   out["config"] = {{"preset", args.preset}, {"layers", c.num_hidden_layers}, {"hidden", c.hidden_size},
@@ -170,10 +183,12 @@ int main(int argc, char** argv) try {
                    {"heads_q", c.num_attention_heads}, {"heads_kv", c.num_key_value_heads},
                    {"head_dim", c.head_dim}, {"router_hidden", c.router_hidden_size},
                    {"params", layout.total}, {"muon_matrices", muon_mats}};
-  out["batch"] = {{"B", B}, {"T", T}, {"tokens_per_step", N}, {"micro_batches", 1}};
-  std::fprintf(stderr, "model %s: %lld params, %lld Muon matrices; batch B=%lld T=%lld (%lld tokens/step)\n",
+  out["batch"] = {{"B", B}, {"T", T}, {"tokens_per_step", N}, {"micro_batches", K}};
+  std::fprintf(stderr,
+               "model %s: %lld params, %lld Muon matrices; batch B=%lld T=%lld x %lld micro-batches (%lld "
+               "tokens/step)\n",
                args.preset.c_str(), (long long)layout.total, (long long)muon_mats, (long long)B, (long long)T,
-               (long long)N);
+               (long long)K, (long long)N);
 
   // --- the step ---
   struct StepTimes {
@@ -184,7 +199,15 @@ int main(int argc, char** argv) try {
     auto t0 = Clock::now();
     tb.phase = "fb.";
     tb.fill(grads, 0.0f, layout.total);
-    StepStats st = model->forward_backward(ids.data(), targets.data(), B, T, grads, 1.0f / float(N));
+    StepStats st;
+    for (int64_t m = 0; m < K; ++m) {  // gradients accumulate; the loss is the mean over all N tokens
+      StepStats mb = model->forward_backward(ids[size_t(m)].data(), targets[size_t(m)].data(), B, T, grads,
+                                             1.0f / float(N));
+      st.loss_sum += mb.loss_sum;
+      st.tokens += mb.tokens;
+      if (st.expert_counts.empty()) st.expert_counts.assign(mb.expert_counts.size(), 0);
+      for (size_t i = 0; i < mb.expert_counts.size(); ++i) st.expert_counts[i] += mb.expert_counts[i];
+    }
     const double t_fb = seconds_since(t0);
     auto t1 = Clock::now();
     tb.phase = "opt.";
@@ -239,12 +262,26 @@ int main(int argc, char** argv) try {
   // while distributed Muon splits the optimizer's Newton-Schulz work across the ranks.
   const double fb_gflops = flops_tok * double(N) / median(fb) * 1e-9;
   out["fwd_bwd_gflops_per_s"] = fb_gflops;
+  // Newton-Schulz's matmuls, which MFU does not count: on one rank they bound MFU at the model's
+  // share of the step's matmul FLOPs, however fast every kernel runs.
+  double ns_flops = 0;
+  for (const MuonMatrix& m : optim.muon_matrices()) ns_flops += newton_schulz_flops(m.rows, m.cols, oc.ns_steps);
+  const double model_flops = flops_tok * double(N);
+  const double model_share = model_flops / (model_flops + ns_flops);
+  out["newton_schulz_flops_per_step"] = ns_flops;
+  out["newton_schulz_gflops_per_s_of_optimizer_time"] = ns_flops / median(opt) * 1e-9;
+  out["model_share_of_matmul_flops"] = model_share;
+
   std::fprintf(stderr,
                "median step %.1f ms = %.0f tok/s (min %.0f, max %.0f); fwd+bwd %.1f ms (%.0f%%), optimizer %.1f ms "
                "(%.0f%%); %.3f GFLOP/token -> %.1f GFLOP/s\n",
                median(tot) * 1e3, tok_s, out["tokens_per_s"]["min"].get<double>(),
                out["tokens_per_s"]["max"].get<double>(), median(fb) * 1e3, 100 * median(fb) / median(tot),
                median(opt) * 1e3, 100 * median(opt) / median(tot), flops_tok * 1e-9, gflops);
+  std::fprintf(stderr,
+               "Newton-Schulz: %.2f TFLOP per step = %.1f GFLOP/s over the optimizer's time; the model is %.1f%% of "
+               "the step's matmul FLOPs, the most MFU can reach with Muon on one rank\n",
+               ns_flops * 1e-12, ns_flops / median(opt) * 1e-9, 100 * model_share);
 
   out["peak_memory_bytes"] = tb.peak_memory_bytes();
   out["backend_diagnostics"] = tb.diagnostics();
@@ -257,6 +294,7 @@ int main(int argc, char** argv) try {
     out["matmul_peak_gflops"] = backend_peak;
     out["mfu"] = gflops / backend_peak;
     out["mfu_fwd_bwd"] = fb_gflops / backend_peak;
+    out["matmul_flops_utilisation"] = (model_flops + ns_flops) / median(tot) * 1e-9 / backend_peak;
     std::fprintf(stderr,
                  "%s matmul peak (8192^3, the ops' precision): %.1f TFLOP/s; MFU %.1f%% (fwd+bwd alone %.1f%%)\n",
                  base->name().c_str(), backend_peak * 1e-3, 100 * gflops / backend_peak,
@@ -272,6 +310,7 @@ int main(int argc, char** argv) try {
                                                                                   std::to_string(args.gemm_n) + "^3";
     out["mfu"] = gflops / peak;
     out["mfu_fwd_bwd"] = fb_gflops / peak;
+    out["matmul_flops_utilisation"] = (model_flops + ns_flops) / median(tot) * 1e-9 / peak;
     std::fprintf(stderr, "sgemm %lld^3: median %.1f GFLOP/s (min %.1f, max %.1f); measure_sgemm_gflops (1024^3) %.1f; "
                          "MFU %.1f%% of %.1f (fwd+bwd alone %.1f%%)\n",
                  (long long)args.gemm_n, g["median"].get<double>(), g["min"].get<double>(), g["max"].get<double>(),

@@ -3,10 +3,11 @@ ZayaForCausalLM on the same GPU, plus torch's bf16 GEMM peak.
 
 The step, as close to zaya's as transformers allows: fp32 master weights, forward and backward
 under torch.autocast(bfloat16) (bf16 matmuls, fp32 accumulation), mean next-token cross-entropy
-over B x T random tokens, global grad-norm clip at 1.0, then one optimizer step (torch's fused
-AdamW for every parameter: transformers has no Muon, and the optimizer is a small part of a step
-of this size). Timed with a device synchronisation after each step; median over --steps after
---warmup. Prints one JSON object on stdout.
+over --micro-batches K (default 1) micro-batches of B x T random tokens whose gradients
+accumulate (each micro-batch's mean loss divided by K), global grad-norm clip at 1.0, then one
+optimizer step (torch's fused AdamW for every parameter: transformers has no Muon, and the
+optimizer is a small part of a step of this size). Timed with a device synchronisation after
+each step; median over --steps after --warmup. Prints one JSON object on stdout.
 
     python3 bench/bench_train_hf.py --config bench/configs/zaya1-base-blocks.json --batch 4 --seq 4096
 """
@@ -42,6 +43,7 @@ def main():
     ap.add_argument("--config", required=True)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--micro-batches", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--attn", default="sdpa")
@@ -66,20 +68,23 @@ def main():
     model = model.to("cuda", dtype=torch.float32).train()
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    B, T = args.batch, args.seq
+    B, T, K = args.batch, args.seq, args.micro_batches
     g = torch.Generator().manual_seed(7)
-    ids = torch.randint(0, config.vocab_size, (B, T), generator=g).cuda()
+    batches = [torch.randint(0, config.vocab_size, (B, T), generator=g).cuda() for _ in range(K)]
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(input_ids=ids, use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                                                 ids[:, 1:].reshape(-1))
-        loss.backward()
+        total = 0.0
+        for ids in batches:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(input_ids=ids, use_cache=False).logits
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                                     ids[:, 1:].reshape(-1)) / K
+            loss.backward()
+            total += loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        return loss
+        return total
 
     torch.cuda.reset_peak_memory_stats()
     for i in range(args.warmup):
@@ -93,17 +98,17 @@ def main():
         loss = step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-        print("step %d: %.1f ms, %.0f tok/s, loss %.4f" % (i + 1, times[-1] * 1e3, B * T / times[-1], float(loss)),
+        print("step %d: %.1f ms, %.0f tok/s, loss %.4f" % (i + 1, times[-1] * 1e3, K * B * T / times[-1], float(loss)),
               file=sys.stderr)
     peak = bf16_peak_tflops()
-    tps = [B * T / t for t in times]
+    tps = [K * B * T / t for t in times]
     out = {
         "engine": "transformers %s ZayaForCausalLM (attention %s, autocast bf16, fused AdamW)"
                   % (transformers.__version__, args.attn),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(),
         "params": params,
-        "batch": {"B": B, "T": T},
+        "batch": {"B": B, "T": T, "micro_batches": K, "tokens_per_step": K * B * T},
         "step_seconds": {"median": statistics.median(times), "min": min(times), "max": max(times)},
         "tokens_per_s": {"median": statistics.median(tps), "min": min(tps), "max": max(tps)},
         "peak_memory_bytes": torch.cuda.max_memory_allocated(),

@@ -26,8 +26,7 @@ double optimizer_cost(const ParamSpec& p, int ns_steps) {
   const ParamRoute r = route_param(p);
   if (r.kind == OptimKind::None) return 0;
   if (r.kind == OptimKind::AdamW) return 10.0 * double(p.numel);
-  const double m = double(std::min(r.rows, r.cols)), n = double(std::max(r.rows, r.cols));
-  const double per_matrix = double(ns_steps) * (4.0 * m * m * n + 2.0 * m * m * m) + 10.0 * m * n;
+  const double per_matrix = newton_schulz_flops(r.rows, r.cols, ns_steps) + 10.0 * double(r.rows * r.cols);
   return double(r.matrices) * per_matrix;
 }
 

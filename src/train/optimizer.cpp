@@ -53,6 +53,11 @@ const char* optim_kind_name(OptimKind k) {
   return "?";
 }
 
+double newton_schulz_flops(int64_t rows, int64_t cols, int ns_steps) {
+  const double m = double(std::min(rows, cols)), n = double(std::max(rows, cols));
+  return double(ns_steps) * (4.0 * m * m * n + 2.0 * m * m * m);
+}
+
 ParamRoute route_param(const ParamSpec& p) {
   ParamRoute r;
   switch (p.kind) {

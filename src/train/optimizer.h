@@ -55,6 +55,10 @@ struct ParamRoute {
 
 // Routing of one tensor by its ParamKind (decision 5). Matrix tensors must be 2-D or 3-D.
 ParamRoute route_param(const ParamSpec& p);
+
+// Matmul FLOPs of Newton-Schulz on one rows x cols matrix: per step A = X X^T (2 m^2 n),
+// A A (2 m^3) and B X (2 m^2 n), with m = min(rows, cols), n = max(rows, cols).
+double newton_schulz_flops(int64_t rows, int64_t cols, int ns_steps);
 // Fixture-style name: "muon", "muon_per_expert" (3-D Matrix), "adamw" or "none".
 std::string route_name(const ParamSpec& p);
 

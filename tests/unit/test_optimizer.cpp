@@ -526,5 +526,14 @@ TEST(Optimizer, NewtonSchulzEdgeCases) {
   }
 }
 
+// The matmul count bench_train reports (and ZeRO-1's bin packing weighs): per iteration
+// X X^T (2 m^2 n), A A (2 m^3) and B X (2 m^2 n) on the wide orientation, m <= n.
+TEST(Optimizer, NewtonSchulzFlopsCountTheThreeProducts) {
+  const double m = 48, n = 80;
+  EXPECT_DOUBLE_EQ(newton_schulz_flops(48, 80, 1), 2 * m * m * n + 2 * m * m * m + 2 * m * m * n);
+  EXPECT_DOUBLE_EQ(newton_schulz_flops(80, 48, 5), 5 * newton_schulz_flops(48, 80, 1));  // tall = wide
+  EXPECT_DOUBLE_EQ(newton_schulz_flops(2048, 2048, 5), 5 * 6.0 * 2048.0 * 2048.0 * 2048.0);
+}
+
 }  // namespace
 }  // namespace zaya
