@@ -25,7 +25,13 @@ inline unsigned gpu_blocks(int64_t n, int threads = kGpuThreads) {
   return unsigned(b);
 }
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
+// A kernel's dynamic shared memory (the launch's third parameter), 128-byte aligned. The host
+// emulation of the GPU (tests/simt) defines its own.
+#if !defined(ZAYA_DYNAMIC_SHARED)
+#define ZAYA_DYNAMIC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(ZAYA_SIMT)
 
 // Round-to-nearest-even float -> bf16 (NaN stays NaN), identical to __float2bfloat16_rn.
 __device__ inline bf16_t f32_to_bf16(float f) {

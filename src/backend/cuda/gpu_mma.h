@@ -14,14 +14,16 @@
 //   B: b[0] = (rows 2 quad, 2 quad + 1, col group)       b[1] = (rows + 8, col group)
 //   C: c[0], c[1] = (row group, cols 2 quad, 2 quad + 1) c[2], c[3] = (row group + 8, same)
 // A register holds the lower-indexed element of its pair in its low 16 bits. CUDA only (HIP
-// keeps the portable kernels); the instructions trap below sm_80, where callers never go.
+// keeps the portable kernels); the instructions trap below sm_80, where callers never go. Under
+// ZAYA_SIMT (the host emulation of tests/simt) the warp-wide instructions are emulated there,
+// from the same layouts as the PTX ISA states them.
 #pragma once
 
 #include <cstdint>
 
 #include "backend/cuda/gpu_device.h"
 
-#if defined(ZAYA_GPU_CUDA) && defined(__CUDACC__)
+#if (defined(ZAYA_GPU_CUDA) && defined(__CUDACC__)) || defined(ZAYA_SIMT)
 
 namespace zaya::mma {
 
@@ -35,6 +37,8 @@ __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const ui
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(ZAYA_SIMT)
+  simt::mma_m16n8k16_bf16(d, a, b);
 #else
   (void)d; (void)a; (void)b;
   __trap();
@@ -83,6 +87,8 @@ __device__ inline void load_b_trans(uint32_t (&b)[2], const bf16_t* tile, int ld
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
                : "=r"(b[0]), "=r"(b[1])
                : "r"(addr));
+#elif defined(ZAYA_SIMT)
+  simt::ldmatrix_trans2(b, tile + (k0 + (lane & 15)) * ld + n0);
 #else
   (void)b; (void)tile; (void)ld; (void)k0; (void)n0; (void)lane;
   __trap();
@@ -102,6 +108,9 @@ __device__ inline void load_a_trans(uint32_t (&a)[4], const bf16_t* tile, int ld
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
                : "r"(addr));
+#elif defined(ZAYA_SIMT)
+  const int which = lane >> 3;
+  simt::ldmatrix_trans4(a, tile + (k0 + (lane & 7) + (which >> 1) * 8) * ld + m0 + (which & 1) * 8);
 #else
   (void)a; (void)tile; (void)ld; (void)m0; (void)k0; (void)lane;
   __trap();
@@ -137,6 +146,8 @@ __device__ inline void cp_async16(void* shared_dst, const void* global_src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global_src) : "memory");
+#elif defined(ZAYA_SIMT)
+  simt::cp_async16(shared_dst, global_src, true);
 #else
   (void)shared_dst; (void)global_src;
   __trap();
@@ -150,6 +161,8 @@ __device__ inline void cp_async16_or_zero(void* shared_dst, const void* global_s
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(shared_dst));
   const int bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(global_src), "r"(bytes) : "memory");
+#elif defined(ZAYA_SIMT)
+  simt::cp_async16(shared_dst, global_src, valid);
 #else
   (void)shared_dst; (void)global_src; (void)valid;
   __trap();
@@ -160,6 +173,8 @@ __device__ inline void cp_async16_or_zero(void* shared_dst, const void* global_s
 __device__ inline void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(ZAYA_SIMT)
+  simt::cp_async_commit();
 #endif
 }
 
@@ -168,6 +183,8 @@ template <int pending>
 __device__ inline void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+#elif defined(ZAYA_SIMT)
+  simt::cp_async_wait(pending);
 #endif
 }
 

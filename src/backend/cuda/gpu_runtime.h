@@ -21,7 +21,11 @@
 
 #include "core/error.h"
 
-#if defined(ZAYA_HIP) || defined(__HIP_PLATFORM_AMD__)
+#if defined(ZAYA_SIMT)
+// The host emulation of the GPU (tests/simt/simt_runtime.h): kernels compiled as plain C++ and
+// run by fibers on the CPU, so that tests check them without a GPU. No runtime, no BLASLt.
+#include "simt_runtime.h"
+#elif defined(ZAYA_HIP) || defined(__HIP_PLATFORM_AMD__)
 #define ZAYA_GPU_HIP 1
 #include <hip/hip_runtime.h>
 

@@ -1,7 +1,7 @@
 // Shared by the tensor-core flash attention kernels (ops_attention_flash_tc.cu, forward and
 // row statistics; ops_attention_flash_tc_backward.cu, dQ and dK/dV): the packed bf16 operands
 // they read, their tile sizes, the per-row visibility rule in registers, and the asynchronous
-// staging of packed rows into shared memory. CUDA sm_80+ only.
+// staging of packed rows into shared memory. CUDA sm_80+ (or the host emulation, tests/simt) only.
 //
 // Packed operands: Q, K, V and dO are converted to bf16 once per call into a per-head layout
 // [B, H, rows_pad, dh] (rows_pad a multiple of 64, zero past the real rows), so every tile is
@@ -65,7 +65,7 @@ size_t flash_backward_smem_bytes(int64_t dh);
 // set). head_dim 64 or 128.
 void flash_forward(gpuStream_t s, const FlashParams& p, bool lse_only);
 
-#if defined(ZAYA_GPU_CUDA) && defined(__CUDACC__)
+#if (defined(ZAYA_GPU_CUDA) && defined(__CUDACC__)) || defined(ZAYA_SIMT)
 
 // What one query row may see, held in registers: key s is visible iff seg <= s <= pos and,
 // with a window, pos - s < window. Rows past the chunk (t >= T) get pos = -1 and see nothing.

@@ -1,0 +1,344 @@
+// The fiber scheduler and the warp-wide instructions of the host GPU emulation (simt_runtime.h).
+// Each thread of a block is a ucontext fiber with its own stack; one scheduler loop resumes, in
+// thread order, every fiber that is not waiting, until all have exited. A fiber waits at a
+// barrier (the block's, or its warp's for a collective) until the barrier's generation moves on.
+// Collective deposits are double-buffered by the barrier's generation: a lane can only overwrite
+// a slot after every lane has passed the next barrier, so after it has read the slot.
+#include "simt_runtime.h"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define ZAYA_SIMT_ASAN 1
+#endif
+
+namespace zaya::simt {
+
+namespace {
+
+constexpr size_t kStackBytes = size_t(256) << 10;
+constexpr size_t kMaxDeposit = 32;
+
+struct Barrier {
+  int arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct PendingCopy {
+  void* dst = nullptr;
+  unsigned char bytes[16] = {};
+};
+
+struct Fiber {
+  ucontext_t ctx{};
+  std::unique_ptr<unsigned char[]> stack;
+  dim3 tid;
+  int linear = 0;
+  bool done = false;
+  const uint64_t* wait_generation = nullptr;  // waiting while *wait_generation == wait_value
+  uint64_t wait_value = 0;
+  std::vector<PendingCopy> open_group;
+  std::vector<std::vector<PendingCopy>> committed;
+#if defined(ZAYA_SIMT_ASAN)
+  void* fake_stack = nullptr;
+#endif
+};
+
+struct WarpState {
+  Barrier barrier;
+  Collective kind[2][32] = {};
+  unsigned char slots[2][32][kMaxDeposit] = {};
+};
+
+struct Block {
+  dim3 grid, dim, idx;
+  std::vector<unsigned char> smem;
+  std::vector<Fiber> fibers;
+  std::vector<WarpState> warps;
+  Barrier barrier;
+  int exited = 0;
+  const std::function<void()>* kernel = nullptr;
+};
+
+Schedule g_schedule;
+Block* g_block = nullptr;
+Fiber* g_current = nullptr;
+ucontext_t g_scheduler;
+#if defined(ZAYA_SIMT_ASAN)
+void* g_scheduler_fake_stack = nullptr;
+const void* g_scheduler_stack_bottom = nullptr;
+size_t g_scheduler_stack_size = 0;
+#endif
+
+Fiber& current() {
+  if (!g_current) fail("simt", "a GPU builtin was called outside simt::launch");
+  return *g_current;
+}
+
+// From a fiber back to the scheduler (ended: the fiber has exited and is never resumed).
+void to_scheduler(bool ended) {
+  Fiber& f = current();
+#if defined(ZAYA_SIMT_ASAN)
+  __sanitizer_start_switch_fiber(ended ? nullptr : &f.fake_stack, g_scheduler_stack_bottom, g_scheduler_stack_size);
+#endif
+  if (ended) {
+    setcontext(&g_scheduler);
+  } else {
+    swapcontext(&f.ctx, &g_scheduler);
+#if defined(ZAYA_SIMT_ASAN)
+    __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
+#endif
+  }
+}
+
+void wait_at(Barrier& b, int expected) {
+  const uint64_t generation = b.generation;
+  if (++b.arrived >= expected) {
+    b.arrived = 0;
+    ++b.generation;
+    return;
+  }
+  Fiber& f = current();
+  f.wait_generation = &b.generation;
+  f.wait_value = generation;
+  to_scheduler(false);
+}
+
+// Threads that exited count as arrived at the block barrier (as on the hardware).
+void release_block_barrier_if_complete() {
+  Block& blk = *g_block;
+  const int live = int(blk.fibers.size()) - blk.exited;
+  if (blk.barrier.arrived > 0 && blk.barrier.arrived >= live) {
+    blk.barrier.arrived = 0;
+    ++blk.barrier.generation;
+  }
+}
+
+void fiber_entry() {
+#if defined(ZAYA_SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &g_scheduler_stack_bottom, &g_scheduler_stack_size);
+#endif
+  (*g_block->kernel)();
+  Fiber& f = current();
+  f.done = true;
+  ++g_block->exited;
+  release_block_barrier_if_complete();
+  to_scheduler(true);
+}
+
+void resume(Fiber& f) {
+  g_current = &f;
+#if defined(ZAYA_SIMT_ASAN)
+  __sanitizer_start_switch_fiber(&g_scheduler_fake_stack, f.stack.get(), kStackBytes);
+#endif
+  swapcontext(&g_scheduler, &f.ctx);
+#if defined(ZAYA_SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(g_scheduler_fake_stack, nullptr, nullptr);
+#endif
+  g_current = nullptr;
+}
+
+void run_block(Block& blk) {
+  const int threads = int(blk.dim.x * blk.dim.y * blk.dim.z);
+  for (int t = 0; t < threads; ++t) {
+    Fiber& f = blk.fibers[size_t(t)];
+    f.tid = dim3(unsigned(t) % blk.dim.x, unsigned(t) / blk.dim.x % blk.dim.y, unsigned(t) / (blk.dim.x * blk.dim.y));
+    f.linear = t;
+    f.done = false;
+    f.wait_generation = nullptr;
+    f.open_group.clear();
+    f.committed.clear();
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_entry, 0);
+  }
+  blk.exited = 0;
+  blk.barrier = Barrier{};
+  for (WarpState& w : blk.warps) w.barrier = Barrier{};
+  const auto runnable = [](const Fiber& f) {
+    return !f.done && !(f.wait_generation && *f.wait_generation == f.wait_value);
+  };
+  for (;;) {
+    bool progress = false;
+    int alive = 0;
+    if (g_schedule.round_robin) {
+      for (Fiber& f : blk.fibers) {
+        if (f.done) continue;
+        ++alive;
+        if (!runnable(f)) continue;
+        f.wait_generation = nullptr;
+        resume(f);
+        progress = true;
+      }
+    } else {
+      for (Fiber& f : blk.fibers) alive += f.done ? 0 : 1;
+      for (Fiber& f : blk.fibers)
+        if (runnable(f)) {
+          f.wait_generation = nullptr;
+          resume(f);
+          progress = true;
+          break;
+        }
+    }
+    if (alive == 0) return;
+    if (!progress)
+      fail("simt", "block (" + std::to_string(blk.idx.x) + ", " + std::to_string(blk.idx.y) + ", " +
+                       std::to_string(blk.idx.z) + "): " + std::to_string(alive) +
+                       " threads wait at a barrier or a warp-wide instruction that the others never reach");
+  }
+}
+
+float bf16_value(uint32_t pair, bool high) {
+  const uint32_t bits = high ? (pair & 0xffff0000u) : (pair << 16);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+const dim3& thread_idx() { return current().tid; }
+const dim3& block_idx() { return g_block->idx; }
+const dim3& block_dim() { return g_block->dim; }
+const dim3& grid_dim() { return g_block->grid; }
+int lane() { return current().linear % 32; }
+unsigned char* dynamic_shared() { return g_block->smem.data(); }
+
+void sync_block() {
+  Block& blk = *g_block;
+  wait_at(blk.barrier, int(blk.fibers.size()) - blk.exited);
+}
+
+void warp_exchange(Collective kind, const void* mine, size_t bytes, void* all) {
+  if (bytes > kMaxDeposit) fail("simt", "warp_exchange: deposit too large");
+  Fiber& f = current();
+  const int warp = f.linear / 32, ln = f.linear % 32;
+  if (size_t(warp) >= g_block->warps.size() || g_block->fibers.size() < size_t(32 * (warp + 1)))
+    fail("simt", "a warp-wide instruction in a block that is not a whole number of warps");
+  WarpState& w = g_block->warps[size_t(warp)];
+  const int slot = int(w.barrier.generation & 1);
+  std::memcpy(w.slots[slot][ln], mine, bytes);
+  w.kind[slot][ln] = kind;
+  wait_at(w.barrier, 32);
+  for (int l = 0; l < 32; ++l) {
+    if (w.kind[slot][l] != kind) {
+      std::fprintf(stderr, "simt: block (%u, %u, %u) warp %d: lanes %d and %d are at different warp-wide instructions\n",
+                   g_block->idx.x, g_block->idx.y, g_block->idx.z, warp, ln, l);
+      std::abort();  // on a fiber stack: no exception can unwind to the caller from here
+    }
+    std::memcpy(static_cast<unsigned char*>(all) + size_t(l) * bytes, w.slots[slot][l], bytes);
+  }
+}
+
+void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  struct Deposit {
+    uint32_t a[4], b[2];
+  };
+  Deposit mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}};
+  Deposit all[32];
+  warp_exchange(Collective::Mma, &mine, sizeof(Deposit), all);
+  // PTX ISA, mma.m16n8k16 (lane = 4 group + quad): A(r, k) is in lane 4 (r % 8) + (k % 8) / 2,
+  // register (r >= 8) + 2 (k >= 8), high half when k is odd; B(k, n) in lane 4 n + (k % 8) / 2,
+  // register k >= 8, high half when k is odd; D(r, c), r = group (+ 8 for d[2], d[3]),
+  // c = 2 quad (+ 1 for d[1], d[3]).
+  const auto A = [&](int r, int k) {
+    return bf16_value(all[4 * (r % 8) + (k % 8) / 2].a[(r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], (k & 1) != 0);
+  };
+  const auto B = [&](int k, int n) { return bf16_value(all[4 * n + (k % 8) / 2].b[k >= 8 ? 1 : 0], (k & 1) != 0); };
+  const int ln = lane(), group = ln / 4, quad = ln % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int r = group + (i >= 2 ? 8 : 0), c = 2 * quad + (i & 1);
+    float s = d[i];
+    for (int k = 0; k < 16; ++k) s += A(r, k) * B(k, c);
+    d[i] = s;
+  }
+}
+
+namespace {
+
+template <int N>
+void ldmatrix_trans(uint32_t (&r)[N], const uint16_t* row, Collective kind) {
+  const uint16_t* all[32];
+  warp_exchange(kind, &row, sizeof(row), all);
+  // Matrix j's row i is at lane 8 j + i's address; transposed, lane (4 group + quad) receives
+  // rows 2 quad and 2 quad + 1 of column group.
+  const int ln = lane(), group = ln / 4, quad = ln % 4;
+  for (int j = 0; j < N; ++j) {
+    const uint16_t lo = all[8 * j + 2 * quad][group], hi = all[8 * j + 2 * quad + 1][group];
+    r[j] = uint32_t(lo) | (uint32_t(hi) << 16);
+  }
+}
+
+}  // namespace
+
+void ldmatrix_trans2(uint32_t (&r)[2], const uint16_t* row) { ldmatrix_trans<2>(r, row, Collective::Ldmatrix2); }
+void ldmatrix_trans4(uint32_t (&r)[4], const uint16_t* row) { ldmatrix_trans<4>(r, row, Collective::Ldmatrix4); }
+
+void set_schedule(const Schedule& s) { g_schedule = s; }
+const Schedule& schedule() { return g_schedule; }
+
+void cp_async16(void* shared_dst, const void* global_src, bool valid) {
+  if (g_schedule.copies_at_issue) {
+    if (valid) std::memcpy(shared_dst, global_src, 16);
+    else std::memset(shared_dst, 0, 16);
+    return;
+  }
+  PendingCopy c;
+  c.dst = shared_dst;
+  if (valid) std::memcpy(c.bytes, global_src, 16);
+  current().open_group.push_back(c);
+}
+
+void cp_async_commit() {
+  Fiber& f = current();
+  f.committed.push_back(std::move(f.open_group));
+  f.open_group.clear();
+}
+
+void cp_async_wait(int pending) {
+  Fiber& f = current();
+  while (int(f.committed.size()) > pending) {
+    for (const PendingCopy& c : f.committed.front()) std::memcpy(c.dst, c.bytes, 16);
+    f.committed.erase(f.committed.begin());
+  }
+}
+
+void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& kernel) {
+  if (g_block) fail("simt", "launch from inside a kernel");
+  const size_t threads = size_t(block.x) * block.y * block.z;
+  if (threads == 0 || threads > 1024) fail("simt", "launch: " + std::to_string(threads) + " threads per block");
+  Block blk;
+  blk.grid = grid;
+  blk.dim = block;
+  blk.kernel = &kernel;
+  blk.fibers.resize(threads);
+  for (Fiber& f : blk.fibers) f.stack.reset(new unsigned char[kStackBytes]);
+  blk.warps.resize(threads / 32);
+  blk.smem.resize(smem_bytes > 0 ? smem_bytes : 1);
+  g_block = &blk;
+  try {
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) {
+          blk.idx = dim3(x, y, z);
+          std::memset(blk.smem.data(), 0xff, blk.smem.size());  // NaN in fp32 and bf16 until written
+          run_block(blk);
+        }
+  } catch (...) {
+    g_block = nullptr;
+    throw;
+  }
+  g_block = nullptr;
+}
+
+}  // namespace zaya::simt
