@@ -140,10 +140,12 @@ step_bench() {
   grep -E "median|MFU|memory|gemm engine|Newton-Schulz:" "$LOGS/bench_train_cuda.log"
   # Four micro-batches per optimizer step (4 x B x T tokens), both engines: Muon's Newton-Schulz
   # (a fixed cost per step) spread over more tokens, as in training with gradient accumulation.
-  [[ -n ${SKIP_HF:-} ]] || PYTHONUNBUFFERED=1 python3 bench/bench_train_hf.py --config $cfg --batch $B --seq $T \
-    --micro-batches 4 --warmup 1 --steps 3 > "$LOGS/bench_train_hf_mb4.json" 2> "$LOGS/bench_train_hf_mb4.log" &&
-    python3 -c "import json; d=json.load(open('$LOGS/bench_train_hf_mb4.json')); print('hf, 4 micro-batches', d['tokens_per_s'])" ||
-    tail -3 "$LOGS/bench_train_hf_mb4.log"
+  if [[ -z ${SKIP_HF:-} ]]; then
+    PYTHONUNBUFFERED=1 python3 bench/bench_train_hf.py --config $cfg --batch $B --seq $T --micro-batches 4 \
+      --warmup 1 --steps 3 > "$LOGS/bench_train_hf_mb4.json" 2> "$LOGS/bench_train_hf_mb4.log" &&
+      python3 -c "import json; d=json.load(open('$LOGS/bench_train_hf_mb4.json')); print('hf, 4 micro-batches', d['tokens_per_s'])" ||
+      tail -3 "$LOGS/bench_train_hf_mb4.log"
+  fi
   "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --micro-batches 4 --warmup 1 --steps 3 \
     > "$LOGS/bench_train_cuda_mb4.json" 2> "$LOGS/bench_train_cuda_mb4.log" &&
     grep -E "median|MFU|Newton-Schulz:" "$LOGS/bench_train_cuda_mb4.log" || tail -3 "$LOGS/bench_train_cuda_mb4.log"

@@ -16,8 +16,14 @@
 #include "core/error.h"
 
 #if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/common_interface_defs.h>
 #define ZAYA_SIMT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ZAYA_SIMT_ASAN 1
+#endif
+#endif
+#if defined(ZAYA_SIMT_ASAN)
+#include <sanitizer/common_interface_defs.h>
 #endif
 
 namespace zaya::simt {
@@ -58,9 +64,15 @@ struct WarpState {
   unsigned char slots[2][32][kMaxDeposit] = {};
 };
 
+// Frees what std::aligned_alloc returned.
+struct AlignedFree {
+  void operator()(unsigned char* p) const { std::free(p); }
+};
+
 struct Block {
   dim3 grid, dim, idx;
-  std::vector<unsigned char> smem;
+  std::unique_ptr<unsigned char[], AlignedFree> smem;  // 128-byte aligned, as the hardware's
+  size_t smem_bytes = 0;
   std::vector<Fiber> fibers;
   std::vector<WarpState> warps;
   Barrier barrier;
@@ -78,9 +90,22 @@ const void* g_scheduler_stack_bottom = nullptr;
 size_t g_scheduler_stack_size = 0;
 #endif
 
+// A kernel's fault, reported from a fiber: no exception can unwind from a fiber's stack to
+// simt::launch's caller, so the run stops here with the reason.
+[[noreturn]] void die(const std::string& why) {
+  std::fprintf(stderr, "simt: %s\n", why.c_str());
+  std::abort();
+}
+
 Fiber& current() {
   if (!g_current) fail("simt", "a GPU builtin was called outside simt::launch");
   return *g_current;
+}
+
+// Whether [p, p + bytes) lies in the running block's shared memory.
+bool in_shared(const void* p, size_t bytes) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  return c >= g_block->smem.get() && c + bytes <= g_block->smem.get() + g_block->smem_bytes;
 }
 
 // From a fiber back to the scheduler (ended: the fiber has exited and is never resumed).
@@ -146,6 +171,16 @@ void resume(Fiber& f) {
   g_current = nullptr;
 }
 
+// A fresh context on the fiber's stack that starts in fiber_entry. Its own function: getcontext
+// returns like setjmp, and no caller's variable should live across it.
+[[gnu::noinline]] void make_fiber_context(Fiber& f) {
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = f.stack.get();
+  f.ctx.uc_stack.ss_size = kStackBytes;
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, fiber_entry, 0);
+}
+
 void run_block(Block& blk) {
   const int threads = int(blk.dim.x * blk.dim.y * blk.dim.z);
   for (int t = 0; t < threads; ++t) {
@@ -156,11 +191,7 @@ void run_block(Block& blk) {
     f.wait_generation = nullptr;
     f.open_group.clear();
     f.committed.clear();
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.get();
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, fiber_entry, 0);
+    make_fiber_context(f);
   }
   blk.exited = 0;
   blk.barrier = Barrier{};
@@ -212,7 +243,7 @@ const dim3& block_idx() { return g_block->idx; }
 const dim3& block_dim() { return g_block->dim; }
 const dim3& grid_dim() { return g_block->grid; }
 int lane() { return current().linear % 32; }
-unsigned char* dynamic_shared() { return g_block->smem.data(); }
+unsigned char* dynamic_shared() { return g_block->smem.get(); }
 
 void sync_block() {
   Block& blk = *g_block;
@@ -220,22 +251,21 @@ void sync_block() {
 }
 
 void warp_exchange(Collective kind, const void* mine, size_t bytes, void* all) {
-  if (bytes > kMaxDeposit) fail("simt", "warp_exchange: deposit too large");
+  if (bytes > kMaxDeposit) die("warp_exchange: deposit too large");
   Fiber& f = current();
   const int warp = f.linear / 32, ln = f.linear % 32;
   if (size_t(warp) >= g_block->warps.size() || g_block->fibers.size() < size_t(32 * (warp + 1)))
-    fail("simt", "a warp-wide instruction in a block that is not a whole number of warps");
+    die("a warp-wide instruction in a block that is not a whole number of warps");
   WarpState& w = g_block->warps[size_t(warp)];
   const int slot = int(w.barrier.generation & 1);
   std::memcpy(w.slots[slot][ln], mine, bytes);
   w.kind[slot][ln] = kind;
   wait_at(w.barrier, 32);
   for (int l = 0; l < 32; ++l) {
-    if (w.kind[slot][l] != kind) {
-      std::fprintf(stderr, "simt: block (%u, %u, %u) warp %d: lanes %d and %d are at different warp-wide instructions\n",
-                   g_block->idx.x, g_block->idx.y, g_block->idx.z, warp, ln, l);
-      std::abort();  // on a fiber stack: no exception can unwind to the caller from here
-    }
+    if (w.kind[slot][l] != kind)
+      die("block (" + std::to_string(g_block->idx.x) + ", " + std::to_string(g_block->idx.y) + ", " +
+          std::to_string(g_block->idx.z) + ") warp " + std::to_string(warp) + ": lanes " + std::to_string(ln) +
+          " and " + std::to_string(l) + " are at different warp-wide instructions");
     std::memcpy(static_cast<unsigned char*>(all) + size_t(l) * bytes, w.slots[slot][l], bytes);
   }
 }
@@ -268,6 +298,8 @@ namespace {
 
 template <int N>
 void ldmatrix_trans(uint32_t (&r)[N], const uint16_t* row, Collective kind) {
+  if (!in_shared(row, 16) || reinterpret_cast<uintptr_t>(row) % 16 != 0)
+    die("ldmatrix: a row address outside shared memory or not 16-byte aligned");
   const uint16_t* all[32];
   warp_exchange(kind, &row, sizeof(row), all);
   // Matrix j's row i is at lane 8 j + i's address; transposed, lane (4 group + quad) receives
@@ -277,6 +309,11 @@ void ldmatrix_trans(uint32_t (&r)[N], const uint16_t* row, Collective kind) {
     const uint16_t lo = all[8 * j + 2 * quad][group], hi = all[8 * j + 2 * quad + 1][group];
     r[j] = uint32_t(lo) | (uint32_t(hi) << 16);
   }
+  // The warp reads shared memory at one moment: no lane goes on (and may store) before every
+  // lane has read.
+  const unsigned char done = 1;
+  unsigned char all_done[32];
+  warp_exchange(kind, &done, 1, all_done);
 }
 
 }  // namespace
@@ -288,6 +325,9 @@ void set_schedule(const Schedule& s) { g_schedule = s; }
 const Schedule& schedule() { return g_schedule; }
 
 void cp_async16(void* shared_dst, const void* global_src, bool valid) {
+  if (!in_shared(shared_dst, 16) || reinterpret_cast<uintptr_t>(shared_dst) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(global_src) % 16 != 0)
+    die("cp.async: a destination outside shared memory, or an address not 16-byte aligned");
   if (g_schedule.copies_at_issue) {
     if (valid) std::memcpy(shared_dst, global_src, 16);
     else std::memset(shared_dst, 0, 16);
@@ -324,14 +364,15 @@ void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()
   blk.fibers.resize(threads);
   for (Fiber& f : blk.fibers) f.stack.reset(new unsigned char[kStackBytes]);
   blk.warps.resize(threads / 32);
-  blk.smem.resize(smem_bytes > 0 ? smem_bytes : 1);
+  blk.smem_bytes = smem_bytes;
+  blk.smem.reset(static_cast<unsigned char*>(std::aligned_alloc(128, (smem_bytes + 127) / 128 * 128 + 128)));
   g_block = &blk;
   try {
     for (unsigned z = 0; z < grid.z; ++z)
       for (unsigned y = 0; y < grid.y; ++y)
         for (unsigned x = 0; x < grid.x; ++x) {
           blk.idx = dim3(x, y, z);
-          std::memset(blk.smem.data(), 0xff, blk.smem.size());  // NaN in fp32 and bf16 until written
+          std::memset(blk.smem.get(), 0xff, blk.smem_bytes);  // NaN in fp32 and bf16 until written
           run_block(blk);
         }
   } catch (...) {

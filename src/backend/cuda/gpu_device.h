@@ -6,6 +6,9 @@
 #include <cstdint>
 
 #include "backend/cuda/gpu_runtime.h"
+#if defined(ZAYA_SIMT)
+#include "core/dtype.h"  // bf16_to_f32 / f32_to_bf16 for the host emulation of the kernels (tests/simt)
+#endif
 
 namespace zaya {
 
@@ -33,6 +36,7 @@ inline unsigned gpu_blocks(int64_t n, int threads = kGpuThreads) {
 
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(ZAYA_SIMT)
 
+#if !defined(ZAYA_SIMT)  // the host emulation has core/dtype.h's (the same rounding)
 // Round-to-nearest-even float -> bf16 (NaN stays NaN), identical to __float2bfloat16_rn.
 __device__ inline bf16_t f32_to_bf16(float f) {
   uint32_t u = __float_as_uint(f);
@@ -42,6 +46,7 @@ __device__ inline bf16_t f32_to_bf16(float f) {
 }
 
 __device__ inline float bf16_to_f32(bf16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+#endif
 
 // Sum over the block; `sh` holds blockDim.x entries; blockDim.x must be a power of two.
 // Every thread gets the result.
