@@ -8,9 +8,12 @@
 #          and 3 ranks sharing the GPU, a 2-rank checkpoint resumed by 3; the CPU tolerances)
 #   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
 #   bench  bench_train (ZAYA1-base-shaped blocks; again with device-grouped MoE GEMMs, with
-#          the LM head in exact fp32, with TF32 Newton-Schulz, and with the tensor-core flash
-#          attention), its transformers peer, bench_decode (batch 1, 16; again
+#          the LM head in exact fp32, with TF32 Newton-Schulz, with the tensor-core flash
+#          attention, with bf16 Newton-Schulz iterates, and with the three opt-in kernels
+#          together), its transformers peer, bench_decode (batch 1, 16; again
 #          with device-grouped MoE GEMMs)
+#   accum  the same step with 4 micro-batches per optimizer step (gradient accumulation), zaya
+#          and its transformers peer
 #   attention  bench_attention (the GEMM path and the tensor-core flash kernels, head_dim 128
 #          and 64, and a sliding window) against torch's scaled_dot_product_attention
 #   kernels  Nsight Compute's time for every kernel of one bench_train step, summed by name
@@ -138,17 +141,6 @@ step_bench() {
     return 1
   fi
   grep -E "median|MFU|memory|gemm engine|Newton-Schulz:" "$LOGS/bench_train_cuda.log"
-  # Four micro-batches per optimizer step (4 x B x T tokens), both engines: Muon's Newton-Schulz
-  # (a fixed cost per step) spread over more tokens, as in training with gradient accumulation.
-  if [[ -z ${SKIP_HF:-} ]]; then
-    PYTHONUNBUFFERED=1 python3 bench/bench_train_hf.py --config $cfg --batch $B --seq $T --micro-batches 4 \
-      --warmup 1 --steps 3 > "$LOGS/bench_train_hf_mb4.json" 2> "$LOGS/bench_train_hf_mb4.log" &&
-      python3 -c "import json; d=json.load(open('$LOGS/bench_train_hf_mb4.json')); print('hf, 4 micro-batches', d['tokens_per_s'])" ||
-      tail -3 "$LOGS/bench_train_hf_mb4.log"
-  fi
-  "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --micro-batches 4 --warmup 1 --steps 3 \
-    > "$LOGS/bench_train_cuda_mb4.json" 2> "$LOGS/bench_train_cuda_mb4.log" &&
-    grep -E "median|MFU|Newton-Schulz:" "$LOGS/bench_train_cuda_mb4.log" || tail -3 "$LOGS/bench_train_cuda_mb4.log"
   # The same step with one setting changed each, against the defaults (docs/benchmarks.md):
   bench_train_variant grouped ZAYA_MOE_DEVICE_GROUPED=1  # the MoE's experts as device-grouped GEMMs
   bench_train_variant exact_head ZAYA_LM_HEAD_EXACT=1    # the LM head in exact fp32, not 3xTF32
@@ -174,6 +166,20 @@ step_bench() {
       --rounds 3 > "$LOGS/bench_decode_grouped_b$b.json" 2> "$LOGS/bench_decode_grouped_b$b.log" &&
       tail -1 "$LOGS/bench_decode_grouped_b$b.log" || tail -3 "$LOGS/bench_decode_grouped_b$b.log"
   done
+}
+step_accum() {
+  # Four micro-batches per optimizer step (4 x B x T tokens), both engines: Muon's Newton-Schulz
+  # (a fixed cost per step) spread over more tokens, as in training with gradient accumulation.
+  local cfg=bench/configs/zaya1-base-blocks.json B=${BENCH_B:-4} T=${BENCH_T:-4096}
+  if [[ -z ${SKIP_HF:-} ]]; then
+    PYTHONUNBUFFERED=1 python3 bench/bench_train_hf.py --config $cfg --batch $B --seq $T --micro-batches 4 \
+      --warmup 1 --steps 3 > "$LOGS/bench_train_hf_mb4.json" 2> "$LOGS/bench_train_hf_mb4.log" &&
+      python3 -c "import json; d=json.load(open('$LOGS/bench_train_hf_mb4.json')); print('hf, 4 micro-batches', d['tokens_per_s'])" ||
+      tail -3 "$LOGS/bench_train_hf_mb4.log"
+  fi
+  "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --micro-batches 4 --warmup 1 --steps 3 \
+    > "$LOGS/bench_train_cuda_mb4.json" 2> "$LOGS/bench_train_cuda_mb4.log" &&
+    grep -E "median|MFU|Newton-Schulz:" "$LOGS/bench_train_cuda_mb4.log" || tail -3 "$LOGS/bench_train_cuda_mb4.log"
 }
 step_attention() {
   local shape i=0
