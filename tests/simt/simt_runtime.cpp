@@ -32,6 +32,7 @@ namespace {
 
 constexpr size_t kStackBytes = size_t(256) << 10;
 constexpr size_t kMaxDeposit = 32;
+constexpr int kWarp = GPU_WARP_SIZE;
 
 struct Barrier {
   int arrived = 0;
@@ -60,8 +61,8 @@ struct Fiber {
 
 struct WarpState {
   Barrier barrier;
-  Collective kind[2][32] = {};
-  unsigned char slots[2][32][kMaxDeposit] = {};
+  Collective kind[2][kWarp] = {};
+  unsigned char slots[2][kWarp][kMaxDeposit] = {};
 };
 
 // Frees what std::aligned_alloc returned.
@@ -242,7 +243,7 @@ const dim3& thread_idx() { return current().tid; }
 const dim3& block_idx() { return g_block->idx; }
 const dim3& block_dim() { return g_block->dim; }
 const dim3& grid_dim() { return g_block->grid; }
-int lane() { return current().linear % 32; }
+int lane() { return current().linear % kWarp; }
 unsigned char* dynamic_shared() { return g_block->smem.get(); }
 
 void sync_block() {
@@ -253,15 +254,15 @@ void sync_block() {
 void warp_exchange(Collective kind, const void* mine, size_t bytes, void* all) {
   if (bytes > kMaxDeposit) die("warp_exchange: deposit too large");
   Fiber& f = current();
-  const int warp = f.linear / 32, ln = f.linear % 32;
-  if (size_t(warp) >= g_block->warps.size() || g_block->fibers.size() < size_t(32 * (warp + 1)))
+  const int warp = f.linear / kWarp, ln = f.linear % kWarp;
+  if (size_t(warp) >= g_block->warps.size() || g_block->fibers.size() < size_t(kWarp * (warp + 1)))
     die("a warp-wide instruction in a block that is not a whole number of warps");
   WarpState& w = g_block->warps[size_t(warp)];
   const int slot = int(w.barrier.generation & 1);
   std::memcpy(w.slots[slot][ln], mine, bytes);
   w.kind[slot][ln] = kind;
-  wait_at(w.barrier, 32);
-  for (int l = 0; l < 32; ++l) {
+  wait_at(w.barrier, kWarp);
+  for (int l = 0; l < kWarp; ++l) {
     if (w.kind[slot][l] != kind)
       die("block (" + std::to_string(g_block->idx.x) + ", " + std::to_string(g_block->idx.y) + ", " +
           std::to_string(g_block->idx.z) + ") warp " + std::to_string(warp) + ": lanes " + std::to_string(ln) +
@@ -274,6 +275,7 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
   struct Deposit {
     uint32_t a[4], b[2];
   };
+  if (kWarp != 32) die("mma.sync in a build whose warps are not 32 lanes");
   Deposit mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}};
   Deposit all[32];
   warp_exchange(Collective::Mma, &mine, sizeof(Deposit), all);
@@ -298,6 +300,7 @@ namespace {
 
 template <int N>
 void ldmatrix_trans(uint32_t (&r)[N], const uint16_t* row, Collective kind) {
+  if (kWarp != 32) die("ldmatrix in a build whose warps are not 32 lanes");
   if (!in_shared(row, 16) || reinterpret_cast<uintptr_t>(row) % 16 != 0)
     die("ldmatrix: a row address outside shared memory or not 16-byte aligned");
   const uint16_t* all[32];
@@ -363,7 +366,7 @@ void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()
   blk.kernel = &kernel;
   blk.fibers.resize(threads);
   for (Fiber& f : blk.fibers) f.stack.reset(new unsigned char[kStackBytes]);
-  blk.warps.resize(threads / 32);
+  blk.warps.resize(threads / kWarp);
   blk.smem_bytes = smem_bytes;
   blk.smem.reset(static_cast<unsigned char*>(std::aligned_alloc(128, (smem_bytes + 127) / 128 * 128 + 128)));
   g_block = &blk;

@@ -44,7 +44,13 @@ inline gpuError_t gpuGetLastError() { return gpuSuccess; }
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-#define GPU_WARP_SIZE 32
+#define __shared__ static  // one instance, shared by the block's fibers (blocks run one at a time)
+// Lanes per warp: 32 (NVIDIA) unless the build asks for 64 (CDNA's wavefronts); the tensor-core
+// instructions exist only for 32.
+#if !defined(ZAYA_SIMT_WARP_SIZE)
+#define ZAYA_SIMT_WARP_SIZE 32
+#endif
+#define GPU_WARP_SIZE ZAYA_SIMT_WARP_SIZE
 
 namespace zaya::simt {
 
@@ -62,16 +68,16 @@ void sync_block();
 // What a warp-wide instruction is, so that lanes meeting at different ones (a divergent warp)
 // are reported rather than mixed.
 enum class Collective { Shuffle, Mma, Ldmatrix2, Ldmatrix4 };
-// Every lane of the calling thread's warp deposits `bytes` (<= 32) bytes; once all 32 have,
-// each lane receives all 32 deposits, lane-major, in `all`.
+// Every lane of the calling thread's warp deposits `bytes` (<= 32) bytes; once all
+// GPU_WARP_SIZE lanes have, each receives all the deposits, lane-major, in `all`.
 void warp_exchange(Collective kind, const void* mine, size_t bytes, void* all);
 
 template <typename T>
 T shfl_xor(T v, int mask) {
   static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
-  T all[32];
+  T all[GPU_WARP_SIZE];
   warp_exchange(Collective::Shuffle, &v, sizeof(T), all);
-  return all[lane() ^ (mask & 31)];
+  return all[lane() ^ (mask & (GPU_WARP_SIZE - 1))];
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: d += A B over the warp's fragments.

@@ -54,7 +54,7 @@ inline AttnParams attn_params(CudaBackend& be, const AttentionArgs& a, int warp_
   return p;
 }
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(ZAYA_SIMT)
 // The queries of one block of the forward and dQ kernels (grid: query tiles, heads, sequences):
 // rows [t_begin, t_begin + kAttnWarps * queries_per_warp) of head h (KV group g) of sequence b,
 // and the keys [s_begin, s_end) that any of them may see.
