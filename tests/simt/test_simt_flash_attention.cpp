@@ -12,10 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
+#include "attention_reference.h"
 #include "backend/cuda/ops_attention_flash_tc_backward_kernels.h"
 #include "backend/cuda/ops_attention_flash_tc_kernels.h"
-#include "test_helpers.h"
 
 namespace zaya {
 namespace {
@@ -24,34 +23,10 @@ using flash_tc::DkvLayout;
 using flash_tc::DqLayout;
 using flash_tc::ForwardLayout;
 
+using simt_test::AttnCase;
+using simt_test::AttnReference;
+
 constexpr double kTol = 1e-2;
-
-struct Case {
-  int64_t B, T, S, Hq, Hkv, dh, window;
-  std::vector<int64_t> pos0;
-  bool segmented;
-};
-
-std::string describe(const Case& c) {
-  return "B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " S " + std::to_string(c.S) + " Hq " +
-         std::to_string(c.Hq) + " Hkv " + std::to_string(c.Hkv) + " dh " + std::to_string(c.dh) + " window " +
-         std::to_string(c.window) + " pos0 " + std::to_string(c.pos0[0]) + (c.segmented ? " segmented" : "");
-}
-
-// Document starts at fixed places (and T - 40 for long chunks): seg[b*T + t] = the latest start <= t.
-std::vector<int32_t> segments(int64_t B, int64_t T) {
-  std::vector<int32_t> starts = {0, 11, 12, 30};
-  if (T > 100) starts.push_back(int32_t(T) - 40);
-  std::vector<int32_t> seg(size_t(B * T));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      int32_t s = 0;
-      for (int32_t st : starts)
-        if (st <= t) s = st;
-      seg[size_t(b * T + t)] = s;
-    }
-  return seg;
-}
 
 // Packs fp32 rows [B, rows, H, dh] into the kernels' bf16 layout [B, H, rows_pad, dh], as
 // flash_pack_rows does (rows past pos0 + chunk zeroed when pos0 is given).
@@ -85,12 +60,6 @@ void run_backward(const FlashParams& fp) {
                dim3(kFlashThreads), DkvLayout<DH>::bytes, [&] { flash_tc::k_flash_dkdv<DH>(fp); });
 }
 
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  const double err = test::max_rel_err(got.data(), want.data(), got.size());
-  EXPECT_LT(err, kTol) << what << ": max rel err " << err;
-}
-
 // The orders the emulation tries (simt::Schedule): warps in step with late copies, then warp 0
 // ahead of the others with late copies and with early ones.
 const simt::Schedule kSchedules[] = {{true, false}, {false, false}, {false, true}};
@@ -100,40 +69,19 @@ std::string describe(const simt::Schedule& s) {
          (s.copies_at_issue ? ", copies land at issue]" : ", copies land at the wait]");
 }
 
-void check_case(const Case& c, uint64_t seed) {
-  const std::string what = describe(c) + describe(simt::schedule());
-  const int64_t nq = c.B * c.T * c.Hq * c.dh, nkv = c.B * c.S * c.Hkv * c.dh;
-  std::vector<float> q = test::random_vector(size_t(nq), seed), k = test::random_vector(size_t(nkv), seed + 1),
-                     v = test::random_vector(size_t(nkv), seed + 2), dout = test::random_vector(size_t(nq), seed + 3);
-  // Cache slots past each chunk were never written: NaN there must not reach any output.
-  for (int64_t b = 0; b < c.B; ++b)
-    for (int64_t s = c.pos0[size_t(b)] + c.T; s < c.S; ++s)
-      for (int64_t e = 0; e < c.Hkv * c.dh; ++e) {
-        k[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
-        v[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
-      }
-  const std::vector<int32_t> seg = c.segmented ? segments(c.B, c.T) : std::vector<int32_t>{};
+void check_case(const AttnCase& c, uint64_t seed) {
+  const std::string what = simt_test::describe(c) + describe(simt::schedule());
+  const AttnReference ref(c, seed);
+  const int64_t nq = int64_t(ref.q.size()), nkv = int64_t(ref.k.size());
 
-  AttentionArgs a;
-  std::vector<float> out(static_cast<size_t>(nq));
-  a.q = q.data(); a.k_cache = k.data(); a.v_cache = v.data(); a.out = out.data(); a.pos0 = c.pos0.data();
-  a.B = c.B; a.T = c.T; a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.dh = c.dh; a.window = c.window;
-  a.scale = 1.0f / std::sqrt(float(c.dh));
-  a.seg_start = c.segmented ? seg.data() : nullptr;
-  CpuBackend cpu;
-  cpu.attention(a);
-
-  // The kernels' parameters, as FlashCall sets them up ("device" memory is host memory here).
+  // The kernels' parameters, as FlashCall sets them up.
   FlashParams fp;
-  fp.a.q = q.data(); fp.a.k = k.data(); fp.a.v = v.data(); fp.a.pos0 = c.pos0.data();
-  fp.a.seg = c.segmented ? seg.data() : nullptr;
-  fp.a.B = c.B; fp.a.T = c.T; fp.a.S = c.S; fp.a.Hq = c.Hq; fp.a.Hkv = c.Hkv; fp.a.dh = c.dh;
-  fp.a.window = c.window; fp.a.scale = a.scale;
+  fp.a = ref.params();
   fp.S_pad = flash_padded(c.S);
   fp.T_pad = flash_padded(c.T);
-  fp.scale_log2 = a.scale * 1.4426950408889634f;
-  const std::vector<uint16_t> kp = pack(k, c.B, c.S, c.Hkv, c.dh, c.pos0.data(), c.T);
-  const std::vector<uint16_t> vp = pack(v, c.B, c.S, c.Hkv, c.dh, c.pos0.data(), c.T);
+  fp.scale_log2 = ref.args.scale * 1.4426950408889634f;
+  const std::vector<uint16_t> kp = pack(ref.k, c.B, c.S, c.Hkv, c.dh, c.pos0.data(), c.T);
+  const std::vector<uint16_t> vp = pack(ref.v, c.B, c.S, c.Hkv, c.dh, c.pos0.data(), c.T);
   fp.k = kp.data();
   fp.v = vp.data();
 
@@ -141,26 +89,23 @@ void check_case(const Case& c, uint64_t seed) {
   fp.a.out = got.data();
   if (c.dh == 64) run_forward<64>(fp, false);
   else run_forward<128>(fp, false);
-  expect_close(got, out, what + " out");
+  simt_test::expect_close(got, ref.out, kTol, what + " out");
 
-  if (c.pos0[0] != 0) return;  // the backward serves training chunks (pos0 = 0, S = T)
-  std::vector<float> dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nkv)), dv(static_cast<size_t>(nkv));
-  cpu.attention_backward(a, dout.data(), dq.data(), dk.data(), dv.data());
-
-  const std::vector<uint16_t> qp = pack(q, c.B, c.T, c.Hq, c.dh), dop = pack(dout, c.B, c.T, c.Hq, c.dh);
+  if (!ref.training()) return;
+  const std::vector<uint16_t> qp = pack(ref.q, c.B, c.T, c.Hq, c.dh), dop = pack(ref.dout, c.B, c.T, c.Hq, c.dh);
   std::vector<float> lse2(size_t(c.B * c.Hq * fp.T_pad), NAN), drow(size_t(c.B * c.Hq * fp.T_pad), NAN);
   std::vector<float> gdq(size_t(nq), NAN), gdk(size_t(nkv), NAN), gdv(size_t(nkv), NAN);
   fp.q = qp.data();
   fp.dout = dop.data();
   fp.lse2 = lse2.data();
   fp.drow = drow.data();
-  fp.a.o = out.data();  // the backward reads the forward output (the CPU's, as the model passes it)
-  fp.a.dout = dout.data();
+  fp.a.o = ref.out.data();  // the backward reads the forward output (the CPU's, as the model passes it)
+  fp.a.dout = ref.dout.data();
   fp.a.dq = gdq.data();
   fp.a.dk = gdk.data();
   fp.a.dv = gdv.data();
   simt::launch(dim3(4), dim3(256), 0, [&] {
-    flash_tc::k_flash_drow(dout.data(), out.data(), drow.data(), c.B, c.T, c.Hq, c.dh, fp.T_pad);
+    flash_tc::k_flash_drow(ref.dout.data(), ref.out.data(), drow.data(), c.B, c.T, c.Hq, c.dh, fp.T_pad);
   });
   if (c.dh == 64) {
     run_forward<64>(fp, true);
@@ -169,15 +114,15 @@ void check_case(const Case& c, uint64_t seed) {
     run_forward<128>(fp, true);
     run_backward<128>(fp);
   }
-  expect_close(gdq, dq, what + " dq");
-  expect_close(gdk, dk, what + " dk");
-  expect_close(gdv, dv, what + " dv");
+  simt_test::expect_close(gdq, ref.dq, kTol, what + " dq");
+  simt_test::expect_close(gdk, ref.dk, kTol, what + " dk");
+  simt_test::expect_close(gdv, ref.dv, kTol, what + " dv");
 }
 
 // Training chunks: head_dim 64 and 128, several query blocks and key tiles with ragged ends,
 // one KV head for four query heads, sliding windows and document starts.
 TEST(SimtFlashAttention, TrainingChunksMatchTheCpuForwardAndBackward) {
-  const std::vector<Case> cases = {
+  const std::vector<AttnCase> cases = {
       {2, 70, 70, 4, 2, 64, 0, {0, 0}, false},
       {1, 130, 130, 4, 2, 128, 0, {0}, false},
       {2, 100, 100, 4, 1, 64, 33, {0, 0}, true},
@@ -186,7 +131,7 @@ TEST(SimtFlashAttention, TrainingChunksMatchTheCpuForwardAndBackward) {
   uint64_t seed = 11;
   for (const simt::Schedule& schedule : kSchedules) {
     simt::set_schedule(schedule);
-    for (const Case& c : cases) check_case(c, seed += 10);
+    for (const AttnCase& c : cases) check_case(c, seed += 10);
   }
   simt::set_schedule({});
 }
@@ -194,14 +139,14 @@ TEST(SimtFlashAttention, TrainingChunksMatchTheCpuForwardAndBackward) {
 // Chunks later in a cache (prefill after earlier chunks): the cache slots past each chunk hold
 // NaN and the packing must keep them out.
 TEST(SimtFlashAttention, ChunksAtAnOffsetMatchTheCpu) {
-  const std::vector<Case> cases = {
+  const std::vector<AttnCase> cases = {
       {1, 70, 200, 4, 2, 128, 0, {100}, false},
       {2, 64, 160, 4, 2, 64, 0, {64, 20}, false},
   };
   uint64_t seed = 101;
   for (const simt::Schedule& schedule : kSchedules) {
     simt::set_schedule(schedule);
-    for (const Case& c : cases) check_case(c, seed += 10);
+    for (const AttnCase& c : cases) check_case(c, seed += 10);
   }
   simt::set_schedule({});
 }

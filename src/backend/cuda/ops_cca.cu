@@ -135,16 +135,18 @@ void CudaBackend::cca_conv(const CcaConvArgs& a) {
   }
 }
 
+void launch_rope_table(gpuStream_t s, const int64_t* positions, int64_t N, int64_t half, int64_t rotary_dim,
+                       double theta, float* cs, float* sn) {
+  k_rope_table<<<gpu_blocks(N * half), kGpuThreads, 0, s>>>(positions, N, half, rotary_dim, theta, cs, sn);
+  GPU_LAUNCH_CHECK();
+}
+
 void CudaBackend::cca_qk(const CcaQkArgs& a) {
   const int64_t N = a.N, half = a.rotary_dim / 2;
   if (N == 0) return;
   DeviceBuffer pos = upload(a.positions, N * 8);
   DeviceBuffer cs(this, (half > 0 ? N * half : 1) * 4), sn(this, (half > 0 ? N * half : 1) * 4);
-  if (half > 0) {
-    k_rope_table<<<gpu_blocks(N * half), kGpuThreads, 0, stream_>>>(pos.l(), N, half, a.rotary_dim, a.theta, cs.f(),
-                                                                      sn.f());
-    GPU_LAUNCH_CHECK();
-  }
+  if (half > 0) launch_rope_table(stream_, pos.l(), N, half, a.rotary_dim, a.theta, cs.f(), sn.f());
   k_cca_qk<<<gpu_warp_blocks(N * (a.Hq + a.Hkv), warp_size_), kGpuThreads, 0, stream_>>>(a.z, a.u, a.temp, cs.f(), sn.f(), a.q, a.k, N,
                                                                         a.Hq, a.Hkv, a.dh, half);
   GPU_LAUNCH_CHECK();

@@ -33,16 +33,6 @@ __global__ void k_add_depthwise_taps(const float* taps, float* dw_dw, int64_t C,
     dw_dw[i] += taps[(i % t0) * C + i / t0];
 }
 
-__global__ void k_rope_table_b(const int64_t* positions, int64_t N, int64_t half, int64_t rotary_dim, double theta,
-                               float* cs, float* sn) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N * half; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t n = i / half, k = i % half;
-    const double ang = double(positions[n]) * pow(theta, -2.0 * double(k) / double(rotary_dim));
-    cs[i] = float(cos(ang));
-    sn[i] = float(sin(ang));
-  }
-}
-
 // d(pre-rotation) element i from d(out) (inverse NeoX rotation on the first 2*half dims).
 __device__ inline double unrotate(const float* dout, const float* cs, const float* sn, int64_t i, int64_t half) {
   if (i < half) return double(dout[i]) * cs[i] + double(dout[i + half]) * sn[i];
@@ -208,11 +198,7 @@ void CudaBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const flo
   DeviceBuffer pos = upload(a.positions, N * 8);
   DeviceBuffer cs(this, (half > 0 ? N * half : 1) * 4), sn(this, (half > 0 ? N * half : 1) * 4);
   DeviceBuffer tok(this, N * a.Hkv * 8);
-  if (half > 0) {
-    k_rope_table_b<<<gpu_blocks(N * half), kGpuThreads, 0, stream_>>>(pos.l(), N, half, a.rotary_dim, a.theta, cs.f(),
-                                                                        sn.f());
-    GPU_LAUNCH_CHECK();
-  }
+  if (half > 0) launch_rope_table(stream_, pos.l(), N, half, a.rotary_dim, a.theta, cs.f(), sn.f());
   k_cca_qk_backward<<<gpu_warp_blocks(N * a.Hkv, warp_size_), kGpuThreads, 0, stream_>>>(a.z, a.u, a.temp, cs.f(), sn.f(), dq, dk, dz,
                                                                         du, tok.d(), N, a.Hq, a.Hkv, a.dh, half);
   GPU_LAUNCH_CHECK();

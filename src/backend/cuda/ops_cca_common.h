@@ -35,6 +35,12 @@ void grouped_conv_gemm_backward(CudaBackend& be, const float* dz, const float* y
 // kernel, so that a decode step is not t1 * B library calls.
 constexpr int64_t kConvGemmMinTokens = 64;
 
+// The NeoX RoPE table of N tokens at device positions[n]: cs/sn[n * half + k] = cos/sin of
+// positions[n] * theta^(-2k / rotary_dim), in double (ops_cca_qk_kernels.h's k_rope_table).
+// The forward and the backward of cca_qk both build it.
+void launch_rope_table(gpuStream_t s, const int64_t* positions, int64_t N, int64_t half, int64_t rotary_dim,
+                       double theta, float* cs, float* sn);
+
 // dst[rows[t], :] (+)= src[t, :] for t < T (rows of width C).
 void launch_scatter_rows(gpuStream_t s, const float* src, const int32_t* rows, int64_t T, int64_t C, float* dst,
                          bool accumulate);
