@@ -202,6 +202,11 @@ TEST_F(GpuCca, Attention) {
       // of 70 queries at position 100 of a 200-slot cache (its unwritten slots hold NaN).
       {1, 300, 300, 8, 2, 128, 70, {0}, true},     {1, 70, 200, 8, 2, 128, 0, {100}, false},
   };
+#if defined(ZAYA_SIMT_SMALL)
+  // Under the host emulation (tests/simt) the two cases of 1100 queries would take a minute of
+  // the CPU's time: the GPU runs them.
+  std::erase_if(cases, [](const AttnCase& c) { return c.T > 1000; });
+#endif
   for (const AttnCase& c : cases) {
     const std::string what = "attention T " + std::to_string(c.T) + " dh " + std::to_string(c.dh) + " Hq " +
                              std::to_string(c.Hq) + " window " + std::to_string(c.window) +
@@ -240,7 +245,7 @@ TEST_F(GpuCca, Attention) {
     for (const GemmMode& mode : modes) {
       auto be = make_gpu(mode);
       const std::string w = what + " [" + mode.name + "]";
-      if (mode.attn_flash) {
+      if (mode.attn_flash && cuda_tensor_core_kernels_built()) {  // else (HIP) the GEMM path
         EXPECT_NE(be->diagnostics().find("attention forward and backward flash on the tensor cores"),
                   std::string::npos)
             << be->diagnostics();

@@ -1,12 +1,13 @@
 // The fiber scheduler and the warp-wide instructions of the host GPU emulation (simt_runtime.h).
-// Each thread of a block is a ucontext fiber with its own stack; one scheduler loop resumes, in
+// Each thread of a block is a fiber with its own stack (simt_fiber_context.h); one scheduler loop resumes, in
 // thread order, every fiber that is not waiting, until all have exited. A fiber waits at a
 // barrier (the block's, or its warp's for a collective) until the barrier's generation moves on.
 // Collective deposits are double-buffered by the barrier's generation: a lane can only overwrite
 // a slot after every lane has passed the next barrier, so after it has read the slot.
 #include "simt_runtime.h"
 
-#include <ucontext.h>
+#include "simt_fiber_context.h"
+
 
 #include <cstdio>
 #include <memory>
@@ -45,8 +46,8 @@ struct PendingCopy {
 };
 
 struct Fiber {
-  ucontext_t ctx{};
-  std::unique_ptr<unsigned char[]> stack;
+  FiberContext ctx;
+  unsigned char* stack = nullptr;  // one of g_stacks
   dim3 tid;
   int linear = 0;
   bool done = false;
@@ -82,9 +83,10 @@ struct Block {
 };
 
 Schedule g_schedule;
+std::vector<std::unique_ptr<unsigned char[]>> g_stacks;  // fiber stacks, reused by every launch
 Block* g_block = nullptr;
 Fiber* g_current = nullptr;
-ucontext_t g_scheduler;
+FiberContext g_scheduler;
 #if defined(ZAYA_SIMT_ASAN)
 void* g_scheduler_fake_stack = nullptr;
 const void* g_scheduler_stack_bottom = nullptr;
@@ -116,9 +118,10 @@ void to_scheduler(bool ended) {
   __sanitizer_start_switch_fiber(ended ? nullptr : &f.fake_stack, g_scheduler_stack_bottom, g_scheduler_stack_size);
 #endif
   if (ended) {
-    setcontext(&g_scheduler);
+    FiberContext finished;  // never resumed
+    fiber_switch(finished, g_scheduler);
   } else {
-    swapcontext(&f.ctx, &g_scheduler);
+    fiber_switch(f.ctx, g_scheduler);
 #if defined(ZAYA_SIMT_ASAN)
     __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
 #endif
@@ -163,23 +166,22 @@ void fiber_entry() {
 void resume(Fiber& f) {
   g_current = &f;
 #if defined(ZAYA_SIMT_ASAN)
-  __sanitizer_start_switch_fiber(&g_scheduler_fake_stack, f.stack.get(), kStackBytes);
+  __sanitizer_start_switch_fiber(&g_scheduler_fake_stack, f.stack, kStackBytes);
 #endif
-  swapcontext(&g_scheduler, &f.ctx);
+  fiber_switch(g_scheduler, f.ctx);
 #if defined(ZAYA_SIMT_ASAN)
   __sanitizer_finish_switch_fiber(g_scheduler_fake_stack, nullptr, nullptr);
 #endif
   g_current = nullptr;
 }
 
-// A fresh context on the fiber's stack that starts in fiber_entry. Its own function: getcontext
-// returns like setjmp, and no caller's variable should live across it.
-[[gnu::noinline]] void make_fiber_context(Fiber& f) {
-  getcontext(&f.ctx);
-  f.ctx.uc_stack.ss_sp = f.stack.get();
-  f.ctx.uc_stack.ss_size = kStackBytes;
-  f.ctx.uc_link = nullptr;
-  makecontext(&f.ctx, fiber_entry, 0);
+// A fresh context on the fiber's stack that starts in fiber_entry.
+// Each fiber's stack top is offset by a different multiple of 4 KiB + 64 bytes (under 64 KiB):
+// stacks 256 KiB apart would otherwise all map their tops to the same cache sets, and every
+// switch would miss.
+void make_fiber_context(Fiber& f) {
+  const size_t color = (size_t(f.linear) * 4160) % (size_t(64) << 10);
+  fiber_context_init(f.ctx, f.stack, kStackBytes - color, fiber_entry);
 }
 
 void run_block(Block& blk) {
@@ -324,6 +326,12 @@ void ldmatrix_trans(uint32_t (&r)[N], const uint16_t* row, Collective kind) {
 void ldmatrix_trans2(uint32_t (&r)[2], const uint16_t* row) { ldmatrix_trans<2>(r, row, Collective::Ldmatrix2); }
 void ldmatrix_trans4(uint32_t (&r)[4], const uint16_t* row) { ldmatrix_trans<4>(r, row, Collective::Ldmatrix4); }
 
+void sync_warp() {
+  const unsigned char here = 1;
+  unsigned char all[GPU_WARP_SIZE];
+  warp_exchange(Collective::SyncWarp, &here, 1, all);
+}
+
 void set_schedule(const Schedule& s) { g_schedule = s; }
 const Schedule& schedule() { return g_schedule; }
 
@@ -365,7 +373,9 @@ void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()
   blk.dim = block;
   blk.kernel = &kernel;
   blk.fibers.resize(threads);
-  for (Fiber& f : blk.fibers) f.stack.reset(new unsigned char[kStackBytes]);
+  // Stacks are kept from launch to launch (a whole backend's tests launch thousands of kernels).
+  while (g_stacks.size() < threads) g_stacks.emplace_back(new unsigned char[kStackBytes]);
+  for (size_t t = 0; t < threads; ++t) blk.fibers[t].stack = g_stacks[t].get();
   blk.warps.resize(threads / kWarp);
   blk.smem_bytes = smem_bytes;
   blk.smem.reset(static_cast<unsigned char*>(std::aligned_alloc(128, (smem_bytes + 127) / 128 * 128 + 128)));

@@ -31,19 +31,14 @@ struct alignas(8) uint2 {
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
-using gpuError_t = int;
-using gpuStream_t = void*;
-using gpuEvent_t = void*;
-#define gpuSuccess 0
-inline const char* gpuGetErrorString(gpuError_t) { return "error in the emulated GPU"; }
-inline gpuError_t gpuGetLastError() { return gpuSuccess; }
+#include "simt_host_api.h"
 
 #define __global__ inline
 #define __device__
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static  // one instance, shared by the block's fibers (blocks run one at a time)
 // Lanes per warp: 32 (NVIDIA) unless the build asks for 64 (CDNA's wavefronts); the tensor-core
 // instructions exist only for 32.
@@ -67,7 +62,7 @@ void sync_block();
 
 // What a warp-wide instruction is, so that lanes meeting at different ones (a divergent warp)
 // are reported rather than mixed.
-enum class Collective { Shuffle, Mma, Ldmatrix2, Ldmatrix4 };
+enum class Collective { Shuffle, Mma, Ldmatrix2, Ldmatrix4, SyncWarp };
 // Every lane of the calling thread's warp deposits `bytes` (<= 32) bytes; once all
 // GPU_WARP_SIZE lanes have, each receives all the deposits, lane-major, in `all`.
 void warp_exchange(Collective kind, const void* mine, size_t bytes, void* all);
@@ -79,6 +74,9 @@ T shfl_xor(T v, int mask) {
   warp_exchange(Collective::Shuffle, &v, sizeof(T), all);
   return all[lane() ^ (mask & (GPU_WARP_SIZE - 1))];
 }
+
+// __syncwarp: waits for every lane of the calling thread's warp.
+void sync_warp();
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: d += A B over the warp's fragments.
 void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
@@ -138,3 +136,12 @@ inline float __uint_as_float(uint32_t u) {
   return f;
 }
 [[noreturn]] inline void __trap() { std::abort(); }
+// Blocks run one at a time on one CPU thread, and a thread is only ever switched out at a
+// barrier or a warp-wide instruction, so a read-modify-write is atomic as written.
+template <typename T>
+inline T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+inline void __syncwarp(unsigned = 0xffffffffu) { ::zaya::simt::sync_warp(); }

@@ -51,7 +51,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
   const int host_warp = gpu_device_warp_size(options_.device);
   {
     DeviceBuffer w(this, 4);
-    k_report_warp_size<<<1, 1, 0, stream_>>>(w.i());
+    gpu_launch(k_report_warp_size, 1, 1, 0, stream_, w.i());
     GPU_LAUNCH_CHECK();
     int dev_warp = 0;
     GPU_CHECK(gpuMemcpyAsync(&dev_warp, w.i(), 4, gpuMemcpyDeviceToHost, stream_));
@@ -62,7 +62,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
            "rebuild for this device's architecture");
     warp_size_ = host_warp;
   }
-#if defined(ZAYA_GPU_CUDA)
+#if defined(ZAYA_GPU_MMA_SYNC)
   // bf16 WMMA: an sm_80 or newer device running code compiled for sm_80 or newer (a build for
   // older targets only, JIT-compiled here, has the WMMA path compiled out to a trap), unless the
   // portable kernels are asked for.
@@ -291,6 +291,14 @@ int cuda_device_count() {
     return 0;
   }
   return count;
+}
+
+bool cuda_tensor_core_kernels_built() {
+#if defined(ZAYA_GPU_MMA_SYNC)
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace zaya

@@ -68,4 +68,9 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {
 // Number of usable GPUs (0 when there is no driver or no device); never throws.
 int cuda_device_count();
 
+// Whether this build has the tensor-core (mma.sync) kernels: the flash attention and the
+// pipelined grouped GEMMs. CUDA builds do (they run on sm_80 and newer devices), HIP builds do
+// not, nor does the host emulation with 64-lane warps (tests/simt).
+bool cuda_tensor_core_kernels_built();
+
 }  // namespace zaya

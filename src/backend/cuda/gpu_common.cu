@@ -98,10 +98,11 @@ void gpu_column_sums(CudaBackend& be, int64_t rows, int64_t dim, float* out, con
   if (chunks < 1) chunks = 1;
   DeviceBuffer part(&be, chunks * dim * 8);
   dim3 grid(unsigned((dim + kGpuThreads - 1) / kGpuThreads), unsigned(chunks));
-  k_column_partials<<<grid, kGpuThreads, 0, be.stream()>>>(rows, dim, per, a, lda, b, c, v, rv, part.d());
+  gpu_launch(k_column_partials, grid, kGpuThreads, 0, be.stream(), rows, dim, per, a, lda, b, c, v, rv,
+             part.d());
   GPU_LAUNCH_CHECK();
-  k_column_finish<<<unsigned((dim + kGpuThreads - 1) / kGpuThreads), kGpuThreads, 0, be.stream()>>>(dim, chunks,
-                                                                                                 part.d(), out);
+  gpu_launch(k_column_finish, unsigned((dim + kGpuThreads - 1) / kGpuThreads), kGpuThreads, 0, be.stream(),
+             dim, chunks, part.d(), out);
   GPU_LAUNCH_CHECK();
 }
 
@@ -111,30 +112,30 @@ void gpu_to_bf16(gpuStream_t s, const float* src, int64_t rows, int64_t cols, in
   const bool aligned = gpu_aligned(src, 16) && gpu_aligned(dst, 8);
   if (ld == cols && aligned && n >= 4) {  // contiguous: vectorised, then the (< 4) tail
     const int64_t n4 = n / 4;
-    k_to_bf16_vec4<<<gpu_blocks(n4), kGpuThreads, 0, s>>>(reinterpret_cast<const float4*>(src), n4,
-                                                            reinterpret_cast<uint2*>(dst));
+    gpu_launch(k_to_bf16_vec4, gpu_blocks(n4), kGpuThreads, 0, s, reinterpret_cast<const float4*>(src), n4,
+               reinterpret_cast<uint2*>(dst));
     GPU_LAUNCH_CHECK();
     if (n % 4 != 0) {
-      k_to_bf16<<<1, kGpuThreads, 0, s>>>(src + n4 * 4, 1, n % 4, n % 4, dst + n4 * 4);
+      gpu_launch(k_to_bf16, 1, kGpuThreads, 0, s, src + n4 * 4, 1, n % 4, n % 4, dst + n4 * 4);
       GPU_LAUNCH_CHECK();
     }
     return;
   }
   const int64_t col_blocks = (cols + kGpuThreads - 1) / kGpuThreads;
   const dim3 grid(unsigned(col_blocks < 64 ? col_blocks : 64), unsigned(rows < 65535 ? rows : 65535));
-  k_to_bf16<<<grid, kGpuThreads, 0, s>>>(src, rows, cols, ld, dst);
+  gpu_launch(k_to_bf16, grid, kGpuThreads, 0, s, src, rows, cols, ld, dst);
   GPU_LAUNCH_CHECK();
 }
 
 void gpu_from_bf16(gpuStream_t s, const bf16_t* src, int64_t n, float* dst) {
   if (n <= 0) return;
-  k_from_bf16<<<gpu_blocks(n), kGpuThreads, 0, s>>>(src, n, dst);
+  gpu_launch(k_from_bf16, gpu_blocks(n), kGpuThreads, 0, s, src, n, dst);
   GPU_LAUNCH_CHECK();
 }
 
 void gpu_fill(gpuStream_t s, float* dst, float value, int64_t n) {
   if (n <= 0) return;
-  k_fill<<<gpu_blocks(n), kGpuThreads, 0, s>>>(dst, value, n);
+  gpu_launch(k_fill, gpu_blocks(n), kGpuThreads, 0, s, dst, value, n);
   GPU_LAUNCH_CHECK();
 }
 
@@ -142,12 +143,12 @@ void gpu_sum_squares(CudaBackend& be, const float* x, int64_t n, double* out) {
   const int64_t parts = n > 0 ? (n + kSsqChunk - 1) / kSsqChunk : 1;
   DeviceBuffer part(&be, parts * 8);
   if (n > 0) {
-    k_ssq_partials<<<unsigned(parts), kGpuThreads, 0, be.stream()>>>(x, n, part.d());
+    gpu_launch(k_ssq_partials, unsigned(parts), kGpuThreads, 0, be.stream(), x, n, part.d());
     GPU_LAUNCH_CHECK();
   } else {
     GPU_CHECK(gpuMemsetAsync(part.d(), 0, 8, be.stream()));
   }
-  k_ssq_finish<<<1, kGpuThreads, 0, be.stream()>>>(part.d(), parts, out);
+  gpu_launch(k_ssq_finish, 1, kGpuThreads, 0, be.stream(), part.d(), parts, out);
   GPU_LAUNCH_CHECK();
 }
 

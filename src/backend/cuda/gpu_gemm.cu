@@ -169,8 +169,8 @@ void GpuGemm::run_into(int64_t M, int64_t N, int64_t K, float alpha, const GemmO
   if (handle_ && K > 0 &&
       run_blaslt(M, N, K, alpha, A, B, beta, D, ldc, batch, compute, GemmShape::Fixed, nullptr, C_in))
     return;
-  k_copy_block<<<gpu_blocks(batch.count * M * N), kGpuThreads, 0, stream_>>>(C_in, D, M, N, ldc, batch.count,
-                                                                             batch.stride_c);
+  gpu_launch(k_copy_block, gpu_blocks(batch.count * M * N), kGpuThreads, 0, stream_, C_in, D, M, N, ldc,
+             batch.count, batch.stride_c);
   GPU_LAUNCH_CHECK();
   run(M, N, K, alpha, A, B, beta, D, ldc, batch, compute);
 }
@@ -198,7 +198,7 @@ void GpuGemm::run_bias(int64_t M, int64_t N, int64_t K, float alpha, const GemmO
   }
 #endif
   run(M, N, K, alpha, A, B, beta, C, ldc, {}, compute);
-  k_add_row_bias<<<gpu_blocks(M * N), kGpuThreads, 0, stream_>>>(C, bias, M, N, ldc);
+  gpu_launch(k_add_row_bias, gpu_blocks(M * N), kGpuThreads, 0, stream_, C, bias, M, N, ldc);
   GPU_LAUNCH_CHECK();
 }
 

@@ -70,8 +70,8 @@ void gemm_tiled(gpuStream_t stream, int64_t M, int64_t N, int64_t K, float alpha
   if (M <= 0 || N <= 0) return;
   if ((N + kTile - 1) / kTile > 65535) fail("cuda", "gemm_tiled: N = " + std::to_string(N) + " is too large");
   dim3 grid(unsigned((M + kTile - 1) / kTile), unsigned((N + kTile - 1) / kTile));
-  k_gemm_tiled<<<grid, kThreadsGemm, 0, stream>>>(M, N, K, alpha, A.ptr, A.type == GemmType::BF16, A.ld, A.trans,
-                                                  B.ptr, B.type == GemmType::BF16, B.ld, B.trans, beta, C, ldc);
+  gpu_launch(k_gemm_tiled, grid, kThreadsGemm, 0, stream, M, N, K, alpha, A.ptr, A.type == GemmType::BF16,
+             A.ld, A.trans, B.ptr, B.type == GemmType::BF16, B.ld, B.trans, beta, C, ldc);
   GPU_LAUNCH_CHECK();
 }
 

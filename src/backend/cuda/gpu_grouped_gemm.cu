@@ -192,6 +192,8 @@ int grouped_gemm_compiled_arch() {
     return 0;
   }
   return attributes.ptxVersion;
+#elif defined(ZAYA_GPU_MMA_SYNC)
+  return 80;  // the host emulation (tests/simt): mma.sync emulated, WMMA left to the FMA path
 #else
   return 0;
 #endif
@@ -207,8 +209,8 @@ void grouped_gemm_rows(gpuStream_t s, bool tensor_cores, const int32_t* offsets,
   if (tiles(N, kBN) > 65535) fail("cuda", "grouped_gemm_rows: N = " + std::to_string(N) + " is too large");
   // Each expert's last tile may be partial: at most one extra tile per expert.
   const dim3 grid(unsigned(tiles(max_rows, kBM) + E), unsigned(tiles(N, kBN)));
-  k_grouped_rows<<<grid, kThreads, 0, s>>>(tensor_cores ? 1 : 0, offsets, E, N, K, alpha, A, lda, B,
-                                           ldb, b_trans ? 1 : 0, stride_b, beta, C, ldc);
+  gpu_launch(k_grouped_rows, grid, kThreads, 0, s, tensor_cores ? 1 : 0, offsets, E, N, K, alpha, A, lda, B,
+             ldb, b_trans ? 1 : 0, stride_b, beta, C, ldc);
   GPU_LAUNCH_CHECK();
 }
 
@@ -221,8 +223,8 @@ void grouped_gemm_weights(gpuStream_t s, bool tensor_cores, const int32_t* offse
     return;
   if (E > 65535) fail("cuda", "grouped_gemm_weights: " + std::to_string(E) + " experts is too many");
   const dim3 grid(unsigned(tiles(M, kBM) * tiles(N, kBN)), 1, unsigned(E));
-  k_grouped_weights<<<grid, kThreads, 0, s>>>(tensor_cores ? 1 : 0, offsets, M, N, alpha, A, lda, B,
-                                              ldb, beta, C, ldc, stride_c);
+  gpu_launch(k_grouped_weights, grid, kThreads, 0, s, tensor_cores ? 1 : 0, offsets, M, N, alpha, A, lda, B,
+             ldb, beta, C, ldc, stride_c);
   GPU_LAUNCH_CHECK();
 }
 

@@ -16,7 +16,7 @@
 
 namespace zaya {
 
-#if defined(ZAYA_GPU_CUDA)
+#if defined(ZAYA_GPU_MMA_SYNC)
 namespace {
 
 using namespace grouped_mma;
@@ -43,13 +43,13 @@ bool grouped_gemm_rows_mma(gpuStream_t s, const int32_t* offsets, int64_t E, int
   if (b_trans) {
     const size_t bytes = smem_bytes<true, true>();
     allow_smem(k_grouped_rows_mma<true>, bytes);
-    k_grouped_rows_mma<true><<<grid, kThreads, bytes, s>>>(offsets, E, N, K, alpha, A, lda, B, ldb, stride_b, beta,
-                                                             C, ldc);
+    gpu_launch(k_grouped_rows_mma<true>, grid, kThreads, bytes, s, offsets, E, N, K, alpha, A, lda, B, ldb,
+               stride_b, beta, C, ldc);
   } else {
     const size_t bytes = smem_bytes<true, false>();
     allow_smem(k_grouped_rows_mma<false>, bytes);
-    k_grouped_rows_mma<false><<<grid, kThreads, bytes, s>>>(offsets, E, N, K, alpha, A, lda, B, ldb, stride_b, beta,
-                                                              C, ldc);
+    gpu_launch(k_grouped_rows_mma<false>, grid, kThreads, bytes, s, offsets, E, N, K, alpha, A, lda, B, ldb,
+               stride_b, beta, C, ldc);
   }
   GPU_LAUNCH_CHECK();
   return true;
@@ -63,7 +63,8 @@ bool grouped_gemm_weights_mma(gpuStream_t s, const int32_t* offsets, int64_t E, 
   const size_t bytes = smem_bytes<false, false>();
   allow_smem(k_grouped_weights_mma, bytes);
   const dim3 grid(unsigned(tiles(M, kBM) * tiles(N, kBN)), 1, unsigned(E));
-  k_grouped_weights_mma<<<grid, kThreads, bytes, s>>>(offsets, M, N, alpha, A, lda, B, ldb, beta, C, ldc, stride_c);
+  gpu_launch(k_grouped_weights_mma, grid, kThreads, bytes, s, offsets, M, N, alpha, A, lda, B, ldb, beta, C,
+             ldc, stride_c);
   GPU_LAUNCH_CHECK();
   return true;
 }

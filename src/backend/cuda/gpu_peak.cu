@@ -28,8 +28,8 @@ double CudaBackend::matmul_peak_gflops() {
   const int64_t n = 8192, runs = 10;
   const bool bf16 = options_.bf16_matmul;
   DeviceBuffer a(this, n * n * 4), b(this, n * n * 4), c(this, n * n * 4);
-  k_peak_fill<<<gpu_blocks(n * n), kGpuThreads, 0, stream_>>>(a.f(), n * n, 17u);
-  k_peak_fill<<<gpu_blocks(n * n), kGpuThreads, 0, stream_>>>(b.f(), n * n, 91u);
+  gpu_launch(k_peak_fill, gpu_blocks(n * n), kGpuThreads, 0, stream_, a.f(), n * n, 17u);
+  gpu_launch(k_peak_fill, gpu_blocks(n * n), kGpuThreads, 0, stream_, b.f(), n * n, 91u);
   GPU_LAUNCH_CHECK();
   DeviceBuffer ha, hb;
   const GemmOperand A = operand(a.f(), n, n, n, false, bf16, ha);

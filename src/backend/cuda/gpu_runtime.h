@@ -7,6 +7,9 @@
 // __HIP_PLATFORM_AMD__. bf16 is carried as raw 16-bit storage (bf16_t, see gpu_device.h), so
 // no vendor bf16 type is needed: BLAS libraries only see its bytes.
 //
+// ZAYA_GPU_MMA_SYNC marks the builds whose kernels may use the PTX tensor-core instructions
+// (CUDA, and the host emulation with 32-lane warps); their launchers are left out elsewhere.
+//
 // Warp size: 32 on NVIDIA, 64 on CDNA (gfx90a). Device code uses GPU_WARP_SIZE (a compile-time
 // constant of the device target); host code asks the device (gpu_device_warp_size()) and the backend
 // checks at start-up that both agree. No kernel hard-codes 32.
@@ -16,15 +19,21 @@
 // stand-in declarations only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 
 #if defined(ZAYA_SIMT)
 // The host emulation of the GPU (tests/simt/simt_runtime.h): kernels compiled as plain C++ and
-// run by fibers on the CPU, so that tests check them without a GPU. No runtime, no BLASLt.
+// run by fibers on the CPU, and the runtime API on host memory (tests/simt/simt_host_api.h), so
+// that tests run the whole backend without a GPU. No BLASLt: GEMMs take our tiled kernel.
 #include "simt_runtime.h"
+#if GPU_WARP_SIZE == 32
+#define ZAYA_GPU_MMA_SYNC 1  // mma.sync, ldmatrix and cp.async are emulated for 32-lane warps
+#endif
 #elif defined(ZAYA_HIP) || defined(__HIP_PLATFORM_AMD__)
 #define ZAYA_GPU_HIP 1
 #include <hip/hip_runtime.h>
@@ -101,6 +110,7 @@ inline bool gpu_pointer_on_device(const void* p, int* device) {
 
 #else  // CUDA
 #define ZAYA_GPU_CUDA 1
+#define ZAYA_GPU_MMA_SYNC 1  // the tensor-core kernels' mma.sync, ldmatrix and cp.async (sm_80+)
 #include <cuda_runtime.h>
 #if defined(__CUDACC__)
 #include <mma.h>  // WMMA tensor-core fragments (gpu_grouped_gemm.cu); brings cuda_bf16.h
@@ -309,6 +319,25 @@ inline void gpu_check(gpuError_t e, const char* call, const char* file, int line
   fail("cuda", std::string(call) + " failed: " + gpuGetErrorString(e) + " at " + file + ":" + std::to_string(line),
        "check that a supported GPU is present and has enough free memory");
 }
+
+// Launches `kernel` over grid x block threads with `shared_bytes` of dynamic shared memory on
+// `stream`: the one launch site of the backend (kernel<<<grid, block, shared_bytes, stream>>>
+// on CUDA and HIP). The arguments convert to the kernel's parameter types here, as in a
+// triple-chevron launch. Under the host emulation (ZAYA_SIMT) the grid runs at once on the CPU.
+#if defined(ZAYA_SIMT)
+template <typename... Params>
+void gpu_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, gpuStream_t stream,
+                std::type_identity_t<Params>... args) {
+  (void)stream;  // one stream: kernels run in launch order, each to completion
+  ::zaya::simt::launch(grid, block, shared_bytes, [&] { kernel(args...); });
+}
+#elif defined(__CUDACC__) || defined(__HIPCC__)
+template <typename... Params>
+void gpu_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, gpuStream_t stream,
+                std::type_identity_t<Params>... args) {
+  kernel<<<grid, block, shared_bytes, stream>>>(args...);
+}
+#endif
 
 }  // namespace zaya
 

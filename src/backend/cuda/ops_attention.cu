@@ -24,7 +24,7 @@ void CudaBackend::attention(const AttentionArgs& a) {
   p.out = a.out;
   const int64_t tile_q = int64_t(kAttnWarps) * kQueriesPerWarp;
   dim3 grid(unsigned((a.T + tile_q - 1) / tile_q), unsigned(a.Hq), unsigned(a.B));
-  k_attention<<<grid, unsigned(kAttnWarps * warp_size_), 0, stream_>>>(p);
+  gpu_launch(k_attention, grid, unsigned(kAttnWarps * warp_size_), 0, stream_, p);
   GPU_LAUNCH_CHECK();
 }
 

@@ -30,10 +30,10 @@ void CudaBackend::attention_backward(const AttentionArgs& a, const float* dout, 
   const unsigned threads = unsigned(kAttnWarps * warp_size_);
   const int64_t tile_q = int64_t(kAttnWarps) * kQueriesPerWarp, tile_k = int64_t(kAttnWarps) * kKeysPerWarp;
   dim3 grid_q(unsigned((a.T + tile_q - 1) / tile_q), unsigned(a.Hq), unsigned(a.B));
-  k_attention_dq<<<grid_q, threads, 0, stream_>>>(p);
+  gpu_launch(k_attention_dq, grid_q, threads, 0, stream_, p);
   GPU_LAUNCH_CHECK();
   dim3 grid_k(unsigned((a.S + tile_k - 1) / tile_k), unsigned(a.Hkv), unsigned(a.B));
-  k_attention_dkdv<<<grid_k, threads, 0, stream_>>>(p);
+  gpu_launch(k_attention_dkdv, grid_k, threads, 0, stream_, p);
   GPU_LAUNCH_CHECK();
 }
 

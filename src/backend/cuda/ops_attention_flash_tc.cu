@@ -19,7 +19,7 @@
 
 namespace zaya {
 
-#if defined(ZAYA_GPU_CUDA)
+#if defined(ZAYA_GPU_MMA_SYNC)
 namespace {
 
 using namespace flash_tc;
@@ -30,7 +30,7 @@ void launch_forward(gpuStream_t s, const FlashParams& p) {
   GPU_CHECK(gpuFuncSetAttribute(reinterpret_cast<const void*>(&k_flash_forward<DH, kLseOnly>),
                                 gpuFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   const dim3 grid(unsigned((p.a.T + kFlashRows - 1) / kFlashRows), unsigned(p.a.Hq), unsigned(p.a.B));
-  k_flash_forward<DH, kLseOnly><<<grid, kFlashThreads, bytes, s>>>(p);
+  gpu_launch(k_flash_forward<DH, kLseOnly>, grid, kFlashThreads, bytes, s, p);
   GPU_LAUNCH_CHECK();
 }
 
@@ -38,8 +38,8 @@ void launch_forward(gpuStream_t s, const FlashParams& p) {
 
 void flash_pack_rows(gpuStream_t s, const float* src, bf16_t* dst, int64_t B, int64_t rows, int64_t rows_pad,
                      int64_t H, int64_t dh, const int64_t* pos0, int64_t chunk) {
-  k_pack_rows<<<gpu_blocks(B * H * rows_pad * dh / 4), kGpuThreads, 0, s>>>(src, dst, B, rows, rows_pad, H, dh, pos0,
-                                                                            chunk);
+  gpu_launch(k_pack_rows, gpu_blocks(B * H * rows_pad * dh / 4), kGpuThreads, 0, s, src, dst, B, rows,
+             rows_pad, H, dh, pos0, chunk);
   GPU_LAUNCH_CHECK();
 }
 
@@ -67,7 +67,7 @@ void flash_forward(gpuStream_t s, const FlashParams& p, bool lse_only) {
 #endif
 
 bool CudaBackend::attention_flash_tc_enabled() const {
-#if defined(ZAYA_GPU_CUDA)
+#if defined(ZAYA_GPU_MMA_SYNC)
   return options_.attention_flash_tc && options_.bf16_matmul && wmma_;
 #else
   return false;
@@ -76,7 +76,7 @@ bool CudaBackend::attention_flash_tc_enabled() const {
 
 bool CudaBackend::attention_flash_tc_applies(const AttentionArgs& a, std::initializer_list<const void*> more) const {
   if (!attention_flash_tc_enabled() || (a.dh != 64 && a.dh != 128)) return false;
-#if defined(ZAYA_GPU_CUDA)
+#if defined(ZAYA_GPU_MMA_SYNC)
   // Forward and backward together or not at all (sm_86/89 allow 99 KB a block: not dQ's at 128).
   const size_t smem = std::max(flash_forward_smem_bytes(a.dh), flash_backward_smem_bytes(a.dh));
   if (int64_t(smem) > max_shared_per_block_) return false;
@@ -89,7 +89,7 @@ bool CudaBackend::attention_flash_tc_applies(const AttentionArgs& a, std::initia
 }
 
 void CudaBackend::attention_flash_tc(const AttentionArgs& a) {
-#if defined(ZAYA_GPU_CUDA)
+#if defined(ZAYA_GPU_MMA_SYNC)
   FlashCall call(*this, a, "attention");
   call.fp.a.out = a.out;
   flash_forward(stream_, call.fp, false);

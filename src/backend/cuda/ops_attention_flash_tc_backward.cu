@@ -21,7 +21,7 @@
 
 namespace zaya {
 
-#if defined(ZAYA_GPU_CUDA)
+#if defined(ZAYA_GPU_MMA_SYNC)
 namespace {
 
 using namespace flash_tc;
@@ -30,7 +30,7 @@ template <typename Kernel>
 void launch_with_smem(Kernel kernel, size_t bytes, dim3 grid, gpuStream_t s, const FlashParams& p) {
   GPU_CHECK(gpuFuncSetAttribute(reinterpret_cast<const void*>(kernel), gpuFuncAttributeMaxDynamicSharedMemorySize,
                                 int(bytes)));
-  kernel<<<grid, kFlashThreads, bytes, s>>>(p);
+  gpu_launch(kernel, grid, kFlashThreads, bytes, s, p);
   GPU_LAUNCH_CHECK();
 }
 
@@ -53,7 +53,7 @@ size_t flash_backward_smem_bytes(int64_t dh) {
 
 void CudaBackend::attention_backward_flash_tc(const AttentionArgs& a, const float* dout, float* dq, float* dk,
                                               float* dv) {
-#if defined(ZAYA_GPU_CUDA)
+#if defined(ZAYA_GPU_MMA_SYNC)
   FlashCall call(*this, a, "attention_backward");
   FlashParams& fp = call.fp;
   fp.a.o = a.out;
@@ -70,8 +70,8 @@ void CudaBackend::attention_backward_flash_tc(const AttentionArgs& a, const floa
   fp.dout = dop.h();
   fp.lse2 = lse2.f();
   fp.drow = drow.f();
-  k_flash_drow<<<gpu_warp_blocks(a.B * a.T * a.Hq, 32), kGpuThreads, 0, stream_>>>(dout, a.out, fp.drow, a.B, a.T,
-                                                                                   a.Hq, a.dh, fp.T_pad);
+  gpu_launch(k_flash_drow, gpu_warp_blocks(a.B * a.T * a.Hq, 32), kGpuThreads, 0, stream_, dout, a.out,
+             fp.drow, a.B, a.T, a.Hq, a.dh, fp.T_pad);
   GPU_LAUNCH_CHECK();
   flash_forward(stream_, fp, true);  // lse2 only
   if (a.dh == 64) launch_backward<64>(stream_, fp);

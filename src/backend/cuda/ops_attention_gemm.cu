@@ -126,8 +126,8 @@ void CudaBackend::attention_gemm(const AttentionArgs& a) {
       for (int64_t g = 0; g < a.Hkv; ++g) {
         const int64_t M = rep * c.Tq;
         DeviceBuffer qg(this, M * dh * 4), sc(this, M * c.Sn * 4), og(this, M * dh * 4);
-        k_gather_heads<<<gpu_blocks(M * dh), kGpuThreads, 0, stream_>>>(a.q, qg.f(), b, a.T, a.Hq, g * rep, rep,
-                                                                        c.t0, c.Tq, dh);
+        gpu_launch(k_gather_heads, gpu_blocks(M * dh), kGpuThreads, 0, stream_, a.q, qg.f(), b, a.T, a.Hq,
+                   g * rep, rep, c.t0, c.Tq, dh);
         GPU_LAUNCH_CHECK();
         const float* kb = a.k_cache + ((b * a.S + c.s0) * a.Hkv + g) * dh;
         const float* vb = a.v_cache + ((b * a.S + c.s0) * a.Hkv + g) * dh;
@@ -135,13 +135,13 @@ void CudaBackend::attention_gemm(const AttentionArgs& a) {
         gemm(M, c.Sn, dh, 1.0f, operand(qg.f(), M, dh, dh, false, bf16, hq), operand(kb, c.Sn, dh, ldkv, true, bf16, hk),
              0.0f, sc.f(), c.Sn);  // S = Q K^T
         if (bf16) hp = DeviceBuffer(this, M * c.Sn * 2);  // P packed to bf16 by the softmax itself
-        k_masked_softmax<<<unsigned(M), kGpuThreads, 0, stream_>>>(sc.f(), c.Sn, p, b, c.t0, c.Tq, c.s0, !bf16,
-                                                                   bf16 ? hp.h() : nullptr);
+        gpu_launch(k_masked_softmax, unsigned(M), kGpuThreads, 0, stream_, sc.f(), c.Sn, p, b, c.t0, c.Tq,
+                   c.s0, !bf16, bf16 ? hp.h() : nullptr);
         GPU_LAUNCH_CHECK();
         const GemmOperand p_op = bf16 ? bf16_operand(hp.h(), c.Sn, false) : f32_operand(sc.f(), c.Sn, false);
         gemm(M, dh, c.Sn, 1.0f, p_op, operand(vb, c.Sn, dh, ldkv, false, bf16, hv), 0.0f, og.f(), dh);  // O = P V
-        k_scatter_heads<<<gpu_blocks(M * dh), kGpuThreads, 0, stream_>>>(og.f(), a.out, b, a.T, a.Hq, g * rep, rep,
-                                                                         c.t0, c.Tq, dh);
+        gpu_launch(k_scatter_heads, gpu_blocks(M * dh), kGpuThreads, 0, stream_, og.f(), a.out, b, a.T, a.Hq,
+                   g * rep, rep, c.t0, c.Tq, dh);
         GPU_LAUNCH_CHECK();
       }
 }
@@ -159,10 +159,10 @@ void CudaBackend::attention_backward_gemm(const AttentionArgs& a, const float* d
         const int64_t M = rep * c.Tq;
         DeviceBuffer qg(this, M * dh * 4), dog(this, M * dh * 4), sc(this, M * c.Sn * 4), dp(this, M * c.Sn * 4),
             dqg(this, M * dh * 4);
-        k_gather_heads<<<gpu_blocks(M * dh), kGpuThreads, 0, stream_>>>(a.q, qg.f(), b, a.T, a.Hq, g * rep, rep,
-                                                                        c.t0, c.Tq, dh);
-        k_gather_heads<<<gpu_blocks(M * dh), kGpuThreads, 0, stream_>>>(dout, dog.f(), b, a.T, a.Hq, g * rep, rep,
-                                                                        c.t0, c.Tq, dh);
+        gpu_launch(k_gather_heads, gpu_blocks(M * dh), kGpuThreads, 0, stream_, a.q, qg.f(), b, a.T, a.Hq,
+                   g * rep, rep, c.t0, c.Tq, dh);
+        gpu_launch(k_gather_heads, gpu_blocks(M * dh), kGpuThreads, 0, stream_, dout, dog.f(), b, a.T, a.Hq,
+                   g * rep, rep, c.t0, c.Tq, dh);
         GPU_LAUNCH_CHECK();
         const int64_t kv_off = ((b * a.S + c.s0) * a.Hkv + g) * dh;
         const float *kb = a.k_cache + kv_off, *vb = a.v_cache + kv_off;
@@ -175,18 +175,18 @@ void CudaBackend::attention_backward_gemm(const AttentionArgs& a, const float* d
           hds = DeviceBuffer(this, M * c.Sn * 2);
         }
         // P in fp32 (for dS) and, under bf16, packed for the dV GEMM by the same kernel.
-        k_masked_softmax<<<unsigned(M), kGpuThreads, 0, stream_>>>(sc.f(), c.Sn, p, b, c.t0, c.Tq, c.s0, 1,
-                                                                   bf16 ? hp.h() : nullptr);
+        gpu_launch(k_masked_softmax, unsigned(M), kGpuThreads, 0, stream_, sc.f(), c.Sn, p, b, c.t0, c.Tq,
+                   c.s0, 1, bf16 ? hp.h() : nullptr);
         GPU_LAUNCH_CHECK();
         gemm(M, c.Sn, dh, 1.0f, do_op, operand(vb, c.Sn, dh, ldkv, true, bf16, hv), 0.0f, dp.f(), c.Sn);  // dP
-        k_attn_ds<<<unsigned(M), kGpuThreads, 0, stream_>>>(sc.f(), dp.f(), c.Sn, a.scale,
-                                                            bf16 ? hds.h() : nullptr);  // dS
+        gpu_launch(k_attn_ds, unsigned(M), kGpuThreads, 0, stream_, sc.f(), dp.f(), c.Sn, a.scale,
+                   bf16 ? hds.h() : nullptr);  // dS
         GPU_LAUNCH_CHECK();
         const GemmOperand p_op = bf16 ? bf16_operand(hp.h(), c.Sn, false) : f32_operand(sc.f(), c.Sn, false);
         GemmOperand ds_op = bf16 ? bf16_operand(hds.h(), c.Sn, false) : f32_operand(dp.f(), c.Sn, false);
         gemm(M, dh, c.Sn, 1.0f, ds_op, operand(kb, c.Sn, dh, ldkv, false, bf16, hkn), 0.0f, dqg.f(), dh);  // dQ
-        k_scatter_heads<<<gpu_blocks(M * dh), kGpuThreads, 0, stream_>>>(dqg.f(), dq, b, a.T, a.Hq, g * rep, rep,
-                                                                         c.t0, c.Tq, dh);
+        gpu_launch(k_scatter_heads, gpu_blocks(M * dh), kGpuThreads, 0, stream_, dqg.f(), dq, b, a.T, a.Hq,
+                   g * rep, rep, c.t0, c.Tq, dh);
         GPU_LAUNCH_CHECK();
         ds_op.trans = true;  // [M, Sn] read as dS^T
         gemm(c.Sn, dh, M, 1.0f, ds_op, q_op, 1.0f, dk + kv_off, ldkv);  // dK += dS^T Q

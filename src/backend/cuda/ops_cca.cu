@@ -46,11 +46,11 @@ __global__ void k_conv_grouped(const float* y, const float* w_t, const float* b_
 void conv_grouped_direct(CudaBackend& be, const float* y, const CcaConvArgs& a) {
   const int64_t B = a.B, T = a.T, C = a.C;
   DeviceBuffer w_t(&be, C * a.group * a.t1 * 4);
-  k_grouped_w_transpose<<<gpu_blocks(C * a.group * a.t1), kGpuThreads, 0, be.stream()>>>(a.w_grp, w_t.f(), C, a.group,
-                                                                                          a.t1);
+  gpu_launch(k_grouped_w_transpose, gpu_blocks(C * a.group * a.t1), kGpuThreads, 0, be.stream(), a.w_grp,
+             w_t.f(), C, a.group, a.t1);
   GPU_LAUNCH_CHECK();
-  k_conv_grouped<<<gpu_blocks(B * T * C), kGpuThreads, 0, be.stream()>>>(y, w_t.f(), a.b_grp, a.z, B, T, C, a.group,
-                                                                           a.t1);
+  gpu_launch(k_conv_grouped, gpu_blocks(B * T * C), kGpuThreads, 0, be.stream(), y, w_t.f(), a.b_grp, a.z, B,
+             T, C, a.group, a.t1);
   GPU_LAUNCH_CHECK();
 }
 
@@ -107,7 +107,8 @@ void CudaBackend::cca_conv_rows(const CcaConvArgs& a) {
   }
   if (a.state && P > 0) {
     DeviceBuffer ns(this, B * P * C * 4);
-    k_conv_new_state<<<gpu_blocks(B * P * C), kGpuThreads, 0, stream_>>>(a.u, a.state, ns.f(), B, T, C, P);
+    gpu_launch(k_conv_new_state, gpu_blocks(B * P * C), kGpuThreads, 0, stream_, a.u, a.state, ns.f(), B, T,
+               C, P);
     GPU_LAUNCH_CHECK();
     copy(a.state, ns.f(), B * P * C);
   }
@@ -137,7 +138,8 @@ void CudaBackend::cca_conv(const CcaConvArgs& a) {
 
 void launch_rope_table(gpuStream_t s, const int64_t* positions, int64_t N, int64_t half, int64_t rotary_dim,
                        double theta, float* cs, float* sn) {
-  k_rope_table<<<gpu_blocks(N * half), kGpuThreads, 0, s>>>(positions, N, half, rotary_dim, theta, cs, sn);
+  gpu_launch(k_rope_table, gpu_blocks(N * half), kGpuThreads, 0, s, positions, N, half, rotary_dim, theta, cs,
+             sn);
   GPU_LAUNCH_CHECK();
 }
 
@@ -147,8 +149,8 @@ void CudaBackend::cca_qk(const CcaQkArgs& a) {
   DeviceBuffer pos = upload(a.positions, N * 8);
   DeviceBuffer cs(this, (half > 0 ? N * half : 1) * 4), sn(this, (half > 0 ? N * half : 1) * 4);
   if (half > 0) launch_rope_table(stream_, pos.l(), N, half, a.rotary_dim, a.theta, cs.f(), sn.f());
-  k_cca_qk<<<gpu_warp_blocks(N * (a.Hq + a.Hkv), warp_size_), kGpuThreads, 0, stream_>>>(a.z, a.u, a.temp, cs.f(), sn.f(), a.q, a.k, N,
-                                                                        a.Hq, a.Hkv, a.dh, half);
+  gpu_launch(k_cca_qk, gpu_warp_blocks(N * (a.Hq + a.Hkv), warp_size_), kGpuThreads, 0, stream_, a.z, a.u,
+             a.temp, cs.f(), sn.f(), a.q, a.k, N, a.Hq, a.Hkv, a.dh, half);
   GPU_LAUNCH_CHECK();
 }
 
@@ -156,10 +158,11 @@ void CudaBackend::cca_values(const CcaValueArgs& a) {
   if (a.B * a.T == 0) return;
   DeviceBuffer seg;
   if (a.seg_start) seg = upload(a.seg_start, a.B * a.T * 4);
-  k_cca_values<<<gpu_blocks(a.B * a.T * 2 * a.half), kGpuThreads, 0, stream_>>>(
-      a.v_cur, a.v_del, a.v_state, a.seg_start ? seg.i() : nullptr, a.v, a.B, a.T, a.half);
+  gpu_launch(k_cca_values, gpu_blocks(a.B * a.T * 2 * a.half), kGpuThreads, 0, stream_, a.v_cur, a.v_del,
+             a.v_state, a.seg_start ? seg.i() : nullptr, a.v, a.B, a.T, a.half);
   GPU_LAUNCH_CHECK();
-  k_values_state<<<gpu_blocks(a.B * a.half), kGpuThreads, 0, stream_>>>(a.v_del, a.v_state, a.B, a.T, a.half);
+  gpu_launch(k_values_state, gpu_blocks(a.B * a.half), kGpuThreads, 0, stream_, a.v_del, a.v_state, a.B, a.T,
+             a.half);
   GPU_LAUNCH_CHECK();
 }
 
@@ -167,7 +170,7 @@ void CudaBackend::cache_write(const float* src, float* cache, const int64_t* pos
                               int64_t W) {
   if (src == cache || B * T * W == 0) return;  // training: the chunk is the whole cache
   DeviceBuffer p = upload(pos0, B * 8);
-  k_cache_write<<<gpu_blocks(B * T * W), kGpuThreads, 0, stream_>>>(src, cache, p.l(), B, T, S, W);
+  gpu_launch(k_cache_write, gpu_blocks(B * T * W), kGpuThreads, 0, stream_, src, cache, p.l(), B, T, S, W);
   GPU_LAUNCH_CHECK();
 }
 

@@ -147,7 +147,8 @@ void CudaBackend::cca_conv_backward_rows(const CcaConvArgs& a, const float* dz, 
   launch_conv_depthwise(stream_, a.u, nullptr, a.w_dw, a.b_dw, y.f(), B, T, C, P, a.t0, a.t1);
   grouped_conv_gemm_backward(*this, dz, y.f(), a.w_grp, dy.f(), dw_grp, B, T, C, G, a.t1);
   if (db_grp) gpu_column_sums(*this, B * T, C, db_grp, dz, C, nullptr, nullptr, nullptr, nullptr);
-  k_conv_depthwise_du<<<gpu_blocks(B * T * C), kGpuThreads, 0, stream_>>>(dy.f(), a.w_dw, du, B, T, C, P, a.t0, Ly);
+  gpu_launch(k_conv_depthwise_du, gpu_blocks(B * T * C), kGpuThreads, 0, stream_, dy.f(), a.w_dw, du, B, T, C,
+             P, a.t0, Ly);
   GPU_LAUNCH_CHECK();
   if (dw_dw) {
     // Tap k: dw_dw[c, k] = sum_b sum_s dy[b, s, c] u[b, s + k - P, c] over the rows s >= P - k
@@ -161,7 +162,7 @@ void CudaBackend::cca_conv_backward_rows(const CcaConvArgs& a, const float* dz, 
         gpu_column_sums(*this, rows, C, taps.f() + k * C, dy.f() + (b * Ly + s0) * C, C, a.u + b * T * C, nullptr,
                         nullptr, nullptr);
     }
-    k_add_depthwise_taps<<<gpu_blocks(C * a.t0), kGpuThreads, 0, stream_>>>(taps.f(), dw_dw, C, a.t0);
+    gpu_launch(k_add_depthwise_taps, gpu_blocks(C * a.t0), kGpuThreads, 0, stream_, taps.f(), dw_dw, C, a.t0);
     GPU_LAUNCH_CHECK();
   }
   if (db_dw) gpu_column_sums(*this, B * Ly, C, db_dw, dy.f(), C, nullptr, nullptr, nullptr, nullptr);
@@ -199,11 +200,11 @@ void CudaBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const flo
   DeviceBuffer cs(this, (half > 0 ? N * half : 1) * 4), sn(this, (half > 0 ? N * half : 1) * 4);
   DeviceBuffer tok(this, N * a.Hkv * 8);
   if (half > 0) launch_rope_table(stream_, pos.l(), N, half, a.rotary_dim, a.theta, cs.f(), sn.f());
-  k_cca_qk_backward<<<gpu_warp_blocks(N * a.Hkv, warp_size_), kGpuThreads, 0, stream_>>>(a.z, a.u, a.temp, cs.f(), sn.f(), dq, dk, dz,
-                                                                        du, tok.d(), N, a.Hq, a.Hkv, a.dh, half);
+  gpu_launch(k_cca_qk_backward, gpu_warp_blocks(N * a.Hkv, warp_size_), kGpuThreads, 0, stream_, a.z, a.u,
+             a.temp, cs.f(), sn.f(), dq, dk, dz, du, tok.d(), N, a.Hq, a.Hkv, a.dh, half);
   GPU_LAUNCH_CHECK();
   if (dtemp) {
-    k_dtemp<<<unsigned(a.Hkv), kGpuThreads, 0, stream_>>>(tok.d(), dtemp, N, a.Hkv);
+    gpu_launch(k_dtemp, unsigned(a.Hkv), kGpuThreads, 0, stream_, tok.d(), dtemp, N, a.Hkv);
     GPU_LAUNCH_CHECK();
   }
 }
@@ -213,8 +214,8 @@ void CudaBackend::cca_values_backward(const float* dv, float* dv_cur, float* dv_
   if (B * T * half == 0) return;
   DeviceBuffer seg;
   if (seg_start) seg = upload(seg_start, B * T * 4);
-  k_values_backward<<<gpu_blocks(B * T * half), kGpuThreads, 0, stream_>>>(dv, dv_cur, dv_del,
-                                                                           seg_start ? seg.i() : nullptr, B, T, half);
+  gpu_launch(k_values_backward, gpu_blocks(B * T * half), kGpuThreads, 0, stream_, dv, dv_cur, dv_del,
+             seg_start ? seg.i() : nullptr, B, T, half);
   GPU_LAUNCH_CHECK();
 }
 

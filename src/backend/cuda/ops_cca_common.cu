@@ -38,21 +38,22 @@ void launch_conv_depthwise(gpuStream_t s, const float* u, const float* state, co
                            float* y, int64_t B, int64_t T, int64_t C, int64_t P, int64_t t0, int64_t t1) {
   const int64_t Ly = T + t1 - 1;
   if (B * Ly * C == 0) return;
-  k_conv_depthwise<<<gpu_blocks(B * Ly * C), kGpuThreads, 0, s>>>(u, state, w_dw, b_dw, y, B, T, C, P, t0, Ly);
+  gpu_launch(k_conv_depthwise, gpu_blocks(B * Ly * C), kGpuThreads, 0, s, u, state, w_dw, b_dw, y, B, T, C, P,
+             t0, Ly);
   GPU_LAUNCH_CHECK();
 }
 
 void launch_scatter_rows(gpuStream_t s, const float* src, const int32_t* rows, int64_t T, int64_t C, float* dst,
                          bool accumulate) {
   if (T * C == 0) return;
-  k_scatter_rows<<<gpu_blocks(T * C), kGpuThreads, 0, s>>>(src, rows, T, C, dst, accumulate);
+  gpu_launch(k_scatter_rows, gpu_blocks(T * C), kGpuThreads, 0, s, src, rows, T, C, dst, accumulate);
   GPU_LAUNCH_CHECK();
 }
 
 void launch_gather_rows(gpuStream_t s, const float* src, const int32_t* rows, int64_t T, int64_t C, float* dst,
                         bool accumulate) {
   if (T * C == 0) return;
-  k_gather_rows<<<gpu_blocks(T * C), kGpuThreads, 0, s>>>(src, rows, T, C, dst, accumulate);
+  gpu_launch(k_gather_rows, gpu_blocks(T * C), kGpuThreads, 0, s, src, rows, T, C, dst, accumulate);
   GPU_LAUNCH_CHECK();
 }
 

@@ -12,7 +12,7 @@ namespace zaya {
 
 class CudaBackend;
 
-#if defined(__CUDACC__) || defined(__HIPCC__)
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(ZAYA_SIMT)
 // Row `row` of concat(state [P, C], u [T, C]) for sequence b; a null state reads as zeros.
 __device__ inline float conv_ext(const float* u, const float* state, int64_t b, int64_t row, int64_t c, int64_t T,
                                  int64_t C, int64_t P) {

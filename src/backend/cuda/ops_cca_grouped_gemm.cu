@@ -39,7 +39,7 @@ __global__ void k_bias_rows(float* z, const float* bias, int64_t rows, int64_t C
 
 DeviceBuffer weights_by_tap(CudaBackend& be, const float* w_grp, int64_t C, int64_t G, int64_t t1) {
   DeviceBuffer w_r(&be, C * G * t1 * 4);
-  k_weights_by_tap<<<gpu_blocks(C * G * t1), kGpuThreads, 0, be.stream()>>>(w_grp, w_r.f(), C, G, t1);
+  gpu_launch(k_weights_by_tap, gpu_blocks(C * G * t1), kGpuThreads, 0, be.stream(), w_grp, w_r.f(), C, G, t1);
   GPU_LAUNCH_CHECK();
   return w_r;
 }
@@ -65,7 +65,7 @@ void grouped_conv_gemm(CudaBackend& be, const float* y, const float* w_grp, cons
   const GemmBatch groups = head_groups(C, G, t1);
   const int64_t Ly = T + t1 - 1;
   const DeviceBuffer w_r = weights_by_tap(be, w_grp, C, G, t1);
-  k_bias_rows<<<gpu_blocks(B * T * C), kGpuThreads, 0, be.stream()>>>(z, b_grp, B * T, C);
+  gpu_launch(k_bias_rows, gpu_blocks(B * T * C), kGpuThreads, 0, be.stream(), z, b_grp, B * T, C);
   GPU_LAUNCH_CHECK();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < t1; ++j) {
@@ -100,7 +100,8 @@ void grouped_conv_gemm_backward(CudaBackend& be, const float* dz, const float* y
       be.gemm(G, G, T, 1.0f, f32_operand(dz + b * T * C, C, true), f32_operand(y + (b * Ly + j) * C, C, false),
               b == 0 ? 0.0f : 1.0f, dw_r.f() + j * G * G, G, dw_groups, GemmCompute::Exact, GemmShape::RaggedK);
     }
-  k_add_weights_from_taps<<<gpu_blocks(C * G * t1), kGpuThreads, 0, be.stream()>>>(dw_r.f(), dw_grp, C, G, t1);
+  gpu_launch(k_add_weights_from_taps, gpu_blocks(C * G * t1), kGpuThreads, 0, be.stream(), dw_r.f(), dw_grp,
+             C, G, t1);
   GPU_LAUNCH_CHECK();
 }
 

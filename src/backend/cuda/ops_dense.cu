@@ -107,51 +107,52 @@ void CudaBackend::linear(const float* x, const float* w, const float* bias, floa
 
 void CudaBackend::embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) {
   if (N * D == 0) return;
-  k_embedding<<<gpu_blocks(N * D), kGpuThreads, 0, stream_>>>(table, ids, out, N, D);
+  gpu_launch(k_embedding, gpu_blocks(N * D), kGpuThreads, 0, stream_, table, ids, out, N, D);
   GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::rmsnorm(const float* x, const float* w, float eps, float* y, int64_t rows, int64_t dim) {
   if (rows == 0) return;
-  k_rmsnorm<<<unsigned(rows), kGpuThreads, 0, stream_>>>(x, w, eps, y, dim);
+  gpu_launch(k_rmsnorm, unsigned(rows), kGpuThreads, 0, stream_, x, w, eps, y, dim);
   GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) {
   if (rows * dim == 0) return;
-  k_affine<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(x, scale, bias, rows, dim);
+  gpu_launch(k_affine, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, x, scale, bias, rows, dim);
   GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
                                  const float* rb, int64_t rows, int64_t dim) {
   if (rows * dim == 0) return;
-  k_residual_scale<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(r, h, hs, hb, rs, rb, rows, dim);
+  gpu_launch(k_residual_scale, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, r, h, hs, hb, rs, rb, rows,
+             dim);
   GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) {
   if (rows * dim == 0) return;
-  k_scaled_add<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(y, x, scale, rows, dim);
+  gpu_launch(k_scaled_add, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, y, x, scale, rows, dim);
   GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::gelu(float* x, int64_t n) {
   if (n == 0) return;
-  k_gelu<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(x, n);
+  gpu_launch(k_gelu, gpu_blocks(n), kGpuThreads, 0, stream_, x, n);
   GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::softmax(float* x, int64_t rows, int64_t cols) {
   if (rows == 0) return;
-  k_softmax<<<unsigned(rows), kGpuThreads, 0, stream_>>>(x, cols);
+  gpu_launch(k_softmax, unsigned(rows), kGpuThreads, 0, stream_, x, cols);
   GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::route_select(const float* probs, const float* bias, int32_t* expert, float* weight, int64_t N,
                                int64_t classes) {
   if (N == 0) return;
-  k_route_select<<<gpu_blocks(N), kGpuThreads, 0, stream_>>>(probs, bias, expert, weight, N, classes);
+  gpu_launch(k_route_select, gpu_blocks(N), kGpuThreads, 0, stream_, probs, bias, expert, weight, N, classes);
   GPU_LAUNCH_CHECK();
 }
 

@@ -147,8 +147,8 @@ void CudaBackend::embedding_backward(const int32_t* ids, const float* dout, floa
   DeviceBuffer uid = upload(unique_ids.data(), U * 4), st = upload(starts.data(), (U + 1) * 4),
                ord = upload(order.data(), N * 4);
   const unsigned threads = D >= kGpuThreads ? kGpuThreads : 64;
-  k_embedding_backward<<<unsigned(std::min<int64_t>(U, 65535)), threads, 0, stream_>>>(uid.i(), st.i(), ord.i(), U, dout,
-                                                                                      dtable, D);
+  gpu_launch(k_embedding_backward, unsigned(std::min<int64_t>(U, 65535)), threads, 0, stream_, uid.i(),
+             st.i(), ord.i(), U, dout, dtable, D);
   GPU_LAUNCH_CHECK();
 }
 
@@ -156,7 +156,8 @@ void CudaBackend::rmsnorm_backward(const float* x, const float* w, const float* 
                                    int64_t rows, int64_t dim, bool accumulate_dx) {
   if (rows == 0) return;
   DeviceBuffer inv(this, rows * 4);
-  k_rmsnorm_backward<<<unsigned(rows), kGpuThreads, 0, stream_>>>(x, w, dy, eps, dx, inv.f(), dim, accumulate_dx);
+  gpu_launch(k_rmsnorm_backward, unsigned(rows), kGpuThreads, 0, stream_, x, w, dy, eps, dx, inv.f(), dim,
+             accumulate_dx);
   GPU_LAUNCH_CHECK();
   gpu_column_sums(*this, rows, dim, dw, dy, dim, x, nullptr, nullptr, inv.f());
 }
@@ -166,7 +167,7 @@ void CudaBackend::affine_backward(const float* x, const float* scale, const floa
   if (rows * dim == 0) return;
   gpu_column_sums(*this, rows, dim, dscale, d, dim, x, bias, nullptr, nullptr);
   gpu_column_sums(*this, rows, dim, dbias, d, dim, nullptr, nullptr, scale, nullptr);
-  k_scale_columns<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(d, scale, rows, dim);
+  gpu_launch(k_scale_columns, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, d, scale, rows, dim);
   GPU_LAUNCH_CHECK();
 }
 
@@ -178,7 +179,7 @@ void CudaBackend::residual_scale_backward(const float* r, const float* h, const 
   gpu_column_sums(*this, rows, dim, dhb, dr, dim, nullptr, nullptr, hs, nullptr);
   gpu_column_sums(*this, rows, dim, drs, dr, dim, r, rb, nullptr, nullptr);
   gpu_column_sums(*this, rows, dim, drb, dr, dim, nullptr, nullptr, rs, nullptr);
-  k_residual_split<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(dr, dh, hs, rs, rows, dim);
+  gpu_launch(k_residual_split, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, dr, dh, hs, rs, rows, dim);
   GPU_LAUNCH_CHECK();
 }
 
@@ -186,19 +187,19 @@ void CudaBackend::scaled_add_backward(const float* x, const float* scale, const 
                                       int64_t rows, int64_t dim) {
   if (rows * dim == 0) return;
   gpu_column_sums(*this, rows, dim, dscale, dy, dim, x, nullptr, nullptr, nullptr);
-  k_scaled_add_dx<<<gpu_blocks(rows * dim), kGpuThreads, 0, stream_>>>(dy, scale, dx, rows, dim);
+  gpu_launch(k_scaled_add_dx, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, dy, scale, dx, rows, dim);
   GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::gelu_backward(const float* x, float* d, int64_t n) {
   if (n == 0) return;
-  k_gelu_backward<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(x, d, n);
+  gpu_launch(k_gelu_backward, gpu_blocks(n), kGpuThreads, 0, stream_, x, d, n);
   GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::softmax_backward(const float* p, float* d, int64_t rows, int64_t cols) {
   if (rows == 0) return;
-  k_softmax_backward<<<unsigned(rows), kGpuThreads, 0, stream_>>>(p, d, cols);
+  gpu_launch(k_softmax_backward, unsigned(rows), kGpuThreads, 0, stream_, p, d, cols);
   GPU_LAUNCH_CHECK();
 }
 
@@ -206,7 +207,7 @@ void CudaBackend::route_backward(const int32_t* expert, const float* dweight, fl
                                  int64_t classes) {
   if (N == 0) return;
   fill(dprobs, 0.0f, N * classes);
-  k_route_backward<<<gpu_blocks(N), kGpuThreads, 0, stream_>>>(expert, dweight, dprobs, N, classes);
+  gpu_launch(k_route_backward, gpu_blocks(N), kGpuThreads, 0, stream_, expert, dweight, dprobs, N, classes);
   GPU_LAUNCH_CHECK();
 }
 

@@ -71,8 +71,8 @@ SplitOperand split_operand(CudaBackend& be, const float* p, int64_t rows, int64_
   s.big_buf = DeviceBuffer(&be, rows * cols * 4);
   s.small_buf = DeviceBuffer(&be, rows * cols * 4);
   if (rows * cols > 0) {
-    k_split_tf32<<<gpu_blocks(rows * cols), kGpuThreads, 0, be.stream()>>>(p, rows, cols, ld, s.big_buf.f(),
-                                                                          s.small_buf.f());
+    gpu_launch(k_split_tf32, gpu_blocks(rows * cols), kGpuThreads, 0, be.stream(), p, rows, cols, ld,
+               s.big_buf.f(), s.small_buf.f());
     GPU_LAUNCH_CHECK();
   }
   s.big = f32_operand(s.big_buf.f(), cols, trans);
@@ -151,7 +151,8 @@ double CudaBackend::lm_head_loss(const float* y, const float* w, const float* bi
         gemm_tf32x3(*this, rows, vs, D, xs, ws, 0.0f, logits.f() + v0, V, bias ? bias + v0 : nullptr);
       }
     }
-    k_loss_rows<<<unsigned(rows), kGpuThreads, 0, stream_>>>(logits.f(), target + r0, V, scale, row_loss.d() + r0);
+    gpu_launch(k_loss_rows, unsigned(rows), kGpuThreads, 0, stream_, logits.f(), target + r0, V, scale,
+               row_loss.d() + r0);
     GPU_LAUNCH_CHECK();
     if (!dy) continue;
     if (!split) {

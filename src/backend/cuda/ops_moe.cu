@@ -42,8 +42,8 @@ void CudaBackend::moe(const MoeArgs& a) {
     const GemmOperand ao = operand(act.f(), rows, I, I, false, bf16, hact);
     experts.by_rows(D, I, ao, dno, D * I, 0.0f, ys.f(), D);  // ys = act DN_e^T
   }
-  k_moe_scatter<<<gpu_blocks(N * D), kGpuThreads, 0, stream_>>>(ys.f(), plan.perm.i(), a.weight, a.x, a.out, N,
-                                                                plan.routed_dev(E), D, a.skip_identity);
+  gpu_launch(k_moe_scatter, gpu_blocks(N * D), kGpuThreads, 0, stream_, ys.f(), plan.perm.i(), a.weight, a.x,
+             a.out, N, plan.routed_dev(E), D, a.skip_identity);
   GPU_LAUNCH_CHECK();
 }
 

@@ -68,8 +68,8 @@ void CudaBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, f
     gu_plain.trans = false;  // dxs = dhid GU, GU stored [2I, D] = [K, N]
     experts.by_rows(D, 2 * I, dho, gu_plain, 2 * I * D, 0.0f, dxs.f(), D);
   }
-  k_moe_finish<<<unsigned(N), kGpuThreads, 0, stream_>>>(dout, ys.f(), dxs.f(), plan.perm.i(), a.weight, a.x, dx,
-                                                         dweight, plan.routed_dev(E), D, a.skip_identity);
+  gpu_launch(k_moe_finish, unsigned(N), kGpuThreads, 0, stream_, dout, ys.f(), dxs.f(), plan.perm.i(),
+             a.weight, a.x, dx, dweight, plan.routed_dev(E), D, a.skip_identity);
   GPU_LAUNCH_CHECK();
 }
 

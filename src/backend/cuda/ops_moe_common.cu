@@ -112,13 +112,15 @@ GpuMoePlan gpu_plan_moe(CudaBackend& be, const int32_t* expert, int64_t N, int64
   DeviceBuffer counts(&be, std::max<int64_t>(1, tiles * classes) * 4),
       starts(&be, std::max<int64_t>(1, tiles * classes) * 4);
   if (tiles > 0) {
-    k_plan_count<<<unsigned(tiles), kPlanTile, 0, be.stream()>>>(expert, N, classes, counts.i());
+    gpu_launch(k_plan_count, unsigned(tiles), kPlanTile, 0, be.stream(), expert, N, classes, counts.i());
     GPU_LAUNCH_CHECK();
   }
-  k_plan_offsets<<<1, kPlanTile, 0, be.stream()>>>(counts.i(), tiles, classes, starts.i(), plan.offsets_dev.i());
+  gpu_launch(k_plan_offsets, 1, kPlanTile, 0, be.stream(), counts.i(), tiles, classes, starts.i(),
+             plan.offsets_dev.i());
   GPU_LAUNCH_CHECK();
   if (tiles > 0) {
-    k_plan_place<<<unsigned(tiles), kPlanTile, 0, be.stream()>>>(expert, N, classes, starts.i(), plan.perm.i());
+    gpu_launch(k_plan_place, unsigned(tiles), kPlanTile, 0, be.stream(), expert, N, classes, starts.i(),
+               plan.perm.i());
     GPU_LAUNCH_CHECK();
   }
   if (to_host) {
@@ -132,20 +134,20 @@ GpuMoePlan gpu_plan_moe(CudaBackend& be, const int32_t* expert, int64_t N, int64
 void gpu_gather_rows(gpuStream_t s, const float* src, const int32_t* perm, const float* row_scale, int64_t rows,
                      int64_t D, float* dst) {
   if (rows * D == 0) return;
-  k_gather<<<gpu_blocks(rows * D), kGpuThreads, 0, s>>>(src, perm, row_scale, rows, D, dst);
+  gpu_launch(k_gather, gpu_blocks(rows * D), kGpuThreads, 0, s, src, perm, row_scale, rows, D, dst);
   GPU_LAUNCH_CHECK();
 }
 
 void gpu_swiglu(gpuStream_t s, const float* hid, float* act, int64_t rows, int64_t I, const int32_t* rows_dev) {
   if (rows * I == 0) return;
-  k_swiglu<<<gpu_blocks(rows * I), kGpuThreads, 0, s>>>(hid, act, rows, I, rows_dev);
+  gpu_launch(k_swiglu, gpu_blocks(rows * I), kGpuThreads, 0, s, hid, act, rows, I, rows_dev);
   GPU_LAUNCH_CHECK();
 }
 
 void gpu_swiglu_backward(gpuStream_t s, const float* hid, const float* dact, float* dhid, int64_t rows, int64_t I,
                          const int32_t* rows_dev) {
   if (rows * I == 0) return;
-  k_swiglu_backward<<<gpu_blocks(rows * I), kGpuThreads, 0, s>>>(hid, dact, dhid, rows, I, rows_dev);
+  gpu_launch(k_swiglu_backward, gpu_blocks(rows * I), kGpuThreads, 0, s, hid, dact, dhid, rows, I, rows_dev);
   GPU_LAUNCH_CHECK();
 }
 

@@ -43,7 +43,7 @@ void ns_with_bf16_iterates(CudaBackend& be, float* x, const double* ssq, int64_t
   const int64_t r = tall ? cols : rows, n = rows * cols;
   DeviceBuffer xa(&be, batch * n * 2), xb(&be, batch * n * 2), A(&be, batch * r * r * 2), Bm(&be, batch * r * r * 2);
   const dim3 grid(std::min(gpu_blocks(n), 4096u), unsigned(std::min<int64_t>(batch, 65535)));
-  k_ns_init<<<grid, kGpuThreads, 0, be.stream()>>>(x, ssq, xa.h(), batch, n);
+  gpu_launch(k_ns_init<bf16_t>, grid, kGpuThreads, 0, be.stream(), x, ssq, xa.h(), batch, n);
   GPU_LAUNCH_CHECK();
   bf16_t* X = xa.h();
   bf16_t* Y = xb.h();
@@ -118,7 +118,7 @@ void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, i
       A(this, batch * r * r * 4), Bm(this, batch * r * r * 4);
   DeviceBuffer xh, ah, bh;  // bf16 copies of X, A and B (bf16 operands only)
   const dim3 grid(std::min(gpu_blocks(n), 4096u), unsigned(std::min<int64_t>(batch, 65535)));
-  k_ns_init<<<grid, kGpuThreads, 0, stream_>>>(x, ssq.d(), xb.f(), batch, n);
+  gpu_launch(k_ns_init<float>, grid, kGpuThreads, 0, stream_, x, ssq.d(), xb.f(), batch, n);
   GPU_LAUNCH_CHECK();
   if (steps == 0) {
     copy(x, xb.f(), batch * n);
@@ -153,14 +153,14 @@ void CudaBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, i
 
 void CudaBackend::muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, bool nesterov) {
   if (n == 0) return;
-  k_muon_momentum<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(m, g, u, n, mu, nesterov);
+  gpu_launch(k_muon_momentum, gpu_blocks(n), kGpuThreads, 0, stream_, m, g, u, n, mu, nesterov);
   GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::muon_update(float* w, const float* x, int64_t n, float lr, float scale, float wd) {
   drop_shadows_over(w, n * 4);
   if (n == 0) return;
-  k_muon_update<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(w, x, n, lr, scale, wd);
+  gpu_launch(k_muon_update, gpu_blocks(n), kGpuThreads, 0, stream_, w, x, n, lr, scale, wd);
   GPU_LAUNCH_CHECK();
 }
 
@@ -172,8 +172,8 @@ void CudaBackend::adamw_update(float* w, const float* g, float* m, float* v, int
   const float inv_bc1 = float(1.0 / (1.0 - std::pow(double(beta1), double(t))));
   const float inv_bc2 = float(1.0 / (1.0 - std::pow(double(beta2), double(t))));
   const float c1 = float(1.0 - double(beta1)), c2 = float(1.0 - double(beta2));
-  k_adamw<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(w, g, m, v, n, lr, beta1, beta2, c1, c2, inv_bc1, inv_bc2, eps,
-                                                      wd);
+  gpu_launch(k_adamw, gpu_blocks(n), kGpuThreads, 0, stream_, w, g, m, v, n, lr, beta1, beta2, c1, c2,
+             inv_bc1, inv_bc2, eps, wd);
   GPU_LAUNCH_CHECK();
 }
 
@@ -188,7 +188,7 @@ double CudaBackend::sum_squares(const float* x, int64_t n) {
 void CudaBackend::scale_inplace(float* x, float s, int64_t n) {
   drop_shadows_over(x, n * 4);
   if (n == 0) return;
-  k_scale<<<gpu_blocks(n), kGpuThreads, 0, stream_>>>(x, s, n);
+  gpu_launch(k_scale, gpu_blocks(n), kGpuThreads, 0, stream_, x, s, n);
   GPU_LAUNCH_CHECK();
 }
 

@@ -1,0 +1,162 @@
+// The emulated GPU runtime API (simt_host_api.h): device memory from the heap, recorded in an
+// ordered map so that copies and frees are checked against live allocations; streams and events
+// are tokens, since every call completes before it returns.
+#include "simt_runtime.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace {
+
+std::mutex g_mutex;
+std::map<uintptr_t, size_t> g_allocations;  // start -> bytes
+size_t g_in_use = 0;
+gpuError_t g_last_error = gpuSuccess;
+constexpr size_t kEmulatedMemory = size_t(16) << 30;
+
+gpuError_t record(gpuError_t e) {
+  if (e != gpuSuccess) g_last_error = e;
+  return e;
+}
+
+// Whether [p, p + bytes) lies inside one live allocation.
+bool inside_allocation(const void* p, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_allocations.upper_bound(a);
+  if (it == g_allocations.begin()) return false;
+  --it;
+  return a >= it->first && a + bytes <= it->first + it->second;
+}
+
+struct Event {
+  std::chrono::steady_clock::time_point at;
+};
+
+}  // namespace
+
+const char* gpuGetErrorString(gpuError_t e) {
+  switch (e) {
+    case gpuSuccess: return "no error";
+    case gpuErrorInvalidValue: return "invalid argument (emulated GPU: a copy or free outside device memory)";
+    case gpuErrorMemoryAllocation: return "out of memory (emulated GPU)";
+    case gpuErrorNotReady: return "not ready";
+    default: return "unknown error (emulated GPU)";
+  }
+}
+
+gpuError_t gpuGetLastError() {
+  const gpuError_t e = g_last_error;
+  g_last_error = gpuSuccess;
+  return e;
+}
+
+gpuError_t gpuGetDeviceCount(int* count) {
+  *count = 1;
+  return gpuSuccess;
+}
+gpuError_t gpuSetDevice(int device) { return record(device == 0 ? gpuSuccess : gpuErrorInvalidValue); }
+gpuError_t gpuGetDevice(int* device) {
+  *device = 0;
+  return gpuSuccess;
+}
+gpuError_t gpuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  *total_bytes = kEmulatedMemory;
+  *free_bytes = g_in_use < kEmulatedMemory ? kEmulatedMemory - g_in_use : 0;
+  return gpuSuccess;
+}
+
+gpuError_t gpuMalloc(void** p, size_t bytes) {
+  *p = nullptr;
+  if (bytes == 0) return gpuSuccess;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_in_use + bytes > kEmulatedMemory) return record(gpuErrorMemoryAllocation);
+  }
+  // 256-byte aligned, as cudaMalloc's; exactly `bytes` long, so ASan sees a kernel that reads past.
+  void* q = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (!q) return record(gpuErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_allocations[reinterpret_cast<uintptr_t>(q)] = bytes;
+  g_in_use += bytes;
+  *p = q;
+  return gpuSuccess;
+}
+
+gpuError_t gpuFree(void* p) {
+  if (!p) return gpuSuccess;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g_allocations.end()) return record(gpuErrorInvalidValue);
+  g_in_use -= it->second;
+  g_allocations.erase(it);
+  std::free(p);
+  return gpuSuccess;
+}
+
+gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind kind, gpuStream_t) {
+  if (bytes == 0) return gpuSuccess;
+  const bool dst_device = kind == gpuMemcpyHostToDevice || kind == gpuMemcpyDeviceToDevice;
+  const bool src_device = kind == gpuMemcpyDeviceToHost || kind == gpuMemcpyDeviceToDevice;
+  if ((dst_device && !inside_allocation(dst, bytes)) || (src_device && !inside_allocation(src, bytes)))
+    return record(gpuErrorInvalidValue);
+  std::memmove(dst, src, bytes);
+  return gpuSuccess;
+}
+
+gpuError_t gpuMemsetAsync(void* dst, int value, size_t bytes, gpuStream_t) {
+  if (bytes == 0) return gpuSuccess;
+  if (!inside_allocation(dst, bytes)) return record(gpuErrorInvalidValue);
+  std::memset(dst, value, bytes);
+  return gpuSuccess;
+}
+
+gpuError_t gpuStreamCreate(gpuStream_t* stream) { return gpuStreamCreateWithFlags(stream, 0); }
+gpuError_t gpuStreamCreateWithFlags(gpuStream_t* stream, unsigned) {
+  static int token;
+  *stream = &token;
+  return gpuSuccess;
+}
+gpuError_t gpuStreamDestroy(gpuStream_t) { return gpuSuccess; }
+gpuError_t gpuStreamSynchronize(gpuStream_t) { return gpuSuccess; }
+gpuError_t gpuStreamWaitEvent(gpuStream_t, gpuEvent_t, unsigned) { return gpuSuccess; }
+
+gpuError_t gpuEventCreate(gpuEvent_t* event) { return gpuEventCreateWithFlags(event, 0); }
+gpuError_t gpuEventCreateWithFlags(gpuEvent_t* event, unsigned) {
+  *event = new Event{std::chrono::steady_clock::now()};
+  return gpuSuccess;
+}
+gpuError_t gpuEventDestroy(gpuEvent_t event) {
+  delete static_cast<Event*>(event);
+  return gpuSuccess;
+}
+gpuError_t gpuEventRecord(gpuEvent_t event, gpuStream_t) {
+  static_cast<Event*>(event)->at = std::chrono::steady_clock::now();
+  return gpuSuccess;
+}
+gpuError_t gpuEventSynchronize(gpuEvent_t) { return gpuSuccess; }
+gpuError_t gpuEventQuery(gpuEvent_t) { return gpuSuccess; }
+gpuError_t gpuEventElapsedTime(float* ms, gpuEvent_t start, gpuEvent_t end) {
+  *ms = std::chrono::duration<float, std::milli>(static_cast<Event*>(end)->at - static_cast<Event*>(start)->at).count();
+  return gpuSuccess;
+}
+
+int gpu_device_warp_size(int) { return GPU_WARP_SIZE; }
+
+bool gpu_pointer_on_device(const void* p, int* device) {
+  if (!inside_allocation(p, 1)) return false;
+  *device = 0;
+  return true;
+}
+
+namespace zaya::simt {
+size_t device_bytes_in_use() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_in_use;
+}
+}  // namespace zaya::simt

@@ -1,0 +1,68 @@
+// The GPU runtime API as the backend's host code calls it (gpuMalloc, copies, streams, events,
+// device queries), emulated on the CPU for the host emulation of the GPU (ZAYA_SIMT): one
+// device whose memory is the process's heap, and one in-order stream, so a copy or a launch is
+// complete when its call returns. Device allocations are recorded: a copy that reaches past one,
+// or a free of a pointer never allocated, is an error, and under ASan a kernel that reads past an
+// allocation is reported there. Included by simt_runtime.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+using gpuError_t = int;
+using gpuStream_t = void*;
+using gpuEvent_t = void*;
+constexpr gpuError_t gpuSuccess = 0;
+constexpr gpuError_t gpuErrorMemoryAllocation = 2;
+constexpr gpuError_t gpuErrorInvalidValue = 1;
+constexpr gpuError_t gpuErrorNotReady = 600;
+
+enum gpuMemcpyKind { gpuMemcpyHostToDevice = 1, gpuMemcpyDeviceToHost = 2, gpuMemcpyDeviceToDevice = 3 };
+enum gpuFuncAttribute { gpuFuncAttributeMaxDynamicSharedMemorySize = 8 };
+constexpr unsigned gpuStreamNonBlocking = 1;
+constexpr unsigned gpuEventDisableTiming = 2;
+#define gpuStreamLegacy (static_cast<gpuStream_t>(nullptr))
+
+const char* gpuGetErrorString(gpuError_t e);
+gpuError_t gpuGetLastError();
+
+gpuError_t gpuGetDeviceCount(int* count);
+gpuError_t gpuSetDevice(int device);
+gpuError_t gpuGetDevice(int* device);
+gpuError_t gpuMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+
+gpuError_t gpuMalloc(void** p, size_t bytes);
+gpuError_t gpuFree(void* p);
+gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind kind, gpuStream_t stream);
+gpuError_t gpuMemsetAsync(void* dst, int value, size_t bytes, gpuStream_t stream);
+
+gpuError_t gpuStreamCreate(gpuStream_t* stream);
+gpuError_t gpuStreamCreateWithFlags(gpuStream_t* stream, unsigned flags);
+gpuError_t gpuStreamDestroy(gpuStream_t stream);
+gpuError_t gpuStreamSynchronize(gpuStream_t stream);
+gpuError_t gpuStreamWaitEvent(gpuStream_t stream, gpuEvent_t event, unsigned flags);
+
+gpuError_t gpuEventCreate(gpuEvent_t* event);
+gpuError_t gpuEventCreateWithFlags(gpuEvent_t* event, unsigned flags);
+gpuError_t gpuEventDestroy(gpuEvent_t event);
+gpuError_t gpuEventRecord(gpuEvent_t event, gpuStream_t stream);
+gpuError_t gpuEventSynchronize(gpuEvent_t event);
+gpuError_t gpuEventQuery(gpuEvent_t event);
+gpuError_t gpuEventElapsedTime(float* ms, gpuEvent_t start, gpuEvent_t end);
+
+// A kernel's attributes: accepted and ignored (dynamic shared memory has no limit here but
+// simt::launch's own).
+inline gpuError_t gpuFuncSetAttribute(const void*, gpuFuncAttribute, int) { return gpuSuccess; }
+
+// The emulated device: GPU_WARP_SIZE lanes (the build's), compute capability 9 (mma.sync is
+// emulated for 32-lane warps), 227 KiB of shared memory a block, as an H100.
+int gpu_device_warp_size(int device);
+inline int gpu_device_compute_major(int) { return 9; }
+inline int gpu_device_max_shared_per_block(int) { return 227 * 1024; }
+// Whether p lies in a live emulated device allocation (*device = 0 then).
+bool gpu_pointer_on_device(const void* p, int* device);
+
+namespace zaya::simt {
+// Bytes held in emulated device allocations now (tests check that nothing leaks).
+size_t device_bytes_in_use();
+}  // namespace zaya::simt
