@@ -56,14 +56,15 @@ class GpuMoe : public GpuVsCpu {
     expect_close(gdx.get(), dx, GetParam().tol, what + " dx");
     // dweight[n] = dout[n] . ys[n] (ys: the expert's output; x for an identity skip, so the
     // same formula) cancels towards zero for some tokens, so each is held to the magnitudes it
-    // is summed from rather than to the largest dweight: sum_d |dout_d| m_d. ys_d is itself a
-    // GEMM output (sum_j down_dj act_j, act_j = silu(g_j) u_j, g and u GEMM outputs of x) that
-    // can cancel too, and bf16 operands round its terms, not its sum, so m_d = |ys_d| + r_d with
-    // r_d the root sum of squares of those terms (the typical size of their rounding error in
-    // units of the rounding):
-    //   r_d = sqrt(sum_j (down_dj a_j)^2),  a_j = |act_j| + |silu(g_j)| U_j + 1.1 |u_j| G_j,
-    // G_j, U_j the root sums of squares of the gate_up x terms of g_j, u_j (1.1 bounds |silu'|).
-    // For skip tokens m_d = |ys_d| (|x_d| or 0): zero-skip tokens must come out exactly 0.
+    // is summed from rather than to the largest dweight: sum_d |dout_d| m_d with m_d = |ys_d|.
+    // Under bf16 operands ys_d is itself a GEMM output (sum_j down_dj act_j, act_j =
+    // silu(g_j) u_j, g and u GEMM outputs of x) whose terms, not its sum, are rounded, and it
+    // can cancel too, so m_d adds r_d, the root sum of squares of those terms (the typical size
+    // of their rounding error in units of the rounding):
+    //   r_d = sqrt(sum_j (down_dj a_j)^2),  a_j = |act_j| + |silu(g_j)| U_j + |silu'(g_j)| |u_j| G_j,
+    // G_j, U_j the root sums of squares of the gate_up x terms of g_j, u_j. For skip tokens
+    // m_d = |ys_d| (|x_d| or 0): zero-skip tokens must come out exactly 0.
+    const bool bf16_terms = GetParam().bf16;
     std::vector<double> dot_scale(static_cast<size_t>(N));
     for (int64_t n = 0; n < N; ++n) {
       const float* xn = x.data() + n * D;
@@ -83,9 +84,11 @@ class GpuMoe : public GpuVsCpu {
             G += gt * gt;
             U += ut * ut;
           }
-          const double silu = g / (1.0 + std::exp(-g));
+          const double sigmoid = 1.0 / (1.0 + std::exp(-g)), silu = g * sigmoid;
+          const double silu_slope = sigmoid * (1.0 + g * (1.0 - sigmoid));
           act[size_t(j)] = silu * u;
-          act_mag[size_t(j)] = std::fabs(silu * u) + std::fabs(silu) * std::sqrt(U) + 1.1 * std::fabs(u) * std::sqrt(G);
+          act_mag[size_t(j)] =
+              std::fabs(silu * u) + std::fabs(silu) * std::sqrt(U) + std::fabs(silu_slope * u) * std::sqrt(G);
         }
         for (int64_t d = 0; d < D; ++d) {
           double ys = 0, r2 = 0;
@@ -93,7 +96,7 @@ class GpuMoe : public GpuVsCpu {
             ys += double(DN[d * I + j]) * act[size_t(j)];
             r2 += std::pow(double(DN[d * I + j]) * act_mag[size_t(j)], 2);
           }
-          m[size_t(d)] = std::fabs(ys) + std::sqrt(r2);
+          m[size_t(d)] = std::fabs(ys) + (bf16_terms ? std::sqrt(r2) : 0.0);
         }
       }
       double s = 0;

@@ -10,6 +10,17 @@
 #include <mutex>
 #include <string>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define ZAYA_SIMT_HOST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ZAYA_SIMT_HOST_ASAN 1
+#endif
+#endif
+#if defined(ZAYA_SIMT_HOST_ASAN)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace {
 
 std::mutex g_mutex;
@@ -42,7 +53,9 @@ struct Event {
 const char* gpuGetErrorString(gpuError_t e) {
   switch (e) {
     case gpuSuccess: return "no error";
-    case gpuErrorInvalidValue: return "invalid argument (emulated GPU: a copy or free outside device memory)";
+    case gpuErrorInvalidValue:
+      return "invalid argument (emulated GPU: a copy or free outside device memory, or a launch configuration "
+             "the hardware refuses)";
     case gpuErrorMemoryAllocation: return "out of memory (emulated GPU)";
     case gpuErrorNotReady: return "not ready";
     default: return "unknown error (emulated GPU)";
@@ -78,9 +91,15 @@ gpuError_t gpuMalloc(void** p, size_t bytes) {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_in_use + bytes > kEmulatedMemory) return record(gpuErrorMemoryAllocation);
   }
-  // 256-byte aligned, as cudaMalloc's; exactly `bytes` long, so ASan sees a kernel that reads past.
-  void* q = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  // 256-byte aligned, as cudaMalloc's, and NaN (0xff bytes) until written. Under ASan the
+  // alignment padding past `bytes` is poisoned, so a kernel that reads past the end is reported.
+  const size_t padded = (bytes + 255) / 256 * 256;
+  void* q = std::aligned_alloc(256, padded);
   if (!q) return record(gpuErrorMemoryAllocation);
+  std::memset(q, 0xff, bytes);
+#if defined(ZAYA_SIMT_HOST_ASAN)
+  ASAN_POISON_MEMORY_REGION(static_cast<unsigned char*>(q) + bytes, padded - bytes);
+#endif
   std::lock_guard<std::mutex> lock(g_mutex);
   g_allocations[reinterpret_cast<uintptr_t>(q)] = bytes;
   g_in_use += bytes;
@@ -94,6 +113,9 @@ gpuError_t gpuFree(void* p) {
   auto it = g_allocations.find(reinterpret_cast<uintptr_t>(p));
   if (it == g_allocations.end()) return record(gpuErrorInvalidValue);
   g_in_use -= it->second;
+#if defined(ZAYA_SIMT_HOST_ASAN)
+  ASAN_UNPOISON_MEMORY_REGION(p, (it->second + 255) / 256 * 256);
+#endif
   g_allocations.erase(it);
   std::free(p);
   return gpuSuccess;
@@ -146,6 +168,20 @@ gpuError_t gpuEventElapsedTime(float* ms, gpuEvent_t start, gpuEvent_t end) {
   return gpuSuccess;
 }
 
+namespace {
+constexpr size_t kDefaultSharedBytes = size_t(48) << 10;
+constexpr int kMaxSharedBytes = 227 << 10;
+std::map<const void*, int> g_shared_allowed;  // kernel -> its MaxDynamicSharedMemorySize
+}  // namespace
+
+gpuError_t gpuFuncSetAttribute(const void* kernel, gpuFuncAttribute attribute, int value) {
+  if (attribute != gpuFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > kMaxSharedBytes)
+    return record(gpuErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_shared_allowed[kernel] = value;
+  return gpuSuccess;
+}
+
 int gpu_device_warp_size(int) { return GPU_WARP_SIZE; }
 
 bool gpu_pointer_on_device(const void* p, int* device) {
@@ -155,6 +191,19 @@ bool gpu_pointer_on_device(const void* p, int* device) {
 }
 
 namespace zaya::simt {
+bool check_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes) {
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  bool ok = grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.x < (1u << 31) && grid.y <= 65535 &&
+            grid.z <= 65535 && threads >= 1 && threads <= 1024 && block.z <= 64;
+  if (ok && shared_bytes > kDefaultSharedBytes) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_shared_allowed.find(kernel);
+    ok = it != g_shared_allowed.end() && shared_bytes <= size_t(it->second);
+  }
+  if (!ok) record(gpuErrorInvalidValue);
+  return ok;
+}
+
 size_t device_bytes_in_use() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_in_use;

@@ -1,13 +1,17 @@
 // The GPU runtime API as the backend's host code calls it (gpuMalloc, copies, streams, events,
-// device queries), emulated on the CPU for the host emulation of the GPU (ZAYA_SIMT): one
-// device whose memory is the process's heap, and one in-order stream, so a copy or a launch is
-// complete when its call returns. Device allocations are recorded: a copy that reaches past one,
-// or a free of a pointer never allocated, is an error, and under ASan a kernel that reads past an
-// allocation is reported there. Included by simt_runtime.h.
+// device queries, launch limits), emulated on the CPU for the host emulation of the GPU
+// (ZAYA_SIMT): one device whose memory is the process's heap, and one in-order stream, so a copy
+// or a launch is complete when its call returns. Device allocations are recorded: a copy that
+// reaches past one, or a free of a pointer never allocated, is an error. New allocations hold NaN
+// bytes, and under ASan a kernel that reads past the requested size is reported (the backend's
+// pool rounds requests up and reuses blocks up to twice a request, so an overrun that stays in a
+// pool block is not). Included by simt_runtime.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+struct dim3;  // simt_runtime.h
 
 using gpuError_t = int;
 using gpuStream_t = void*;
@@ -50,9 +54,9 @@ gpuError_t gpuEventSynchronize(gpuEvent_t event);
 gpuError_t gpuEventQuery(gpuEvent_t event);
 gpuError_t gpuEventElapsedTime(float* ms, gpuEvent_t start, gpuEvent_t end);
 
-// A kernel's attributes: accepted and ignored (dynamic shared memory has no limit here but
-// simt::launch's own).
-inline gpuError_t gpuFuncSetAttribute(const void*, gpuFuncAttribute, int) { return gpuSuccess; }
+// A kernel's largest dynamic shared memory (the only attribute the backend sets): recorded for
+// check_launch; over the device's 227 KiB is an error, as on an H100.
+gpuError_t gpuFuncSetAttribute(const void* kernel, gpuFuncAttribute attribute, int value);
 
 // The emulated device: GPU_WARP_SIZE lanes (the build's), compute capability 9 (mma.sync is
 // emulated for 32-lane warps), 227 KiB of shared memory a block, as an H100.
@@ -63,6 +67,13 @@ inline int gpu_device_max_shared_per_block(int) { return 227 * 1024; }
 bool gpu_pointer_on_device(const void* p, int* device);
 
 namespace zaya::simt {
-// Bytes held in emulated device allocations now (tests check that nothing leaks).
+// Bytes held in emulated device allocations now (simt_leak_check.cpp: none once every backend
+// is gone).
 size_t device_bytes_in_use();
+// Whether a launch of `kernel` with this configuration is one the hardware accepts: every grid
+// dimension at least 1 (x below 2^31, y and z at most 65,535), 1 to 1,024 threads a block (z at
+// most 64), and dynamic shared memory within 48 KiB or within what gpuFuncSetAttribute allowed
+// this kernel. When not, it records the launch error that gpuGetLastError then returns (as a
+// CUDA launch does) and the kernel must not run.
+bool check_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes);
 }  // namespace zaya::simt

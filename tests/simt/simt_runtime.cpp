@@ -9,7 +9,9 @@
 #include "simt_fiber_context.h"
 
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +26,7 @@
 #endif
 #endif
 #if defined(ZAYA_SIMT_ASAN)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -79,10 +82,34 @@ struct Block {
   std::vector<WarpState> warps;
   Barrier barrier;
   int exited = 0;
+  uint64_t releases = 0;  // barriers released so far (the block's or a warp's)
   const std::function<void()>* kernel = nullptr;
 };
 
-Schedule g_schedule;
+// The schedule ZAYA_SIMT_SCHEDULE names (simt_runtime.h); a word it does not know stops the run.
+Schedule schedule_from_environment() {
+  Schedule s;
+  const char* env = std::getenv("ZAYA_SIMT_SCHEDULE");
+  if (!env) return s;
+  const std::string list = env;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    const std::string word = list.substr(start, end - start);
+    if (word == "ahead") s.round_robin = false;
+    else if (word == "reverse") s.reverse = true;
+    else if (word == "copies_at_issue") s.copies_at_issue = true;
+    else if (!word.empty()) {
+      std::fprintf(stderr, "simt: ZAYA_SIMT_SCHEDULE=%s: unknown word '%s' (expected ahead, reverse, copies_at_issue)\n",
+                   env, word.c_str());
+      std::exit(2);
+    }
+    start = end + 1;
+  }
+  return s;
+}
+
+Schedule g_schedule = schedule_from_environment();
 std::vector<std::unique_ptr<unsigned char[]>> g_stacks;  // fiber stacks, reused by every launch
 Block* g_block = nullptr;
 Fiber* g_current = nullptr;
@@ -133,6 +160,7 @@ void wait_at(Barrier& b, int expected) {
   if (++b.arrived >= expected) {
     b.arrived = 0;
     ++b.generation;
+    ++g_block->releases;
     return;
   }
   Fiber& f = current();
@@ -148,6 +176,7 @@ void release_block_barrier_if_complete() {
   if (blk.barrier.arrived > 0 && blk.barrier.arrived >= live) {
     blk.barrier.arrived = 0;
     ++blk.barrier.generation;
+    ++blk.releases;
   }
 }
 
@@ -179,8 +208,15 @@ void resume(Fiber& f) {
 // Each fiber's stack top is offset by a different multiple of 4 KiB + 64 bytes (under 64 KiB):
 // stacks 256 KiB apart would otherwise all map their tops to the same cache sets, and every
 // switch would miss.
+// Under ASan, the top of the stack is made addressable again first: stacks are reused, and the
+// frames a finished fiber left without returning (fiber_entry's, to_scheduler's) would otherwise
+// leave their redzones poisoned where the next thread's frames go.
 void make_fiber_context(Fiber& f) {
   const size_t color = (size_t(f.linear) * 4160) % (size_t(64) << 10);
+#if defined(ZAYA_SIMT_ASAN)
+  constexpr size_t kTop = size_t(8) << 10;
+  ASAN_UNPOISON_MEMORY_REGION(f.stack + kStackBytes - color - kTop, kTop);
+#endif
   fiber_context_init(f.ctx, f.stack, kStackBytes - color, fiber_entry);
 }
 
@@ -205,8 +241,12 @@ void run_block(Block& blk) {
   for (;;) {
     bool progress = false;
     int alive = 0;
+    const size_t n = blk.fibers.size();
+    // The i-th thread in the schedule's order.
+    const auto at = [&](size_t i) -> Fiber& { return blk.fibers[g_schedule.reverse ? n - 1 - i : i]; };
     if (g_schedule.round_robin) {
-      for (Fiber& f : blk.fibers) {
+      for (size_t i = 0; i < n; ++i) {
+        Fiber& f = at(i);
         if (f.done) continue;
         ++alive;
         if (!runnable(f)) continue;
@@ -215,14 +255,22 @@ void run_block(Block& blk) {
         progress = true;
       }
     } else {
-      for (Fiber& f : blk.fibers) alive += f.done ? 0 : 1;
-      for (Fiber& f : blk.fibers)
-        if (runnable(f)) {
-          f.wait_generation = nullptr;
-          resume(f);
-          progress = true;
-          break;
+      // Always the first runnable thread in order. A thread that goes back to the scheduler is
+      // waiting, and the threads before it were already: the scan goes on after it, and starts
+      // over only when a barrier was released (the threads it freed may come first).
+      alive = int(n) - blk.exited;
+      uint64_t seen = blk.releases;
+      for (size_t i = 0; i < n; ++i) {
+        Fiber& f = at(i);
+        if (!runnable(f)) continue;
+        f.wait_generation = nullptr;
+        resume(f);
+        progress = true;
+        if (blk.releases != seen) {
+          seen = blk.releases;
+          i = size_t(-1);  // the loop's ++i makes it 0
         }
+      }
     }
     if (alive == 0) return;
     if (!progress)
@@ -390,6 +438,10 @@ void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()
         }
   } catch (...) {
     g_block = nullptr;
+#if defined(ZAYA_SIMT_ASAN)
+    // Fibers abandoned at a barrier left their frames on these stacks: all addressable again.
+    for (size_t t = 0; t < threads; ++t) ASAN_UNPOISON_MEMORY_REGION(g_stacks[t].get(), kStackBytes);
+#endif
     throw;
   }
   g_block = nullptr;

@@ -97,10 +97,16 @@ void cp_async_wait(int pending);
 // advance together); otherwise the lowest-numbered runnable thread always runs next (warp 0 runs
 // ahead to the next barrier before warp 1 starts: a missing barrier shows). copies_at_issue: a
 // cp.async lands at once (a tile overwritten while another warp still reads it shows); otherwise
-// only when its thread waits for it (a tile read before it landed shows).
+// only when its thread waits for it (a tile read before it landed shows). reverse: threads are
+// taken from the highest-numbered down (the last warp goes first: a kernel that relies on thread
+// 0 reading before another thread writes shows).
+// The environment sets the schedule a process starts with: ZAYA_SIMT_SCHEDULE, a comma-separated
+// list of "ahead" (not round_robin), "reverse" and "copies_at_issue" (tests/simt/CMakeLists.txt
+// runs the emulated op tests so).
 struct Schedule {
   bool round_robin = true;
   bool copies_at_issue = false;
+  bool reverse = false;
 };
 void set_schedule(const Schedule& s);
 const Schedule& schedule();

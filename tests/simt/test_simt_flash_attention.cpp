@@ -61,11 +61,13 @@ void run_backward(const FlashParams& fp) {
 }
 
 // The orders the emulation tries (simt::Schedule): warps in step with late copies, then warp 0
-// ahead of the others with late copies and with early ones.
-const simt::Schedule kSchedules[] = {{true, false}, {false, false}, {false, true}};
+// ahead of the others with late copies and with early ones, then the last warp ahead.
+const simt::Schedule kSchedules[] = {{true, false, false}, {false, false, false}, {false, true, false},
+                                     {false, false, true}};
 
 std::string describe(const simt::Schedule& s) {
-  return std::string(s.round_robin ? " [warps in step" : " [warp 0 ahead") +
+  return std::string(s.round_robin ? " [warps in step" : s.reverse ? " [last warp ahead" : " [warp 0 ahead") +
+         (s.reverse && s.round_robin ? ", last warp first" : "") +
          (s.copies_at_issue ? ", copies land at issue]" : ", copies land at the wait]");
 }
 

@@ -110,7 +110,9 @@ void check_weights(const std::vector<int32_t>& offsets, int64_t M, int64_t N, fl
   expect_close(C, want, what);
 }
 
-const simt::Schedule kSchedules[] = {{true, false}, {false, false}, {false, true}};
+// Warps in step, warp 0 ahead (copies at the wait, then at issue), the last warp ahead.
+const simt::Schedule kSchedules[] = {{true, false, false}, {false, false, false}, {false, true, false},
+                                     {false, false, true}};
 
 TEST(SimtGroupedGemm, RowsKindMatchesPlainProducts) {
   uint64_t seed = 7;

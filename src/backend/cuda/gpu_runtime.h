@@ -329,6 +329,8 @@ template <typename... Params>
 void gpu_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, gpuStream_t stream,
                 std::type_identity_t<Params>... args) {
   (void)stream;  // one stream: kernels run in launch order, each to completion
+  if (!::zaya::simt::check_launch(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes))
+    return;  // refused, as the hardware would: gpuGetLastError reports it (GPU_LAUNCH_CHECK)
   ::zaya::simt::launch(grid, block, shared_bytes, [&] { kernel(args...); });
 }
 #elif defined(__CUDACC__) || defined(__HIPCC__)
