@@ -1,11 +1,13 @@
 // The GPU as kernels see it, emulated on the CPU: with ZAYA_SIMT defined, gpu_runtime.h includes
-// this file instead of a vendor header, and the kernels of src/backend/cuda/*_kernels.h compile as
-// plain C++. simt::launch then runs every thread of every block as a fiber on one CPU thread:
-// __syncthreads is a block barrier, and the warp-wide instructions (mma.sync, ldmatrix, shuffles)
-// are collectives of the 32 lanes, computed from the register layouts the PTX ISA states. cp.async
-// copies reach shared memory only when the issuing thread waits for them, and shared memory starts
-// filled with NaN bytes, so a kernel that reads a tile before it has landed reads NaN.
-// It checks what a kernel computes, never how fast: tests/simt/test_simt_*.cpp.
+// this file instead of a vendor header, and the backend's sources (src/backend/cuda/*.cu and
+// their *_kernels.h) compile as plain C++. simt::launch then runs every thread of every block as
+// a fiber on one CPU thread: __syncthreads is a block barrier, and the warp-wide instructions
+// (mma.sync, ldmatrix, shuffles) are collectives of the warp's lanes, computed from the register
+// layouts the PTX ISA states. cp.async copies reach shared memory only when the issuing thread
+// waits for them, and dynamic shared memory starts filled with NaN bytes, so a kernel that reads
+// a tile before it has landed reads NaN. The runtime API is in simt_host_api.h.
+// It checks what a kernel computes, never how fast: tests/simt/test_simt_*.cpp for the kernels
+// in headers, and tests/gpu's tests for the whole backend (tests/simt/CMakeLists.txt).
 #pragma once
 
 #include <cmath>
