@@ -9,7 +9,7 @@
 // into the other fiber.
 extern "C" void zaya_simt_switch(void** save_sp, void* next_sp);
 asm(R"(
-  .text
+  .pushsection .text
   .globl zaya_simt_switch
   .hidden zaya_simt_switch
   .type zaya_simt_switch, @function
@@ -30,6 +30,7 @@ zaya_simt_switch:
   popq %rbp
   ret
   .size zaya_simt_switch, .-zaya_simt_switch
+  .popsection
 )");
 #endif
 

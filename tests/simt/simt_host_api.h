@@ -2,10 +2,11 @@
 // device queries, launch limits), emulated on the CPU for the host emulation of the GPU
 // (ZAYA_SIMT): one device whose memory is the process's heap, and one in-order stream, so a copy
 // or a launch is complete when its call returns. Device allocations are recorded: a copy that
-// reaches past one, or a free of a pointer never allocated, is an error. New allocations hold NaN
-// bytes, and under ASan a kernel that reads past the requested size is reported (the backend's
-// pool rounds requests up and reuses blocks up to twice a request, so an overrun that stays in a
-// pool block is not). Included by simt_runtime.h.
+// reaches past one, a copy between overlapping ranges (undefined in CUDA), or a free of a pointer
+// never allocated, is an error. New allocations hold NaN bytes, and under ASan a kernel that
+// reads past the requested size is reported (the backend's pool rounds requests up and reuses
+// blocks up to twice a request, so an overrun that stays in a pool block is not). Included by
+// simt_runtime.h.
 #pragma once
 
 #include <cstddef>
