@@ -77,12 +77,7 @@ class DevBuf {
   float* p_;
 };
 
-inline void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, double tol,
-                         const std::string& what) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  const double err = test::max_rel_err(gpu.data(), cpu.data(), gpu.size());
-  EXPECT_LT(err, tol) << what << ": max rel err " << err;
-}
+using test::expect_close;
 
 // Which GEMM the backend uses: bf16 operands (the policy), fp32, or our tiled kernel in fp32;
 // and for the MoE, whether its experts run as device-grouped GEMMs.

@@ -46,13 +46,7 @@ inline std::vector<int32_t> segments(int64_t B, int64_t T) {
   return seg;
 }
 
-// max|got - want| / max|want| < tol.
-inline void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol,
-                         const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  const double err = test::max_rel_err(got.data(), want.data(), got.size());
-  EXPECT_LT(err, tol) << what << ": max rel err " << err;
-}
+using test::expect_close;
 
 // The inputs and the CPU's results for one case (holds pointers into itself: not copyable).
 struct AttnReference {

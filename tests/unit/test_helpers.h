@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "core/rng.h"
 
 namespace zaya::test {
@@ -24,6 +26,15 @@ inline double max_rel_err(const float* a, const float* b, size_t n) {
     scale = std::max(scale, std::fabs(double(b[i])));
   }
   return scale > 0 ? diff / scale : diff;
+}
+
+// Expects max_rel_err(got, want) < tol, naming `what` and the error when it is not; a size
+// mismatch fails outright.
+inline void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol,
+                         const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const double err = max_rel_err(got.data(), want.data(), got.size());
+  EXPECT_LT(err, tol) << what << ": max rel err " << err;
 }
 
 // ||a - b|| / ||b|| (Frobenius norms; ||a - b|| alone when b is zero), infinite for any NaN or
