@@ -4,7 +4,8 @@
 // reduction, in place and not, both count paths of reduce_scatter / all_gather (equal counts, and
 // the uneven-count paths forced with uneven_paths_always), many operations in flight, the producer
 // fence (a kernel writes a buffer, the communicator reads it with no synchronisation in between),
-// and the argument errors. Skips with "skipped: no GPU" without a device. Two tests need no GPU:
+// and the argument errors; under the host emulation (tests/simt, its NCCL over MPI) also an
+// asynchronous NCCL error. Skips with "skipped: no GPU" without a device. Two tests need no GPU:
 // the clear error without a device, and a bad ZAYA_COMM_TIMEOUT. Multi-rank runs are
 // tests/gpu/nccl_check.cpp (mpirun). Passed on an H100.
 #include <algorithm>
@@ -22,6 +23,9 @@
 #include "dist/comm.h"
 #include "../common/comm_expect.h"
 #include "gpu_test_support.h"
+#if defined(ZAYA_SIMT)
+#include "simt_nccl.h"
+#endif
 
 namespace zaya {
 namespace {
@@ -271,6 +275,42 @@ TEST(GpuComm, ArgumentErrors) {
   // The communicator still works after rejected calls.
   f.comm->barrier()->wait();
 }
+
+#if defined(ZAYA_SIMT)
+// An asynchronous NCCL error (NCCL's word for a peer or the network failing): the watchdog
+// aborts the communicator, and from then on every call throws zaya::Error("comm") with NCCL's
+// error text. Only the emulated NCCL makes one on demand (simt::nccl_fail_async_after: from the
+// communicator's second data call on). The watchdog polls, so the first call to fail may be the
+// second or a later one.
+TEST(GpuComm, AsyncErrorFailsTheCommunicator) {
+  simt::nccl_fail_async_after(2);
+  Fixture f = make();
+  simt::nccl_fail_async_after(0);
+  DevArray<float> d(*f.be, 16);
+  d.put(values<float>(16, 1));
+  f.comm->all_reduce(d.p(), d.p(), 16, CommType::F32, ReduceOp::Sum)->wait();  // the first call is fine
+  std::string failure;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (failure.empty() && std::chrono::steady_clock::now() < deadline) {
+    try {
+      f.comm->all_reduce(d.p(), d.p(), 16, CommType::F32, ReduceOp::Sum)->wait();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.component(), "comm");
+      failure = e.message();
+    }
+  }
+  ASSERT_FALSE(failure.empty()) << "no call failed within 10 s of the asynchronous error";
+  EXPECT_NE(failure.find("asynchronous error"), std::string::npos) << failure;
+  EXPECT_NE(failure.find("remote process exited"), std::string::npos) << failure;
+  try {
+    f.comm->barrier()->wait();
+    ADD_FAILURE() << "a call on the failed communicator succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("has failed"), std::string::npos) << e.message();
+  }
+}
+#endif
 
 #endif  // ZAYA_HAVE_NCCL
 

@@ -3,12 +3,16 @@
 // are tokens, since every call completes before it returns.
 #include "simt_runtime.h"
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+
+#include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define ZAYA_SIMT_HOST_ASAN 1
@@ -26,7 +30,7 @@ namespace {
 std::mutex g_mutex;
 std::map<uintptr_t, size_t> g_allocations;  // start -> bytes
 size_t g_in_use = 0;
-gpuError_t g_last_error = gpuSuccess;
+std::atomic<gpuError_t> g_last_error{gpuSuccess};  // the watchdog thread of the NCCL communicator calls in too
 constexpr size_t kEmulatedMemory = size_t(16) << 30;
 
 gpuError_t record(gpuError_t e) {
@@ -62,11 +66,7 @@ const char* gpuGetErrorString(gpuError_t e) {
   }
 }
 
-gpuError_t gpuGetLastError() {
-  const gpuError_t e = g_last_error;
-  g_last_error = gpuSuccess;
-  return e;
-}
+gpuError_t gpuGetLastError() { return g_last_error.exchange(gpuSuccess); }
 
 gpuError_t gpuGetDeviceCount(int* count) {
   *count = 1;
@@ -75,6 +75,17 @@ gpuError_t gpuGetDeviceCount(int* count) {
 gpuError_t gpuSetDevice(int device) { return record(device == 0 ? gpuSuccess : gpuErrorInvalidValue); }
 gpuError_t gpuGetDevice(int* device) {
   *device = 0;
+  return gpuSuccess;
+}
+// Each process is its own emulated GPU: its bus id names the process (or is
+// ZAYA_SIMT_PCI_BUS_ID, so that a test can put two ranks on one GPU).
+gpuError_t gpuDeviceGetPCIBusId(char* bus_id, int length, int device) {
+  if (bus_id == nullptr || length <= 0 || device != 0) return record(gpuErrorInvalidValue);
+  const char* forced = std::getenv("ZAYA_SIMT_PCI_BUS_ID");
+  if (forced != nullptr)
+    std::snprintf(bus_id, size_t(length), "%s", forced);
+  else
+    std::snprintf(bus_id, size_t(length), "emulated:%ld", long(getpid()));
   return gpuSuccess;
 }
 gpuError_t gpuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
@@ -206,6 +217,8 @@ bool check_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes
   if (!ok) record(gpuErrorInvalidValue);
   return ok;
 }
+
+bool range_on_device(const void* p, size_t bytes) { return inside_allocation(p, bytes); }
 
 size_t device_bytes_in_use() {
   std::lock_guard<std::mutex> lock(g_mutex);

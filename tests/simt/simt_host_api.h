@@ -35,6 +35,7 @@ gpuError_t gpuGetDeviceCount(int* count);
 gpuError_t gpuSetDevice(int device);
 gpuError_t gpuGetDevice(int* device);
 gpuError_t gpuMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+gpuError_t gpuDeviceGetPCIBusId(char* bus_id, int length, int device);
 
 gpuError_t gpuMalloc(void** p, size_t bytes);
 gpuError_t gpuFree(void* p);
@@ -71,6 +72,8 @@ namespace zaya::simt {
 // Bytes held in emulated device allocations now (simt_leak_check.cpp: none once every backend
 // is gone).
 size_t device_bytes_in_use();
+// Whether [p, p + bytes) lies inside one live emulated device allocation.
+bool range_on_device(const void* p, size_t bytes);
 // Whether a launch of `kernel` with this configuration is one the hardware accepts: every grid
 // dimension at least 1 (x below 2^31, y and z at most 65,535), 1 to 1,024 threads a block (z at
 // most 64), and dynamic shared memory within 48 KiB or within what gpuFuncSetAttribute allowed

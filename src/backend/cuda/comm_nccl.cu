@@ -1,6 +1,7 @@
 // The NCCL communicator (RCCL on HIP); the contract is in comm_nccl.h, the operation record and
 // helpers in comm_nccl_op.h, the watchdog in comm_nccl_watchdog.h and the arrival channel in
-// comm_nccl_arrival.h. Run on one GPU with one rank (tests/gpu/test_gpu_comm.cpp).
+// comm_nccl_arrival.h. Run on one GPU with one rank (tests/gpu/test_gpu_comm.cpp), and with 1 to 3
+// ranks on the host emulation's NCCL (tests/simt/simt_nccl.h; CTest emulated_nccl_*).
 //
 // Structure: every call checks its arguments (device memory of our GPU, counts, peers), builds
 // an NcclOp and publishes it to the watchdog's list before launching anything, so a launch that

@@ -2,8 +2,9 @@
 // C++ (no vendor header). Defined in comm_nccl.cu (with its watchdog in comm_nccl_watchdog.cu and
 // its arrival channel in comm_nccl_arrival.cu); the comm_nccl*.cu files are compiled and linked
 // only in a -DZAYA_CUDA=ON build that found NCCL (compile definition ZAYA_HAVE_NCCL), and compiled
-// (objects only) for -DZAYA_HIP=ON where RCCL is installed (ZAYA_HAVE_RCCL). Compiled, never run
-// on a GPU yet: see docs/gpu.md, "NCCL / RCCL".
+// (objects only) for -DZAYA_HIP=ON where RCCL is installed (ZAYA_HAVE_RCCL), and into the host
+// emulation of the GPU over its emulated NCCL (tests/simt/simt_nccl.h). Run with one rank on an
+// H100, and with 1 to 3 ranks on the emulated NCCL: see docs/gpu.md, "NCCL / RCCL".
 //
 // Devices: `device` is the rank's local rank (as for make_backend), and the rank uses GPU
 // nccl_device_for(device) = device mod the GPUs it can see, so a launcher that shows each rank

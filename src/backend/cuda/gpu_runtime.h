@@ -289,9 +289,14 @@ using gpuBlasLtEpilogue_t = hipblasLtEpilogue_t;
 // the two differ only in the header. RCCL's header is <rccl/rccl.h> from ROCm 5.x on (older
 // releases: <rccl.h>). Debian has no RCCL package: CI compiles the HIP side against our stand-in
 // declarations (tests/gpu/standin/include/rccl/rccl.h, scripts/hip_standin_check.sh), never
-// against RCCL's own header, and it has never run.
+// against RCCL's own header, and it has never run. The host emulation (ZAYA_SIMT) has an NCCL of
+// its own, over MPI.
 #if defined(ZAYA_GPU_WANT_COLLECTIVES)
-#if defined(ZAYA_GPU_HIP)
+#if defined(ZAYA_SIMT)
+// The host emulation's NCCL (tests/simt/simt_nccl.h): the same API over MPI on host memory.
+#include "simt_nccl.h"
+#define ZAYA_GPU_COLLECTIVES 1
+#elif defined(ZAYA_GPU_HIP)
 #if defined(ZAYA_HAVE_RCCL)
 #if __has_include(<rccl/rccl.h>)
 #include <rccl/rccl.h>
