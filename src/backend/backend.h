@@ -5,6 +5,7 @@
 // [out, in] as in PyTorch.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -237,5 +238,11 @@ std::unique_ptr<Backend> make_cpu_backend();
 // GEMMs, the precision policy) and "cuda-fp32" (every GEMM fp32, for exact comparisons).
 // Throws a clear error for an unknown one.
 std::unique_ptr<Backend> make_backend(const std::string& name, int device = 0);
+
+// A GPU backend linked from outside zaya_lib: the host emulation of the GPU (tests/simt), whose
+// test programs register it so that make_backend("cuda" / "cuda-fp32") reaches it, and with it
+// the trainer, in a build without CUDA. A CUDA or HIP build has its own backend and ignores it.
+using GpuBackendMaker = std::function<std::unique_ptr<Backend>(const std::string& name, int device)>;
+void register_gpu_backend(GpuBackendMaker maker);
 
 }  // namespace zaya

@@ -32,6 +32,7 @@
 // from the call itself; a failure inside MPI is thrown by wait() or test().
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,6 +105,10 @@ std::unique_ptr<Comm> make_comm(const CommOptions& options, bool force_mpi = fal
 // The device communicator (NCCL, RCCL on HIP) over GPU `device`'s buffers, bootstrapped over
 // `bootstrap` (collective). Throws zaya::Error("comm") in a build without NCCL.
 std::unique_ptr<Comm> make_device_comm(Comm& bootstrap, int device, const CommOptions& options);
+// The device communicator of a GPU backend linked from outside zaya_lib (the host emulation's
+// NCCL, tests/simt), used by make_device_comm in a build without NCCL (see register_gpu_backend).
+using DeviceCommMaker = std::function<std::unique_ptr<Comm>(Comm& bootstrap, int device, const CommOptions& options)>;
+void register_device_comm(DeviceCommMaker maker);
 // True when the environment says this process was launched by an MPI launcher.
 bool launched_by_mpi();
 

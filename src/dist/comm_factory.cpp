@@ -1,5 +1,5 @@
 // make_comm: picks the MPI or the single-process communicator from the environment, and applies
-// ZAYA_COMM_TIMEOUT to the options.
+// ZAYA_COMM_TIMEOUT to the options; make_device_comm: NCCL where built, else a registered one.
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -39,13 +39,20 @@ std::unique_ptr<Comm> make_comm(const CommOptions& options, bool force_mpi) {
   return make_single_comm();
 }
 
+namespace {
+DeviceCommMaker& registered_device_comm() {
+  static DeviceCommMaker maker;
+  return maker;
+}
+}  // namespace
+
+void register_device_comm(DeviceCommMaker maker) { registered_device_comm() = std::move(maker); }
+
 std::unique_ptr<Comm> make_device_comm(Comm& bootstrap, int device, const CommOptions& options) {
 #if defined(ZAYA_HAVE_NCCL) || defined(ZAYA_HAVE_RCCL)
   return make_nccl_comm(bootstrap, device, apply_comm_env(options));
 #else
-  (void)bootstrap;
-  (void)device;
-  (void)options;
+  if (registered_device_comm()) return registered_device_comm()(bootstrap, device, options);
   fail("comm", "this zaya was built without NCCL", "configure with -DZAYA_CUDA=ON where NCCL is installed");
 #endif
 }

@@ -155,6 +155,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     dpo.data_comm = device_comm.get();
   }
   DataParallel dp(comm, layout, int(r.optimizer.ns_steps), dpo);
+  sum.data_comm = device_comm ? device_comm->name() : comm.name();
   if (ranks > 1)
     log("data parallel: " + std::to_string(ranks) + " ranks over " + (device_comm ? device_comm->name() : comm.name()) +
         ", ZeRO-1 (whole tensors by " +

@@ -19,6 +19,9 @@ struct TrainSummary {
   double unigram_baseline = 0;  // unigram cross-entropy of the validation set (nats/token)
   double final_weights_hash = 0;
   std::string sample;
+  // The communicator gradients and weights went over: "single" (one process), "mpi" (host
+  // memory, staged from the device on GPUs) or "nccl" (device memory, --device-comm).
+  std::string data_comm;
 };
 
 class Comm;

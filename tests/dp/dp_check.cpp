@@ -1,17 +1,21 @@
 // Data-parallel equivalence check, run under mpirun (tests/dp/dp_equivalence.sh):
 //
-//   zaya_dp_check train DIR [--stop-after N] [--backend NAME]
+//   zaya_dp_check train DIR [--steps N] [--stop-after N] [--backend NAME] [--device-comm]
 //                                              trains the fixed tiny recipe into DIR/run with
 //                                              however many ranks it was launched with (on the
-//                                              GPU: --backend cuda-fp32, scripts/gpu_device_checks.sh)
-//   zaya_dp_check compare DIR_A DIR_B           same per-step losses (rel diff < 1e-5) and the
+//                                              GPU: --backend cuda-fp32, scripts/gpu_device_checks.sh;
+//                                              --device-comm: gradients reduced on the device over
+//                                              NCCL, as `zaya train --device-comm`)
+//   zaya_dp_check compare DIR_A DIR_B [--steps N]
+//                                              same per-step losses (rel diff < 1e-5) and the
 //                                              same final parameters within rounding (per tensor
 //                                              max|a-b| / max|a| < 3e-5: ranks sum gradients in
 //                                              a different order, and 20 Muon steps amplify
 //                                              those float32 differences; 8.4e-6 measured)
 //
-// The recipe: zaya-tiny on a synthetic successor-chain language, 20 steps of 6 sequences
-// (divisible by 1, 2 and 3 ranks), checkpoints every 5 steps, an eval at step 10 and 20.
+// The recipe: zaya-tiny on a synthetic successor-chain language, 20 steps (--steps: the host
+// emulation of the GPU runs 10) of 6 sequences (divisible by 1, 2 and 3 ranks), checkpoints every
+// 5 steps, an eval every 10.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -29,6 +33,9 @@
 #ifdef ZAYA_CUDA
 #include "backend/cuda/cuda_factory.h"
 #endif
+#ifdef ZAYA_SIMT
+#include "simt_register.h"  // zaya_simt_dp_check: the GPU paths on the host emulation of the GPU
+#endif
 
 #include "../common/synthetic_corpus.h"
 
@@ -45,12 +52,12 @@ bool gpu_present() {
 #endif
 }
 
-Recipe recipe(const std::string& dir) {
+Recipe recipe(const std::string& dir, int64_t steps) {
   Recipe r = test::synthetic_recipe(dir);
   r.seed = 11;
   r.batch.micro_batch = 1;
   r.batch.global_batch = 6;
-  r.schedule.total_steps = 20;
+  r.schedule.total_steps = steps;
   r.checkpoint.every = 5;
   r.checkpoint.keep = 10;
   r.eval.every = 10;
@@ -69,7 +76,7 @@ std::vector<double> losses(const std::string& run_dir) {
   return out;
 }
 
-int train_cmd(const std::string& dir, int64_t stop_after, const std::string& backend) {
+int train_cmd(const std::string& dir, int64_t steps, int64_t stop_after, const std::string& backend, bool device_comm) {
   if (backend.rfind("cuda", 0) == 0 && !gpu_present()) {
     std::printf("dp_check: skipped: no GPU\n");
     return 0;
@@ -87,18 +94,23 @@ int train_cmd(const std::string& dir, int64_t stop_after, const std::string& bac
   opt.stop_after_steps = stop_after;
   opt.bucket_bytes = 64 << 10;  // several buckets even for the tiny model
   opt.backend = backend;
-  TrainSummary s = train(recipe(dir), opt);
+  opt.device_comm = device_comm;
+  TrainSummary s = train(recipe(dir, steps), opt);
   if (comm->rank() == 0)
-    std::printf("dp_check: trained %lld steps with %d ranks, final loss %.6f\n", (long long)s.steps, comm->size(),
-                s.final_train_loss);
+    std::printf("dp_check: trained %lld steps with %d ranks over %s, final loss %.6f\n", (long long)s.steps,
+                comm->size(), s.data_comm.c_str(), s.final_train_loss);
+  if (device_comm && comm->size() > 1 && s.data_comm != "nccl") {
+    std::printf("dp_check: --device-comm was asked for, but the gradients went over '%s'\n", s.data_comm.c_str());
+    return 1;
+  }
   return 0;
 }
 
-int compare_cmd(const std::string& a, const std::string& b) {
+int compare_cmd(const std::string& a, const std::string& b, int64_t steps) {
   int bad = 0;
   auto la = losses(a + "/run"), lb = losses(b + "/run");
-  if (la.size() != 20 || lb.size() != 20) {
-    std::printf("dp_check: expected 20 logged steps, found %zu and %zu\n", la.size(), lb.size());
+  if (int64_t(la.size()) != steps || int64_t(lb.size()) != steps) {
+    std::printf("dp_check: expected %lld logged steps, found %zu and %zu\n", (long long)steps, la.size(), lb.size());
     return 1;
   }
   double worst_loss = 0;
@@ -112,7 +124,7 @@ int compare_cmd(const std::string& a, const std::string& b) {
     }
   }
   auto ca = load_latest_dist_checkpoint(a + "/run/checkpoints"), cb = load_latest_dist_checkpoint(b + "/run/checkpoints");
-  if (!ca || !cb || ca->step() != 20 || cb->step() != 20) {
+  if (!ca || !cb || ca->step() != steps || cb->step() != steps) {
     std::printf("dp_check: missing final checkpoints\n");
     return 1;
   }
@@ -148,20 +160,41 @@ int compare_cmd(const std::string& a, const std::string& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef ZAYA_SIMT
+  simt::register_emulated_gpu();
+#endif
   try {
     std::vector<std::string> a(argv + 1, argv + argc);
+    // --steps N anywhere after the command (default 20)
+    int64_t steps = 20;
+    for (size_t i = 1; i + 1 < a.size(); ++i)
+      if (a[i] == "--steps") {
+        steps = std::stoll(a[i + 1]);
+        if (steps < 1) throw Error("dp_check", "--steps must be at least 1");
+        a.erase(a.begin() + std::ptrdiff_t(i), a.begin() + std::ptrdiff_t(i) + 2);
+        break;
+      }
     if (a.size() >= 2 && a[0] == "train") {
       int64_t stop = -1;
       std::string backend = "cpu";
-      for (size_t i = 2; i + 1 < a.size(); i += 2) {
+      bool device_comm = false;
+      for (size_t i = 2; i < a.size(); ++i) {
+        if (a[i] == "--device-comm") {
+          device_comm = true;
+          continue;
+        }
+        if (i + 1 >= a.size()) throw Error("dp_check", "option " + a[i] + " needs a value");
         if (a[i] == "--stop-after") stop = std::stoll(a[i + 1]);
         else if (a[i] == "--backend") backend = a[i + 1];
         else throw Error("dp_check", "unknown option " + a[i]);
+        ++i;
       }
-      return train_cmd(a[1], stop, backend);
+      return train_cmd(a[1], steps, stop, backend, device_comm);
     }
-    if (a.size() == 3 && a[0] == "compare") return compare_cmd(a[1], a[2]);
-    std::fprintf(stderr, "usage: zaya_dp_check train DIR [--stop-after N] [--backend NAME] | compare DIR_A DIR_B\n");
+    if (a.size() == 3 && a[0] == "compare") return compare_cmd(a[1], a[2], steps);
+    std::fprintf(stderr,
+                 "usage: zaya_dp_check train DIR [--steps N] [--stop-after N] [--backend NAME] [--device-comm] | compare DIR_A "
+                 "DIR_B [--steps N]\n");
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "dp_check: %s\n", e.what());

@@ -7,9 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#ifdef ZAYA_CUDA
-#include "backend/cuda/cuda_factory.h"
-#endif
+#include "backend/cuda/cuda_factory.h"  // plain C++: the GPU backend's options and entry points
 
 namespace zaya {
 
@@ -52,26 +50,22 @@ void cpu_gemm_tn(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
+namespace {
+GpuBackendMaker& registered_gpu_backend() {
+  static GpuBackendMaker maker;
+  return maker;
+}
+}  // namespace
+
+void register_gpu_backend(GpuBackendMaker maker) { registered_gpu_backend() = std::move(maker); }
+
 std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
   if (name == "cpu") return make_cpu_backend();
   if (name == "cuda" || name == "cuda-fp32") {
 #ifdef ZAYA_CUDA
-    // More ranks than GPUs on a node share them (the host-staged MPI path allows it; NCCL does not).
-    CudaBackendOptions o;
-    const int gpus = cuda_device_count();
-    o.device = gpus > 0 ? device % gpus : device;
-    o.bf16_matmul = name == "cuda";  // cuda-fp32: every GEMM in fp32 (exact comparisons with the CPU)
-    auto switched_on = [](const char* var) {  // the environment sets var=1
-      const char* v = std::getenv(var);
-      return v != nullptr && std::string(v) == "1";
-    };
-    o.moe_device_grouped = switched_on("ZAYA_MOE_DEVICE_GROUPED");
-    o.lm_head_tf32x3 = !switched_on("ZAYA_LM_HEAD_EXACT");                 // the LM head in exact fp32 GEMMs
-    o.newton_schulz_bf16 = !switched_on("ZAYA_NS_TF32");                   // Newton-Schulz on TF32 operands
-    o.newton_schulz_bf16_iterates = switched_on("ZAYA_NS_BF16_ITERATES");  // Newton-Schulz's iterates in bf16
-    o.attention_flash_tc = switched_on("ZAYA_ATTN_FLASH");                 // the tensor-core flash attention
-    return make_cuda_backend(o);
+    return make_cuda_backend(cuda_backend_options_for(name, device, cuda_device_count()));
 #else
+    if (registered_gpu_backend()) return registered_gpu_backend()(name, device);
     fail("backend", "zaya was built without CUDA; configure with -DZAYA_CUDA=ON");
 #endif
   }

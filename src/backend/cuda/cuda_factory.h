@@ -3,6 +3,7 @@
 // -DZAYA_CUDA=ON (compile definition ZAYA_CUDA).
 #pragma once
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 
@@ -60,6 +61,13 @@ struct CudaBackendOptions {
   // ZAYA_ATTN_FLASH=1.
   bool attention_flash_tc = false;
 };
+
+// The options make_backend gives the GPU backend it names ("cuda": bf16 GEMMs; "cuda-fp32":
+// every GEMM in fp32, for exact comparisons with the CPU) on GPU `device` mod `visible_gpus` (more
+// ranks than GPUs on a node share them: the host-staged MPI path allows it, NCCL does not), with
+// the environment's opt-in switches (NAME=1): ZAYA_MOE_DEVICE_GROUPED, ZAYA_LM_HEAD_EXACT,
+// ZAYA_NS_TF32, ZAYA_NS_BF16_ITERATES, ZAYA_ATTN_FLASH. cuda_options.cpp (every build).
+CudaBackendOptions cuda_backend_options_for(const std::string& name, int device, int visible_gpus);
 
 // The GPU backend (CUDA, or HIP when built with hipcc). Throws zaya::Error("cuda", ...) when
 // no device is usable.

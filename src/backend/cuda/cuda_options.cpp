@@ -1,0 +1,27 @@
+// cuda_backend_options_for (cuda_factory.h): the GPU backend's options for a backend name, a
+// device and the environment's opt-in switches. Plain C++, in every build (make_backend uses it
+// for the CUDA and HIP backends, the host emulation's test programs for theirs).
+#include <cstdlib>
+#include <string>
+
+#include "backend/cuda/cuda_factory.h"
+
+namespace zaya {
+
+CudaBackendOptions cuda_backend_options_for(const std::string& name, int device, int visible_gpus) {
+  auto switched_on = [](const char* var) {  // the environment sets var=1
+    const char* v = std::getenv(var);
+    return v != nullptr && std::string(v) == "1";
+  };
+  CudaBackendOptions o;
+  o.device = visible_gpus > 0 ? device % visible_gpus : device;
+  o.bf16_matmul = name == "cuda";  // cuda-fp32: every GEMM in fp32 (exact comparisons with the CPU)
+  o.moe_device_grouped = switched_on("ZAYA_MOE_DEVICE_GROUPED");
+  o.lm_head_tf32x3 = !switched_on("ZAYA_LM_HEAD_EXACT");                 // the LM head in exact fp32 GEMMs
+  o.newton_schulz_bf16 = !switched_on("ZAYA_NS_TF32");                   // Newton-Schulz on TF32 operands
+  o.newton_schulz_bf16_iterates = switched_on("ZAYA_NS_BF16_ITERATES");  // Newton-Schulz's iterates in bf16
+  o.attention_flash_tc = switched_on("ZAYA_ATTN_FLASH");                 // the tensor-core flash attention
+  return o;
+}
+
+}  // namespace zaya
