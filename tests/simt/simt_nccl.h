@@ -20,75 +20,13 @@
 // MPI; the watchdog exits the process right after it, as with NCCL.
 #pragma once
 
-#include <cstddef>
-
 #include "simt_host_api.h"  // gpuStream_t
-
-#define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
-#define NCCL_VERSION_CODE 22005  // the API of NCCL 2.20.5, which has every call zaya makes
 
 struct ncclComm;
 typedef struct ncclComm* ncclComm_t;
+typedef gpuStream_t zaya_nccl_stream_t;
 
-typedef struct {
-  char internal[128];
-} ncclUniqueId;
-
-typedef enum {
-  ncclSuccess = 0,
-  ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,
-  ncclInternalError = 3,
-  ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5,
-  ncclRemoteError = 6,
-  ncclInProgress = 7,
-} ncclResult_t;
-
-typedef enum {
-  ncclSum = 0,
-  ncclProd = 1,
-  ncclMax = 2,
-  ncclMin = 3,
-} ncclRedOp_t;
-
-typedef enum {
-  ncclInt8 = 0,
-  ncclUint8 = 1,
-  ncclInt32 = 2,
-  ncclUint32 = 3,
-  ncclInt64 = 4,
-  ncclUint64 = 5,
-  ncclFloat16 = 6,
-  ncclFloat32 = 7,
-  ncclFloat64 = 8,
-} ncclDataType_t;
-
-ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId);
-ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
-ncclResult_t ncclCommDestroy(ncclComm_t comm);
-ncclResult_t ncclCommAbort(ncclComm_t comm);
-ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
-const char* ncclGetErrorString(ncclResult_t result);
-const char* ncclGetLastError(ncclComm_t comm);
-
-ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                           ncclRedOp_t op, ncclComm_t comm, gpuStream_t stream);
-ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                        int root, ncclComm_t comm, gpuStream_t stream);
-ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
-                               ncclRedOp_t op, ncclComm_t comm, gpuStream_t stream);
-ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
-                           ncclComm_t comm, gpuStream_t stream);
-ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-                           ncclComm_t comm, gpuStream_t stream);
-ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-                      gpuStream_t stream);
-ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-                      gpuStream_t stream);
-
-ncclResult_t ncclGroupStart();
-ncclResult_t ncclGroupEnd();
+#include "../common/nccl_subset.h"
 
 namespace zaya::simt {
 // Test hook: from the `after`-th data call on (counting from 1) of every communicator created
