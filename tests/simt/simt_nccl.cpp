@@ -32,12 +32,13 @@ namespace {
 constexpr char kIdMagic[] = "zaya-simt-nccl";
 std::atomic<long> g_fail_async_after{-1};  // -1: read the environment once
 
-// One deferred call: issue() starts its operations on the host communicator (or does the whole
-// call for one rank) and returns their handles; finish() runs once they are complete.
 struct Range {
   const void* p;
   size_t bytes;
 };
+
+// One deferred call: issue() starts its operations on the host communicator (or does the whole
+// call for one rank) and returns their handles; finish() runs once they are complete.
 struct Pending {
   ncclComm_t comm;
   std::function<std::vector<zaya::CommHandle>()> issue;
