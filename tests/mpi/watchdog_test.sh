@@ -4,7 +4,7 @@
 # stopping, with a non-zero status, and rank 0 printed its watchdog line naming peer 1; afterwards
 # no process of this run may be left (stopped or not): leftovers are continued and killed.
 # The 30 s count from rank 1's stop, not from mpirun's start: under ASan on a loaded 2-core CI
-# machine, starting 3 ranks alone has taken 25 s. Reaching the stop has a 150 s limit of its own.
+# machine, starting 3 ranks alone has taken 41 s. Reaching the stop has a 150 s limit of its own.
 # usage: watchdog_test.sh MPIEXEC COMM_CHECK
 set -u
 mpiexec=${1:?usage: watchdog_test.sh MPIEXEC COMM_CHECK}
