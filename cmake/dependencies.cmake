@@ -21,10 +21,14 @@ pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 find_package(spdlog REQUIRED)
 # Multi-process data parallelism (src/dist/comm_mpi.cpp): libopenmpi-dev, openmpi-bin for mpirun.
 find_package(MPI REQUIRED COMPONENTS CXX)
+# The HTTP inference server (src/serve/http_server.cpp): libcpp-httplib-dev. Debian ships it as a
+# compiled library built with OpenSSL, zlib and Brotli support; its pkg-config flags carry the
+# matching CPPHTTPLIB_* defines, which change httplib's class layouts, so they must be used.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 
 add_library(zaya_deps INTERFACE)
 target_include_directories(zaya_deps INTERFACE ${CBLAS_INCLUDE_DIR})
 target_link_libraries(zaya_deps INTERFACE
   OpenMP::OpenMP_CXX Threads::Threads nlohmann_json::nlohmann_json
   ${BLAS_LIBRARIES} PkgConfig::SENTENCEPIECE spdlog::spdlog tomlplusplus::tomlplusplus
-  ZLIB::ZLIB PkgConfig::ZSTD MPI::MPI_CXX)
+  ZLIB::ZLIB PkgConfig::ZSTD MPI::MPI_CXX PkgConfig::HTTPLIB)

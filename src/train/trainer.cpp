@@ -17,6 +17,7 @@
 #include "dist/comm.h"
 #include "model/model_io.h"
 #include "serve/generate.h"
+#include "supervise/heartbeat.h"
 #include "train/balancer.h"
 #include "train/data_parallel.h"
 #include "train/metrics.h"
@@ -94,6 +95,9 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   }
   Comm& comm = *comm_ptr;
   const int rank = comm.rank(), ranks = comm.size();
+  // Heartbeats for a supervisor (`zaya launch`): "start" now, then one per phase and step.
+  HeartbeatWriter heartbeat(opt.heartbeat_dir, rank, ranks);
+  heartbeat.beat("start", 0, r.schedule.total_steps);
   // The backend first: a GPU that is missing fails before anything is read or written.
   const int device = comm.local_rank();
   auto be = make_backend(opt.backend, device);
@@ -212,6 +216,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     meta["counters"] = all_counters(state);
     const std::string cursor = data.cursor_json();
     if (!cursor.empty()) meta["loader_cursor"] = cursor;
+    heartbeat.beat("checkpoint", step, r.schedule.total_steps);
     DistSaveStats st = writer.begin_save(ckpt_dir, step, owned_pieces(state), meta);
     log("checkpoint step " + std::to_string(step) + " (" + why + "): " + std::to_string(st.bytes >> 20) +
         " MiB per rank staged in " + std::to_string(st.begin_seconds).substr(0, 5) + " s, writing in the background");
@@ -354,6 +359,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     rec["balance"] = balancer_record(balancer);
     const bool do_eval = r.eval.every > 0 && (step % r.eval.every == 0 || step == r.schedule.total_steps);
     if (do_eval) {
+      heartbeat.beat("eval", step, r.schedule.total_steps);
       last_val = data.evaluate(*model, phase, dp);
       rec["val_loss"] = last_val;
       curve.val_steps.push_back(double(step));
@@ -375,12 +381,14 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       if (tty) std::fprintf(stderr, "\r\033[K%s%s", line, (step % r.logging.every == 0 || do_eval) ? "\n" : "");
       else std::fprintf(stderr, "%s\n", line);
     }
+    heartbeat.beat("step", step, r.schedule.total_steps);
     if (auto done = writer.poll()) log("checkpoint " + done->dir + " committed (" + std::to_string(done->total_bytes >> 20) +
                                        " MiB, training blocked " + std::to_string(done->stall_seconds()).substr(0, 5) + " s)");
     if (r.checkpoint.every > 0 && step % r.checkpoint.every == 0) save("periodic");
   }
   if (steps_this_run > 0 && !(r.checkpoint.every > 0 && step % r.checkpoint.every == 0))
     save(step >= r.schedule.total_steps ? "final" : "stopped");
+  heartbeat.beat("final", step, r.schedule.total_steps);
   if (writer.pending()) {
     DistSaveStats done = writer.finish();
     log("checkpoint " + done.dir + " committed");
@@ -415,6 +423,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       }
     }
   }
+  heartbeat.beat("done", step, r.schedule.total_steps);
   return sum;
 }
 

@@ -40,6 +40,9 @@ struct TrainOptions {
   // the device over NCCL (RCCL); false = staged through host memory over the job's comm (MPI).
   bool device_comm = false;
   double comm_timeout_s = 600;  // watchdog of the device communicator (ZAYA_COMM_TIMEOUT overrides)
+  // Where each rank records its heartbeat for a supervisor (supervise/heartbeat.h); "" = none.
+  // `zaya train` takes it from ZAYA_HEARTBEAT_DIR, which `zaya launch` sets.
+  std::string heartbeat_dir;
 };
 
 TrainSummary train(const Recipe& recipe, const TrainOptions& opt = {});

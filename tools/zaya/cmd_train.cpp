@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "model/model_io.h"
+#include "supervise/heartbeat.h"
 #include "train/trainer.h"
 
 namespace zaya::cli {
@@ -60,6 +61,7 @@ void add_train(CLI::App& app) {
       opt.backend = backend;
       opt.device_comm = device_comm;
       opt.comm_timeout_s = comm_timeout;
+      if (const char* hb = std::getenv(kHeartbeatDirEnv)) opt.heartbeat_dir = hb;
       s = train(r, opt);
     } catch (const Error& e) {
       if (comm->size() == 1) throw;

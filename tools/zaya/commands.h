@@ -8,6 +8,7 @@ namespace zaya::cli {
 void add_info(CLI::App& app);
 void add_init(CLI::App& app);
 void add_generate(CLI::App& app);
+void add_serve(CLI::App& app);
 void add_score(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_ckpt(CLI::App& app);
@@ -15,6 +16,8 @@ void add_data(CLI::App& app);
 void add_data_prepare(CLI::App* data);  // `data prepare` and `data stats` (cmd_data_prepare.cpp)
 void add_tokenizer(CLI::App& app);
 void add_train(CLI::App& app);
+void add_launch(CLI::App& app);
+void add_doctor(CLI::App& app);
 void add_export(CLI::App& app);
 
 }  // namespace zaya::cli

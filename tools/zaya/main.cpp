@@ -26,12 +26,15 @@ int main(int argc, char** argv) {
   zaya::cli::add_info(app);
   zaya::cli::add_init(app);
   zaya::cli::add_generate(app);
+  zaya::cli::add_serve(app);
   zaya::cli::add_score(app);
   zaya::cli::add_tokenize(app);
   zaya::cli::add_ckpt(app);
   zaya::cli::add_data(app);
   zaya::cli::add_tokenizer(app);
   zaya::cli::add_train(app);
+  zaya::cli::add_launch(app);
+  zaya::cli::add_doctor(app);
   zaya::cli::add_export(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,42 @@
+// The JSON bodies the inference API answers with, in OpenAI's shapes (docs/serving.md):
+// completions (whole and as Server-Sent Events chunks), the model list and errors. Pure
+// builders; text that is not valid UTF-8 is written with U+FFFD rather than failing.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "serve/completion_engine.h"
+
+namespace zaya {
+
+// Who answered and when: the same for every chunk of one completion.
+struct CompletionMeta {
+  std::string id;       // "cmpl-..."
+  int64_t created = 0;  // unix seconds
+  std::string model;
+};
+
+// {"error": {"message", "type", "param": null, "code": null}}
+nlohmann::json error_body(const std::string& message, const std::string& type);
+
+// A whole completion: id, object "text_completion", created, model,
+// choices[0] {index, text, token_ids, logprobs, finish_reason}, usage.
+nlohmann::json completion_body(const CompletionMeta& meta, const CompletionResult& result);
+
+// One streamed chunk: the same shape with this step's text and ids and finish_reason null.
+nlohmann::json completion_chunk_body(const CompletionMeta& meta, const CompletionChunk& chunk);
+// The last streamed chunk: no text, the finish_reason, and the usage.
+nlohmann::json completion_final_chunk_body(const CompletionMeta& meta, const CompletionResult& result);
+
+// GET /v1/models: {"object": "list", "data": [{"id", "object": "model", "created", "owned_by",
+// "context_length", "vocab_size"}]}
+nlohmann::json models_body(const std::string& model, int64_t created, int64_t context_length,
+                           int64_t vocab_size);
+
+// Serialised JSON (invalid UTF-8 replaced by U+FFFD).
+std::string json_text(const nlohmann::json& value);
+// One Server-Sent Event: "data: <json>\n\n".
+std::string sse_event(const nlohmann::json& value);
+
+}  // namespace zaya

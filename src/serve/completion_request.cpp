@@ -1,0 +1,259 @@
+// Request validation for the inference API (see completion_request.h).
+#include "serve/completion_request.h"
+
+#include <cmath>
+#include <limits>
+
+namespace zaya {
+
+using json = nlohmann::json;
+
+namespace {
+
+[[noreturn]] void expected(const std::string& field, const std::string& what, const json& got) {
+  invalid_request(field + ": expected " + what + ", got " + describe_json_value(got));
+}
+
+void require_object(const json& body) {
+  if (!body.is_object()) expected("request body", "a JSON object", body);
+}
+
+// The field's value, or nullptr when it is absent or null (null means "the default", as in
+// OpenAI's API).
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+// An integer JSON number (not a boolean, not 3.0) that fits int64.
+bool get_int64(const json& v, int64_t* out) {
+  if (!v.is_number_integer()) return false;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(std::numeric_limits<int64_t>::max())) return false;
+    *out = int64_t(u);
+  } else {
+    *out = v.get<int64_t>();
+  }
+  return true;
+}
+
+bool get_bool_field(const json& body, const char* name, bool fallback) {
+  const json* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) expected(name, "true or false", *v);
+  return v->get<bool>();
+}
+
+// Token ids in [0, vocab_size): `name` is the field (or element path) named in errors.
+std::vector<int32_t> parse_ids(const json& arr, const std::string& name, int64_t vocab_size) {
+  std::vector<int32_t> ids;
+  ids.reserve(arr.size());
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const std::string at = name + "[" + std::to_string(i) + "]";
+    int64_t id = 0;
+    if (!get_int64(arr[i], &id) || id < 0) {
+      // A huge unsigned value is an integer, just not one in the vocabulary.
+      if (arr[i].is_number_unsigned())
+        id = std::numeric_limits<int64_t>::max();
+      else
+        expected(at, "a token id (a non-negative integer)", arr[i]);
+    }
+    if (id >= vocab_size)
+      invalid_request(at + ": token id " + describe_json_value(arr[i]) + " is outside the vocabulary [0, " +
+                      std::to_string(vocab_size) + ")");
+    ids.push_back(int32_t(id));
+  }
+  return ids;
+}
+
+void parse_prompt(const json& body, const ModelLimits& limits, CompletionRequest& r) {
+  const json* p = field(body, "prompt");
+  if (!p) invalid_request("prompt: required; send a string or an array of token ids");
+  std::string name = "prompt";
+  // OpenAI also takes a batch: an array of strings or of id arrays. One prompt is accepted.
+  if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    if (p->size() != 1)
+      invalid_request("prompt: batched prompts (" + std::to_string(p->size()) +
+                      ") are not supported; send one prompt per request");
+    p = &(*p)[0];
+    name = "prompt[0]";
+  }
+  if (p->is_string()) {
+    r.prompt_is_text = true;
+    r.prompt_text = p->get<std::string>();
+  } else if (p->is_array()) {
+    if (p->empty()) expected(name, "a non-empty array of token ids", *p);
+    r.prompt_ids = parse_ids(*p, name, limits.vocab_size);
+  } else {
+    expected(name, "a string or an array of token ids", *p);
+  }
+}
+
+void parse_sampling(const json& body, CompletionRequest& r) {
+  if (const json* v = field(body, "temperature")) {
+    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < 0)
+      expected("temperature", "a number >= 0 (0 = greedy)", *v);
+    r.sampling.temperature = v->get<float>();
+  }
+  if (const json* v = field(body, "top_p")) {
+    // Checked as the float the sampler gets (1e-300 is 0 there).
+    if (!v->is_number() || !(v->get<float>() > 0 && v->get<float>() <= 1))
+      expected("top_p", "a number in (0, 1]", *v);
+    r.sampling.top_p = v->get<float>();
+  }
+  if (const json* v = field(body, "top_k")) {
+    int64_t k = 0;
+    if (!get_int64(*v, &k) || k < 0) expected("top_k", "an integer >= 0 (0 = off)", *v);
+    r.sampling.top_k = k;
+  }
+  if (const json* v = field(body, "seed")) {
+    if (!v->is_number_integer() || (!v->is_number_unsigned() && v->get<int64_t>() < 0))
+      expected("seed", "a non-negative integer", *v);
+    r.seed = v->get<uint64_t>();
+  }
+}
+
+void parse_stop(const json& body, CompletionRequest& r) {
+  const json* v = field(body, "stop");
+  if (!v) return;
+  if (v->is_string()) {
+    if (v->get_ref<const std::string&>().empty()) expected("stop", "a non-empty string", *v);
+    r.stop.push_back(v->get<std::string>());
+    return;
+  }
+  if (!v->is_array()) expected("stop", "a string or an array of strings", *v);
+  if (v->size() > kMaxStop)
+    invalid_request("stop: at most " + std::to_string(kMaxStop) + " sequences are allowed, got " +
+                    std::to_string(v->size()));
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& s = (*v)[i];
+    if (!s.is_string() || s.get_ref<const std::string&>().empty())
+      expected("stop[" + std::to_string(i) + "]", "a non-empty string", s);
+    r.stop.push_back(s.get<std::string>());
+  }
+}
+
+// Fields of OpenAI's API this server does not implement: accepted only at their defaults,
+// so that a client asking for them learns it did not get them.
+void reject_unsupported(const json& body) {
+  for (const char* name : {"n", "best_of"}) {
+    const json* v = field(body, name);
+    int64_t n = 0;
+    if (v && (!get_int64(*v, &n) || n != 1))
+      invalid_request(std::string(name) + ": only 1 is supported, got " + describe_json_value(*v));
+  }
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    const json* v = field(body, name);
+    if (v && !v->is_number()) expected(name, "a number", *v);
+    if (v && v->get<double>() != 0)
+      invalid_request(std::string(name) + ": not supported (only 0), got " + describe_json_value(*v));
+  }
+  if (const json* v = field(body, "logprobs"))
+    invalid_request("logprobs: not supported by this server, got " + describe_json_value(*v));
+  if (get_bool_field(body, "echo", false)) invalid_request("echo: true is not supported");
+  if (const json* v = field(body, "suffix");
+      v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
+    invalid_request("suffix: not supported by this server, got " + describe_json_value(*v));
+  if (const json* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
+    invalid_request("logit_bias: not supported by this server, got " + describe_json_value(*v));
+  if (const json* v = field(body, "model"); v && !v->is_string()) expected("model", "a string", *v);
+}
+
+}  // namespace
+
+std::string describe_json_value(const json& value) {
+  std::string s = value.dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
+  constexpr size_t kMax = 80;
+  if (s.size() > kMax) s = s.substr(0, kMax - 3) + "...";
+  return s;
+}
+
+json parse_json_body(const std::string& body) {
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos)
+    invalid_request("request body: expected a JSON object, got an empty body");
+  try {
+    return json::parse(body);
+  } catch (const json::parse_error& e) {
+    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 2: ...".
+    std::string what = e.what();
+    const size_t bracket = what.find("] ");
+    invalid_request("request body: malformed JSON: " +
+                    (bracket == std::string::npos ? what : what.substr(bracket + 2)));
+  }
+}
+
+CompletionRequest parse_completion_request(const json& body, const ModelLimits& limits) {
+  require_object(body);
+  CompletionRequest r;
+  parse_prompt(body, limits, r);
+  if (const json* v = field(body, "max_tokens")) {
+    if (!get_int64(*v, &r.max_tokens) || r.max_tokens <= 0) expected("max_tokens", "a positive integer", *v);
+    if (r.max_tokens > limits.context_length)
+      invalid_request("max_tokens: " + std::to_string(r.max_tokens) + " exceeds the model's context length " +
+                      std::to_string(limits.context_length));
+  }
+  parse_sampling(body, r);
+  parse_stop(body, r);
+  r.stream = get_bool_field(body, "stream", false);
+  reject_unsupported(body);
+  return r;
+}
+
+std::vector<int32_t> completion_prompt_ids(const CompletionRequest& r, const Tokenizer* tokenizer,
+                                           const ModelLimits& limits) {
+  std::vector<int32_t> ids;
+  if (r.prompt_is_text) {
+    if (!tokenizer)
+      invalid_request(
+          "prompt: a text prompt needs a tokenizer and this server has none; send the prompt as an array of "
+          "token ids, or start the server with --tokenizer PATH");
+    ids = tokenizer->encode(r.prompt_text, /*add_special=*/true);
+    if (ids.empty()) invalid_request("prompt: the text encodes to no tokens");
+    for (int32_t id : ids)
+      if (id < 0 || id >= limits.vocab_size)
+        invalid_request("prompt: the tokenizer gave token id " + std::to_string(id) +
+                        ", outside the model's vocabulary [0, " + std::to_string(limits.vocab_size) +
+                        "); the server's tokenizer does not match its model");
+  } else {
+    ids = r.prompt_ids;
+  }
+  if (!r.stop.empty() && !tokenizer)
+    invalid_request(
+        "stop: stop sequences are matched against decoded text, and this server has no tokenizer");
+  const int64_t n = int64_t(ids.size());
+  if (n >= limits.context_length)
+    invalid_request("prompt: " + std::to_string(n) +
+                    " tokens leave no room to generate in the model's context length " +
+                    std::to_string(limits.context_length));
+  if (n + r.max_tokens > limits.context_length)
+    invalid_request("max_tokens: the prompt (" + std::to_string(n) + " tokens) + max_tokens (" +
+                    std::to_string(r.max_tokens) + ") exceeds the model's context length " +
+                    std::to_string(limits.context_length) + "; ask for at most " +
+                    std::to_string(limits.context_length - n));
+  return ids;
+}
+
+TokenizeRequest parse_tokenize_request(const json& body) {
+  require_object(body);
+  TokenizeRequest r;
+  const json* v = field(body, "text");
+  if (!v) invalid_request("text: required; send the string to tokenize");
+  if (!v->is_string()) expected("text", "a string", *v);
+  r.text = v->get<std::string>();
+  r.add_special = get_bool_field(body, "add_special", r.add_special);
+  return r;
+}
+
+DetokenizeRequest parse_detokenize_request(const json& body, int64_t vocab_size) {
+  require_object(body);
+  DetokenizeRequest r;
+  const json* v = field(body, "ids");
+  if (!v) invalid_request("ids: required; send an array of token ids");
+  if (!v->is_array()) expected("ids", "an array of token ids", *v);
+  r.ids = parse_ids(*v, "ids", vocab_size);
+  r.skip_special = get_bool_field(body, "skip_special", r.skip_special);
+  return r;
+}
+
+}  // namespace zaya

@@ -1,0 +1,67 @@
+// The request bodies of the HTTP inference API (docs/serving.md): parsing and validating
+// POST /v1/completions, /tokenize and /detokenize JSON into plain structs. Pure functions
+// (no model, no I/O, no locks); every rejection is an ApiError 400 whose message names the
+// field and says what was expected and what came. Unknown fields are ignored, as OpenAI does;
+// known fields of a wrong type are errors.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
+#include "serve/api_error.h"
+#include "serve/sampling.h"
+
+namespace zaya {
+
+// What a request is checked against.
+struct ModelLimits {
+  int64_t vocab_size = 0;
+  int64_t context_length = 0;  // prompt + generated tokens must fit
+};
+
+struct CompletionRequest {
+  bool prompt_is_text = false;
+  std::string prompt_text;          // when prompt_is_text
+  std::vector<int32_t> prompt_ids;  // otherwise; each in [0, vocab_size)
+  int64_t max_tokens = 16;
+  SamplingParams sampling{1.0f, 0, 1.0f};  // OpenAI's defaults: temperature 1, no top-k, top_p 1
+  std::optional<uint64_t> seed;            // none: the server picks one
+  std::vector<std::string> stop;           // at most kMaxStop non-empty strings
+  bool stream = false;
+};
+
+constexpr size_t kMaxStop = 4;
+
+// Parses a request body as JSON; a malformed body is a 400 naming the parse error.
+nlohmann::json parse_json_body(const std::string& body);
+
+// Validates a /v1/completions body (already parsed JSON) against the model's limits.
+CompletionRequest parse_completion_request(const nlohmann::json& body, const ModelLimits& limits);
+
+// The prompt as token ids: a text prompt is encoded with the tokenizer's special tokens (as
+// `zaya generate --prompt` does). Checks what needs the tokenizer (a text prompt, stop
+// sequences), that every id is inside the model's vocabulary and that prompt + max_tokens fits
+// the context. tokenizer may be null.
+std::vector<int32_t> completion_prompt_ids(const CompletionRequest& request, const Tokenizer* tokenizer,
+                                           const ModelLimits& limits);
+
+struct TokenizeRequest {
+  std::string text;
+  bool add_special = true;  // the tokenizer's special tokens (BOS), as a completion's text prompt gets
+};
+TokenizeRequest parse_tokenize_request(const nlohmann::json& body);
+
+struct DetokenizeRequest {
+  std::vector<int32_t> ids;
+  bool skip_special = true;  // drop special/control tokens, as completion text does
+};
+// ids are checked against the tokenizer's vocabulary.
+DetokenizeRequest parse_detokenize_request(const nlohmann::json& body, int64_t vocab_size);
+
+// A value as it appears in an error message: JSON, shortened when long.
+std::string describe_json_value(const nlohmann::json& value);
+
+}  // namespace zaya

@@ -1,0 +1,369 @@
+// Routes, request logging and the server's life cycle (see http_server.h). Request parsing
+// lives in completion_request.cpp, response bodies in api_json.cpp, generation in
+// completion_engine.cpp; this file wires them to httplib.
+#include "serve/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "serve/api_error.h"
+#include "serve/api_json.h"
+#include "serve/completion_engine.h"
+#include "serve/completion_request.h"
+
+namespace zaya {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// What the request log line reports. httplib runs a request's handler, its streamed content
+// and the logger on one worker thread, so a thread-local record follows each request.
+struct RequestLog {
+  bool started = false;
+  Clock::time_point start;
+  int64_t prompt_tokens = -1, generated = -1;
+  std::string note;  // finish reason or error message
+};
+thread_local RequestLog t_log;
+
+void reply_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(json_text(body), "application/json");
+}
+
+void reply_error(httplib::Response& res, int status, const std::string& type, const std::string& message) {
+  reply_json(res, status, error_body(message, type));
+  t_log.note = message;
+}
+
+// Runs a handler, turning every exception into a JSON error: ApiError keeps its status, anything
+// else is the server's fault (500). Nothing a client sends can escape as a crash.
+template <class F>
+httplib::Server::Handler guarded(F f) {
+  return [f](const httplib::Request& req, httplib::Response& res) {
+    try {
+      f(req, res);
+    } catch (const ApiError& e) {
+      reply_error(res, e.status(), e.type(), e.what());
+    } catch (const std::exception& e) {
+      reply_error(res, 500, "server_error", std::string("internal error: ") + e.what());
+    }
+  };
+}
+
+// A POST handler f(req, res, body) that reads its body itself: httplib's own reading refuses
+// form-encoded bodies over 8 KiB (the content type `curl -d` sends), which a JSON API should not
+// care about. A body that cannot be read keeps httplib's status (413 past the size limit).
+template <class F>
+httplib::Server::HandlerWithContentReader guarded_post(F f) {
+  return [f](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+    std::string body;
+    if (!read([&](const char* data, size_t n) {
+          body.append(data, n);
+          return true;
+        })) {
+      if (res.status < 400) res.status = 400;
+      return;
+    }
+    guarded([&](const httplib::Request& r, httplib::Response& s) { f(r, s, body); })(req, res);
+  };
+}
+
+std::string count_or_dash(int64_t n) { return n < 0 ? "-" : std::to_string(n); }
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(Model& m, const Tokenizer* t, ServerOptions o)
+      : tok(t),
+        opt(std::move(o)),
+        limits{m.config().vocab_size, m.config().max_position_embeddings},
+        engine(m, t, EngineOptions{opt.max_queue, opt.compute_threads}),
+        created(unix_now()) {
+    std::random_device rd;
+    rng.seed((uint64_t(rd()) << 32) ^ rd());
+    id_salt = rng();
+  }
+
+  const Tokenizer* tok;
+  ServerOptions opt;
+  ModelLimits limits;
+  CompletionEngine engine;
+  httplib::Server svr;
+  std::thread listener;
+  int port = -1;
+  int64_t created;
+  std::atomic<bool> started{false}, listen_ended{false};
+  std::mutex stop_mu;
+  std::atomic<bool> stopped{false};
+  std::mutex rng_mu;
+  std::mt19937_64 rng;
+  uint64_t id_salt = 0;
+  std::atomic<uint64_t> completions{0};
+
+  uint64_t random_seed() {
+    std::lock_guard lk(rng_mu);
+    return rng();
+  }
+  std::string new_completion_id() {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "cmpl-%016llx%08llx", (unsigned long long)id_salt,
+                  (unsigned long long)(++completions & 0xffffffffull));
+    return buf;
+  }
+
+  void set_up_routes();
+  void completions_handler(const std::string& body, httplib::Response& res);
+  void stream(CompletionJob& job, const CompletionMeta& meta, httplib::DataSink& sink);
+  const Tokenizer& tokenizer_or_400(const char* endpoint) const;
+};
+
+const Tokenizer& HttpServer::Impl::tokenizer_or_400(const char* endpoint) const {
+  if (!tok)
+    invalid_request(std::string(endpoint) + ": this server has no tokenizer; start it with --tokenizer PATH");
+  return *tok;
+}
+
+void HttpServer::Impl::completions_handler(const std::string& body, httplib::Response& res) {
+  const CompletionRequest request = parse_completion_request(parse_json_body(body), limits);
+  CompletionJob job;
+  job.prompt = completion_prompt_ids(request, tok, limits);
+  job.max_tokens = request.max_tokens;
+  job.sampling = request.sampling;
+  job.seed = request.seed ? *request.seed : random_seed();
+  job.stop = request.stop;
+  t_log.prompt_tokens = int64_t(job.prompt.size());
+  const CompletionMeta meta{new_completion_id(), unix_now(), opt.model_id};
+  if (!request.stream) {
+    const CompletionResult r = engine.run(std::move(job));
+    t_log.generated = int64_t(r.ids.size());
+    t_log.note = r.finish_reason;
+    reply_json(res, 200, completion_body(meta, r));
+    return;
+  }
+  // The status line goes out before generation starts: answer a full queue now, while a 503
+  // can still be sent (run() re-checks; a later failure arrives as an error event).
+  if (!engine.accepting())
+    throw ApiError(503, "unavailable_error", "the server is busy or shutting down; retry later");
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");  // reverse proxies: pass events through unbuffered
+  auto shared_job = std::make_shared<CompletionJob>(std::move(job));
+  res.set_chunked_content_provider("text/event-stream",
+                                   [this, shared_job, meta](size_t, httplib::DataSink& sink) {
+                                     stream(*shared_job, meta, sink);
+                                     return true;
+                                   });
+}
+
+// Writes one completion as Server-Sent Events: a chunk per generated token (its ids and the
+// text it released), a final chunk with finish_reason and usage, then [DONE]. A client that
+// goes away cancels the generation at the next token.
+void HttpServer::Impl::stream(CompletionJob& job, const CompletionMeta& meta, httplib::DataSink& sink) {
+  bool open = true;
+  auto send = [&](const std::string& event) { return open = open && sink.write(event.data(), event.size()); };
+  try {
+    const CompletionResult r = engine.run(std::move(job), [&](const CompletionChunk& c) {
+      return send(sse_event(completion_chunk_body(meta, c)));
+    });
+    t_log.generated = int64_t(r.ids.size());
+    t_log.note = r.finish_reason;
+    send(sse_event(completion_final_chunk_body(meta, r)));
+  } catch (const ApiError& e) {
+    t_log.note = e.what();
+    send(sse_event(error_body(e.what(), e.type())));
+  } catch (const std::exception& e) {
+    t_log.note = std::string("internal error: ") + e.what();
+    send(sse_event(error_body(t_log.note, "server_error")));
+  }
+  send("data: [DONE]\n\n");
+  if (!open) t_log.note += t_log.note.empty() ? "client went away" : " (client went away)";
+  sink.done();
+}
+
+void HttpServer::Impl::set_up_routes() {
+  svr.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+    t_log = RequestLog{};
+    t_log.started = true;
+    t_log.start = Clock::now();
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  svr.Get("/health", guarded([](const httplib::Request&, httplib::Response& res) {
+            reply_json(res, 200, {{"status", "ok"}});
+          }));
+
+  svr.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
+            reply_json(res, 200,
+                       models_body(opt.model_id, created, limits.context_length, limits.vocab_size));
+          }));
+
+  svr.Post("/v1/completions",
+           guarded_post([this](const httplib::Request&, httplib::Response& res, const std::string& body) {
+             completions_handler(body, res);
+           }));
+
+  svr.Post("/tokenize",
+           guarded_post([this](const httplib::Request&, httplib::Response& res, const std::string& body) {
+             const Tokenizer& t = tokenizer_or_400("tokenize");
+             const TokenizeRequest r = parse_tokenize_request(parse_json_body(body));
+             reply_json(res, 200, {{"ids", t.encode(r.text, r.add_special)}});
+           }));
+
+  svr.Post("/detokenize",
+           guarded_post([this](const httplib::Request&, httplib::Response& res, const std::string& body) {
+             const Tokenizer& t = tokenizer_or_400("detokenize");
+             const DetokenizeRequest r = parse_detokenize_request(parse_json_body(body), t.vocab_size());
+             reply_json(res, 200, {{"text", t.decode(r.ids, r.skip_special)}});
+           }));
+
+  for (const char* path : {"/v1/completions", "/tokenize", "/detokenize"})
+    svr.Get(path, [path](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Allow", "POST");
+      reply_error(res, 405, "invalid_request_error", std::string(path) + " takes POST with a JSON body");
+    });
+
+  // Errors httplib answers itself (unknown route, oversized body, malformed request) get the
+  // same JSON shape; a handler's own error body is left alone.
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                    httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string type = "invalid_request_error", message;
+    switch (res.status) {
+      case 404:
+        type = "not_found_error";
+        message = "no route for " + req.method + " " + req.path +
+                  "; the routes are GET /health, GET /v1/models, POST /v1/completions, POST /tokenize, POST "
+                  "/detokenize";
+        break;
+      case 413:
+        message = "request body: larger than " + std::to_string(opt.max_body_bytes) + " bytes";
+        break;
+      case 400:
+        message = "the HTTP request could not be read (malformed, or a body without a length)";
+        break;
+      default:
+        type = res.status >= 500 ? "server_error" : "invalid_request_error";
+        message = "HTTP status " + std::to_string(res.status);
+    }
+    reply_error(res, res.status, type, message);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+
+  // Handlers catch everything themselves; this is the backstop.
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    reply_error(res, 500, "server_error", "internal error: " + what);
+  });
+
+  svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    if (opt.log_requests) {
+      char seconds[32] = "-";
+      if (t_log.started)
+        std::snprintf(seconds, sizeof seconds, "%.3fs",
+                      std::chrono::duration<double>(Clock::now() - t_log.start).count());
+      std::string line = req.method + " " + req.path + " " + std::to_string(res.status) +
+                         " prompt_tokens=" + count_or_dash(t_log.prompt_tokens) +
+                         " generated_tokens=" + count_or_dash(t_log.generated) + " " + seconds;
+      if (!t_log.note.empty()) line += " " + t_log.note;
+      log::info(line);
+    }
+    t_log = RequestLog{};
+  });
+}
+
+HttpServer::HttpServer(Model& model, const Tokenizer* tokenizer, ServerOptions options)
+    : impl_(std::make_unique<Impl>(model, tokenizer, std::move(options))) {
+  Impl& s = *impl_;
+  const size_t threads = size_t(std::max(1, s.opt.http_threads));
+  s.svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.svr.set_payload_max_length(s.opt.max_body_bytes);
+  s.svr.set_tcp_nodelay(true);  // streamed chunks are small: send each at once
+  s.svr.set_keep_alive_max_count(100);
+  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
+  // silently share its connections; only SO_REUSEADDR (restart while old sockets linger) is kept.
+  s.svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  s.set_up_routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+void HttpServer::start() {
+  Impl& s = *impl_;
+  if (s.started || s.listener.joinable() || s.stopped) fail("serve", "the server was already started");
+  // A client that disconnects mid-response must not kill the process: writes then fail instead.
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+  errno = 0;
+  const int port = s.opt.port == 0 ? s.svr.bind_to_any_port(s.opt.host)
+                                   : (s.svr.bind_to_port(s.opt.host, s.opt.port) ? s.opt.port : -1);
+  const int bind_errno = errno;
+  if (port <= 0)
+    fail("serve",
+         "cannot listen on " + s.opt.host + ":" + std::to_string(s.opt.port) +
+             (bind_errno ? std::string(": ") + std::strerror(bind_errno) : std::string()),
+         "another process may hold the port (pick another with --port, or --port 0 for any free one), or the "
+         "host is not an address of this machine");
+  s.port = port;
+  s.listener = std::thread([&s] {
+    s.svr.listen_after_bind();
+    s.listen_ended = true;
+  });
+  // stop() must find the accept loop running (httplib ignores a stop() that comes earlier).
+  while (!s.svr.is_running() && !s.listen_ended) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (s.listen_ended) {
+    s.listener.join();
+    fail("serve", "the HTTP listener on " + url() + " stopped at once");
+  }
+  s.started = true;
+}
+
+int HttpServer::port() const { return impl_->port; }
+
+std::string HttpServer::url() const {
+  const std::string& h = impl_->opt.host;
+  return "http://" + (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" +
+         std::to_string(impl_->port);
+}
+
+bool HttpServer::running() const { return impl_->started && !impl_->listen_ended && !impl_->stopped; }
+
+void HttpServer::stop() {
+  Impl& s = *impl_;
+  std::lock_guard lk(s.stop_mu);
+  if (s.stopped) return;
+  s.stopped = true;
+  s.engine.shutdown();  // first, so that handlers waiting on the model return
+  if (s.listener.joinable()) {
+    if (!s.listen_ended) s.svr.stop();
+    s.listener.join();
+  }
+}
+
+}  // namespace zaya

@@ -1,0 +1,53 @@
+// The HTTP inference server (`zaya serve`, docs/serving.md): cpp-httplib underneath, JSON in
+// and out, OpenAI-compatible /v1/completions with Server-Sent Events streaming, /v1/models,
+// /health, /tokenize, /detokenize, one log line per request, and a clean start and stop.
+// Owns the httplib::Server and the CompletionEngine that serialises generation; the model and
+// tokenizer belong to the caller. httplib stays inside http_server.cpp.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "data/tokenizer.h"
+#include "model/model.h"
+
+namespace zaya {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                // 0: any free port (port() says which)
+  std::string model_id = "zaya";  // the id /v1/models and every completion report
+  // Every open connection holds an HTTP thread while it lasts, and so does a completion waiting
+  // for the model: keep max_queue well below http_threads so /health still gets an answer.
+  int http_threads = 32;
+  size_t max_queue = 16;                     // completions that may wait for the model; more get a 503
+  int compute_threads = 0;                   // OpenMP threads for the model (0 = OpenMP's default)
+  size_t max_body_bytes = size_t(16) << 20;  // larger request bodies get a 413
+  bool log_requests = true;                  // one line per request on the zaya log (stderr)
+};
+
+class HttpServer {
+ public:
+  // The model (weights frozen) and the tokenizer (may be null: token ids only) must outlive
+  // the server.
+  HttpServer(Model& model, const Tokenizer* tokenizer, ServerOptions options);
+  ~HttpServer();  // stop()
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds host:port and serves on a background thread; returns once requests are accepted.
+  // Throws zaya::Error when it cannot bind.
+  void start();
+  int port() const;         // the bound port, after start()
+  std::string url() const;  // "http://host:port"
+  bool running() const;     // accepting connections
+  // Stops accepting, cancels the running generation, fails queued ones with 503 and waits
+  // for every handler to finish. Idempotent; safe from any thread but a handler's.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zaya

@@ -1,0 +1,767 @@
+// `zaya serve`: the HTTP inference server in-process on a free port (a tiny random model and a
+// small SentencePiece tokenizer trained here), driven with httplib::Client and checked against
+// generate() called directly; request validation and completion text (UTF-8 hold-back, stop
+// sequences) on their own; and the real binary started, queried and stopped with SIGTERM.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+#include "data/tokenizer_train.h"
+#include "data/tokenizer_utf8.h"
+#include "model/model_io.h"
+#include "serve/completion_engine.h"
+#include "serve/completion_request.h"
+#include "serve/completion_text.h"
+#include "serve/generate.h"
+#include "serve/http_server.h"
+
+extern char** environ;
+
+namespace zaya {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr uint64_t kModelSeed = 11;
+
+std::unique_ptr<Model> tiny_model(Backend& be) {
+  auto m = std::make_unique<Model>(preset_config("zaya-tiny"), be);
+  m->init_random(kModelSeed);
+  return m;
+}
+
+fs::path make_temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("zaya_serve_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// A SentencePiece BPE vocabulary small enough for zaya-tiny's 512 ids (pad 0, eos 1, bos 2,
+// unk 3, as the model's EOS id 1 expects).
+std::unique_ptr<Tokenizer> train_small_tokenizer(const fs::path& dir) {
+  const std::vector<std::string> sentences = {
+      "The quick brown fox jumps over the lazy dog.",
+      "Mixture of experts models route each token to a few experts.",
+      "A tokenizer turns text into integer ids and back again.",
+      "Training runs for many steps with a warmup and a cosine decay.",
+      "Numbers like 12345 and 3.14159 appear in text, too.",
+      "Servers answer requests one at a time when the model is single.",
+  };
+  const std::string corpus = (dir / "corpus.txt").string();
+  {
+    std::ofstream out(corpus);
+    for (int r = 0; r < 60; ++r)
+      for (size_t i = 0; i < sentences.size(); ++i)
+        out << sentences[(i + size_t(r)) % sentences.size()] << "\n";
+  }
+  TokenizerTrainOptions opt;
+  opt.vocab_size = 400;
+  opt.character_coverage = 1.0;
+  train_sentencepiece({corpus}, (dir / "tok").string(), opt);
+  return load_tokenizer((dir / "tok.model").string());
+}
+
+struct Reply {
+  int status = 0;
+  std::string raw, content_type;
+  json body;  // parsed when the reply is JSON
+};
+
+Reply to_reply(const httplib::Result& r) {
+  Reply out;
+  if (!r) {
+    ADD_FAILURE() << "no HTTP response: " << httplib::to_string(r.error());
+    return out;
+  }
+  out.status = r->status;
+  out.raw = r->body;
+  out.content_type = r->get_header_value("Content-Type");
+  if (out.content_type.rfind("application/json", 0) == 0) out.body = json::parse(r->body, nullptr, false);
+  return out;
+}
+
+// A Server-Sent Events body: the data of each event, in order.
+std::vector<std::string> sse_data(const std::string& raw) {
+  std::vector<std::string> events;
+  size_t i = 0;
+  while (i < raw.size()) {
+    size_t end = raw.find("\n\n", i);
+    if (end == std::string::npos) end = raw.size();
+    std::string event = raw.substr(i, end - i);
+    EXPECT_EQ(event.rfind("data: ", 0), 0u) << "not an SSE data line: " << event;
+    events.push_back(event.substr(std::min(event.size(), size_t(6))));
+    i = end + 2;
+  }
+  return events;
+}
+
+class ServeHttp : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(make_temp_dir("http"));
+    tok_ = train_small_tokenizer(*dir_).release();
+    be_ = make_cpu_backend().release();
+    model_ = tiny_model(*be_).release();
+    be_->set_weights_frozen(true);
+    ref_be_ = make_cpu_backend().release();
+    ref_ = tiny_model(*ref_be_).release();  // the same weights, for generate() called directly
+    ServerOptions so;
+    so.port = 0;
+    so.model_id = "tiny-test";
+    so.log_requests = false;
+    server_ = new HttpServer(*model_, tok_, so);
+    server_->start();
+  }
+  static void TearDownTestSuite() {
+    server_->stop();
+    delete server_;
+    delete ref_;
+    delete ref_be_;
+    delete model_;
+    delete be_;
+    delete tok_;
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+
+  static std::unique_ptr<httplib::Client> client() {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    c->set_read_timeout(120, 0);
+    return c;
+  }
+  static Reply post(const std::string& path, const std::string& body) {
+    return to_reply(client()->Post(path.c_str(), body, "application/json"));
+  }
+  static Reply post(const std::string& path, const json& body) { return post(path, body.dump()); }
+  static Reply get(const std::string& path) { return to_reply(client()->Get(path.c_str())); }
+
+  // generate() on the reference model: the ids the server must return.
+  static std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int64_t max_tokens,
+                                        const SamplingParams& sp, uint64_t seed) {
+    std::vector<int32_t> ids;
+    generate(*ref_, prompt, max_tokens, sp, seed, [&](int32_t id) {
+      ids.push_back(id);
+      return true;
+    });
+    return ids;
+  }
+
+  static std::vector<int32_t> ids_of(const json& choice) {
+    return choice.at("token_ids").get<std::vector<int32_t>>();
+  }
+
+  // The streamed completion, reassembled: concatenated texts and ids, the finish_reason and
+  // usage of the last chunk; checks the framing (chunks, then [DONE]) on the way.
+  struct Streamed {
+    std::string text;
+    std::vector<int32_t> ids;
+    json finish_reason, usage;
+    size_t chunks = 0;
+  };
+  static Streamed stream(json body) {
+    body["stream"] = true;
+    Reply r = post("/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.raw;
+    EXPECT_EQ(r.content_type.rfind("text/event-stream", 0), 0u) << r.content_type;
+    std::vector<std::string> events = sse_data(r.raw);
+    Streamed s;
+    EXPECT_GE(events.size(), 2u) << r.raw;
+    if (events.size() < 2) return s;
+    EXPECT_EQ(events.back(), "[DONE]");
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+      json chunk = json::parse(events[i]);
+      EXPECT_EQ(chunk.at("object"), "text_completion");
+      const json& choice = chunk.at("choices").at(0);
+      s.text += choice.at("text").get<std::string>();
+      for (int32_t id : ids_of(choice)) s.ids.push_back(id);
+      const bool last = i + 2 == events.size();
+      EXPECT_EQ(choice.at("finish_reason").is_null(), !last) << events[i];
+      if (last) {
+        s.finish_reason = choice.at("finish_reason");
+        s.usage = chunk.at("usage");
+      }
+      ++s.chunks;
+    }
+    return s;
+  }
+
+  static inline fs::path* dir_ = nullptr;
+  static inline Tokenizer* tok_ = nullptr;
+  static inline Backend* be_ = nullptr;
+  static inline Model* model_ = nullptr;
+  static inline Backend* ref_be_ = nullptr;
+  static inline Model* ref_ = nullptr;
+  static inline HttpServer* server_ = nullptr;
+};
+
+const std::vector<int32_t> kPrompt = {2, 57, 190, 33, 241};
+
+TEST_F(ServeHttp, HealthAndModels) {
+  Reply h = get("/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.body, json({{"status", "ok"}}));
+  Reply m = get("/v1/models");
+  ASSERT_EQ(m.status, 200) << m.raw;
+  EXPECT_EQ(m.body.at("object"), "list");
+  ASSERT_EQ(m.body.at("data").size(), 1u);
+  EXPECT_EQ(m.body["data"][0].at("id"), "tiny-test");
+  EXPECT_EQ(m.body["data"][0].at("object"), "model");
+  EXPECT_EQ(m.body["data"][0].at("context_length"), model_->config().max_position_embeddings);
+}
+
+TEST_F(ServeHttp, GreedyCompletionReturnsTheIdsGenerateReturns) {
+  const int64_t max_tokens = 12;
+  const std::vector<int32_t> expect = reference(kPrompt, max_tokens, {0.0f, 0, 1.0f}, 0);
+  ASSERT_FALSE(expect.empty());
+  Reply r =
+      post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", max_tokens}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body.at("object"), "text_completion");
+  EXPECT_EQ(r.body.at("model"), "tiny-test");
+  EXPECT_EQ(r.body.at("id").get<std::string>().rfind("cmpl-", 0), 0u);
+  const json& choice = r.body.at("choices").at(0);
+  EXPECT_EQ(ids_of(choice), expect);
+  EXPECT_EQ(choice.at("finish_reason"), int64_t(expect.size()) == max_tokens ? "length" : "stop");
+  EXPECT_EQ(r.body.at("usage"), json({{"prompt_tokens", kPrompt.size()},
+                                      {"completion_tokens", expect.size()},
+                                      {"total_tokens", kPrompt.size() + expect.size()}}));
+  // The text is the decode of prompt + generated past the decoded prompt.
+  std::vector<int32_t> all = kPrompt;
+  all.insert(all.end(), expect.begin(), expect.end());
+  const std::string head = tok_->decode(kPrompt, true), full = tok_->decode(all, true);
+  ASSERT_EQ(full.compare(0, head.size(), head), 0);
+  EXPECT_EQ(choice.at("text"), full.substr(head.size()));
+}
+
+TEST_F(ServeHttp, TextPromptIsEncodedWithTheTokenizer) {
+  const std::string prompt = "The quick brown fox";
+  const std::vector<int32_t> ids = tok_->encode(prompt, true);
+  const std::vector<int32_t> expect = reference(ids, 10, {0.0f, 0, 1.0f}, 0);
+  Reply r = post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 10}, {"temperature", 0.0}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(ids_of(r.body["choices"][0]), expect);
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], ids.size());
+  // A one-element batch is the same prompt.
+  Reply b = post("/v1/completions", json{{"prompt", {prompt}}, {"max_tokens", 10}, {"temperature", 0.0}});
+  ASSERT_EQ(b.status, 200) << b.raw;
+  EXPECT_EQ(ids_of(b.body["choices"][0]), expect);
+}
+
+TEST_F(ServeHttp, SeededSamplingIsReproducible) {
+  const SamplingParams sp{0.9f, 50, 0.95f};
+  json body = {{"prompt", kPrompt}, {"max_tokens", 16}, {"temperature", 0.9}, {"top_k", 50}, {"top_p", 0.95}};
+  body["seed"] = 7;
+  Reply a = post("/v1/completions", body), b = post("/v1/completions", body);
+  ASSERT_EQ(a.status, 200) << a.raw;
+  ASSERT_EQ(b.status, 200) << b.raw;
+  EXPECT_EQ(ids_of(a.body["choices"][0]), reference(kPrompt, 16, sp, 7));
+  EXPECT_EQ(a.body["choices"][0], b.body["choices"][0]);
+  body["seed"] = 8;
+  Reply c = post("/v1/completions", body);
+  ASSERT_EQ(c.status, 200) << c.raw;
+  EXPECT_EQ(ids_of(c.body["choices"][0]), reference(kPrompt, 16, sp, 8));
+  EXPECT_NE(ids_of(c.body["choices"][0]), ids_of(a.body["choices"][0]));
+}
+
+TEST_F(ServeHttp, StreamedChunksConcatenateToTheWholeCompletion) {
+  for (const json& prompt : {json("The quick brown fox"), json(kPrompt)}) {
+    json body = {{"prompt", prompt}, {"max_tokens", 20}, {"temperature", 0.8}, {"seed", 3}};
+    Reply whole = post("/v1/completions", body);
+    ASSERT_EQ(whole.status, 200) << whole.raw;
+    const json& choice = whole.body["choices"][0];
+    Streamed s = stream(body);
+    EXPECT_EQ(s.ids, ids_of(choice)) << prompt;
+    EXPECT_EQ(s.text, choice.at("text").get<std::string>()) << prompt;
+    EXPECT_EQ(s.finish_reason, choice.at("finish_reason"));
+    EXPECT_EQ(s.usage, whole.body.at("usage"));
+    EXPECT_GE(s.chunks, ids_of(choice).size() + 1);  // one chunk per token, then the final one
+
+    // A stop sequence that begins with the text's last character holds that character back
+    // to the end, where only the final flush can deliver it.
+    const std::string text = choice.at("text");
+    ASSERT_FALSE(text.empty()) << prompt;
+    const size_t last = tok::utf8_prev_start(text, text.size());
+    body["stop"] = text.substr(last) + "<never generated>";
+    Reply held = post("/v1/completions", body);
+    ASSERT_EQ(held.status, 200) << held.raw;
+    EXPECT_EQ(held.body["choices"][0]["text"], text);
+    EXPECT_EQ(held.body["choices"][0]["finish_reason"], choice.at("finish_reason"));
+    Streamed hs = stream(body);
+    EXPECT_EQ(hs.text, text) << prompt;
+    EXPECT_EQ(hs.ids, ids_of(choice));
+  }
+}
+
+TEST_F(ServeHttp, StopSequenceCutsTheTextAndFinishesWithStop) {
+  json body = {{"prompt", "Mixture of experts"}, {"max_tokens", 40}, {"temperature", 0.8}, {"seed", 1}};
+  Reply whole = post("/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  const std::string text = whole.body["choices"][0]["text"];
+  const std::vector<int32_t> all_ids = ids_of(whole.body["choices"][0]);
+  // A stop sequence from the middle of that text: two ASCII characters, at their first place.
+  size_t at = std::string::npos;
+  for (size_t i = text.size() / 3; i + 2 <= text.size() && at == std::string::npos; ++i)
+    if ((unsigned char)text[i] < 0x80 && (unsigned char)text[i + 1] < 0x80 && text[i] != ' ')
+      at = text.find(text.substr(i, 2));
+  ASSERT_NE(at, std::string::npos) << "no ASCII pair in the generated text: " << text;
+  const std::string stop = text.substr(at, 2);
+  for (const json& stop_field : {json(stop), json({"never-generated", stop})}) {
+    body["stop"] = stop_field;
+    Reply r = post("/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    const json& choice = r.body["choices"][0];
+    EXPECT_EQ(choice.at("text"), text.substr(0, at)) << "stop " << stop_field;
+    EXPECT_EQ(choice.at("finish_reason"), "stop");
+    // The ids end with the token that completed the stop sequence: a prefix of the full run.
+    const std::vector<int32_t> ids = ids_of(choice);
+    ASSERT_LE(ids.size(), all_ids.size());
+    EXPECT_TRUE(std::equal(ids.begin(), ids.end(), all_ids.begin()));
+    EXPECT_EQ(r.body["usage"]["completion_tokens"], ids.size());
+    Streamed s = stream(body);
+    EXPECT_EQ(s.text, text.substr(0, at));
+    EXPECT_EQ(s.ids, ids);
+    EXPECT_EQ(s.finish_reason, "stop");
+  }
+}
+
+TEST_F(ServeHttp, BadRequestsAre400NamingTheField) {
+  const json ok = {{"prompt", kPrompt}, {"max_tokens", 4}, {"temperature", 0}};
+  auto with = [&](const char* key, const json& value) {
+    json b = ok;
+    b[key] = value;
+    return b.dump();
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"prompt\": [1, 2", "request body: malformed JSON: parse error at line 1"},
+      {"", "request body: expected a JSON object, got an empty body"},
+      {"[1, 2]", "request body: expected a JSON object, got [1,2]"},
+      {"{}", "prompt: required"},
+      {with("prompt", 5), "prompt: expected a string or an array of token ids, got 5"},
+      {with("prompt", json::array()), "prompt: expected a non-empty array of token ids"},
+      {with("prompt", {1, "x"}), "prompt[1]: expected a token id (a non-negative integer), got \"x\""},
+      {with("prompt", {1, -4}), "prompt[1]: expected a token id (a non-negative integer), got -4"},
+      {with("prompt", {1, 512}), "prompt[1]: token id 512 is outside the vocabulary [0, 512)"},
+      {with("prompt", {"a", "b"}), "prompt: batched prompts (2) are not supported"},
+      {with("max_tokens", -3), "max_tokens: expected a positive integer, got -3"},
+      {with("max_tokens", 0), "max_tokens: expected a positive integer, got 0"},
+      {with("max_tokens", "16"), "max_tokens: expected a positive integer, got \"16\""},
+      {with("max_tokens", 2.5), "max_tokens: expected a positive integer, got 2.5"},
+      {with("max_tokens", 1022),
+       "max_tokens: the prompt (5 tokens) + max_tokens (1022) exceeds the model's "
+       "context length 1024; ask for at most 1019"},
+      {with("temperature", -1), "temperature: expected a number >= 0"},
+      {with("temperature", "hot"), "temperature: expected a number >= 0 (0 = greedy), got \"hot\""},
+      {with("top_p", 0), "top_p: expected a number in (0, 1], got 0"},
+      {with("top_p", 1.5), "top_p: expected a number in (0, 1], got 1.5"},
+      {with("top_k", -2), "top_k: expected an integer >= 0 (0 = off), got -2"},
+      {with("seed", -1), "seed: expected a non-negative integer, got -1"},
+      {with("stop", 5), "stop: expected a string or an array of strings, got 5"},
+      {with("stop", {"a", ""}), "stop[1]: expected a non-empty string, got \"\""},
+      {with("stop", {"a", "b", "c", "d", "e"}), "stop: at most 4 sequences are allowed, got 5"},
+      {with("stream", "yes"), "stream: expected true or false, got \"yes\""},
+      {with("n", 2), "n: only 1 is supported, got 2"},
+      {with("logprobs", 1), "logprobs: not supported"},
+      {with("echo", true), "echo: true is not supported"},
+      {with("presence_penalty", 0.5), "presence_penalty: not supported (only 0), got 0.5"},
+  };
+  for (const auto& [body, message] : cases) {
+    Reply r = post("/v1/completions", body);
+    EXPECT_EQ(r.status, 400) << body;
+    ASSERT_TRUE(r.body.is_object()) << body << " -> " << r.raw;
+    EXPECT_EQ(r.body["error"]["type"], "invalid_request_error") << body;
+    const std::string got = r.body["error"].value("message", "");
+    EXPECT_NE(got.find(message), std::string::npos) << body << "\n  got: " << got << "\n  want: " << message;
+  }
+  // Streaming requests are validated before the stream starts: a real 400, not an event.
+  json bad_stream = ok;
+  bad_stream["stream"] = true;
+  bad_stream["max_tokens"] = -1;
+  Reply s = post("/v1/completions", bad_stream);
+  EXPECT_EQ(s.status, 400) << s.raw;
+  EXPECT_EQ(s.body["error"]["message"], "max_tokens: expected a positive integer, got -1");
+
+  // Tokenize and detokenize validate too.
+  Reply t = post("/tokenize", json{{"text", 5}});
+  EXPECT_EQ(t.status, 400);
+  EXPECT_EQ(t.body["error"]["message"], "text: expected a string, got 5");
+  Reply d = post("/detokenize", json{{"ids", {1, -1}}});
+  EXPECT_EQ(d.status, 400);
+  EXPECT_EQ(d.body["error"]["message"], "ids[1]: expected a token id (a non-negative integer), got -1");
+  d = post("/detokenize", json{{"ids", {5000}}});
+  EXPECT_EQ(d.status, 400);
+  EXPECT_EQ(d.body["error"]["message"], "ids[0]: token id 5000 is outside the vocabulary [0, 400)");
+
+  // `curl -d` labels JSON as a form; a body past httplib's 8 KiB form limit is still read.
+  json padded = ok;
+  padded["padding"] = std::string(20000, 'x');
+  Reply form =
+      to_reply(client()->Post("/v1/completions", padded.dump(), "application/x-www-form-urlencoded"));
+  EXPECT_EQ(form.status, 200) << form.raw;
+
+  // Unknown fields are ignored, as OpenAI does; and after all that the model still serves.
+  Reply good = post("/v1/completions", with("some_future_field", {{"x", 1}}));
+  ASSERT_EQ(good.status, 200) << good.raw;
+  EXPECT_EQ(ids_of(good.body["choices"][0]), reference(kPrompt, 4, {0.0f, 0, 1.0f}, 0));
+}
+
+TEST_F(ServeHttp, UnknownRoutesAndWrongMethodsGetJsonErrors) {
+  Reply r = get("/v2/nothing");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.body["error"]["type"], "not_found_error");
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("GET /v2/nothing"), std::string::npos);
+  r = get("/v1/completions");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.body["error"]["message"], "/v1/completions takes POST with a JSON body");
+}
+
+TEST_F(ServeHttp, ConcurrentCompletionsMatchSequentialOnes) {
+  const json a = {{"prompt", kPrompt}, {"max_tokens", 24}, {"temperature", 0}};
+  const json b = {
+      {"prompt", "A tokenizer turns text"}, {"max_tokens", 24}, {"temperature", 1.0}, {"seed", 99}};
+  Reply seq_a = post("/v1/completions", a), seq_b = post("/v1/completions", b);
+  ASSERT_EQ(seq_a.status, 200);
+  ASSERT_EQ(seq_b.status, 200);
+  Reply par_a, par_b;
+  Streamed par_s;
+  {
+    std::thread ta([&] { par_a = post("/v1/completions", a); });
+    std::thread tb([&] { par_b = post("/v1/completions", b); });
+    std::thread ts([&] { par_s = stream(b); });
+    ta.join();
+    tb.join();
+    ts.join();
+  }
+  ASSERT_EQ(par_a.status, 200) << par_a.raw;
+  ASSERT_EQ(par_b.status, 200) << par_b.raw;
+  EXPECT_EQ(par_a.body["choices"][0], seq_a.body["choices"][0]);
+  EXPECT_EQ(par_b.body["choices"][0], seq_b.body["choices"][0]);
+  EXPECT_EQ(par_s.ids, ids_of(seq_b.body["choices"][0]));
+  EXPECT_EQ(par_s.text, seq_b.body["choices"][0]["text"]);
+}
+
+TEST_F(ServeHttp, ClientLeavingMidStreamLeavesTheServerWorking) {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.set_header("Content-Type", "application/json");
+  req.body = json{{"prompt", kPrompt}, {"max_tokens", 1000}, {"temperature", 1.0}, {"stream", true}}.dump();
+  size_t received = 0;
+  req.content_receiver = [&](const char*, size_t n, uint64_t, uint64_t) {
+    received += n;
+    return false;  // hang up after the first piece
+  };
+  auto c = client();
+  c->send(req);
+  EXPECT_GT(received, 0u);
+  Reply r = post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(ids_of(r.body["choices"][0]), reference(kPrompt, 4, {0.0f, 0, 1.0f}, 0));
+}
+
+TEST_F(ServeHttp, TokenizeAndDetokenizeRoundTrip) {
+  const std::string text = "Mixture of experts models route each token to a few experts.";
+  Reply t = post("/tokenize", json{{"text", text}});
+  ASSERT_EQ(t.status, 200) << t.raw;
+  const std::vector<int32_t> ids = t.body.at("ids");
+  EXPECT_EQ(ids, tok_->encode(text, true));
+  EXPECT_EQ(ids.front(), tok_->bos_id());
+  Reply plain = post("/tokenize", json{{"text", text}, {"add_special", false}});
+  EXPECT_EQ(plain.body.at("ids").get<std::vector<int32_t>>(), tok_->encode(text, false));
+  Reply d = post("/detokenize", json{{"ids", ids}});
+  ASSERT_EQ(d.status, 200) << d.raw;
+  EXPECT_EQ(d.body.at("text"), text);
+}
+
+TEST(ServeHttpNoTokenizer, TokenIdsWorkAndTextNeedsATokenizer) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  ServerOptions so;
+  so.port = 0;
+  so.log_requests = false;
+  so.max_body_bytes = 4096;
+  HttpServer server(*model, nullptr, so);
+  server.start();
+  httplib::Client c("127.0.0.1", server.port());
+  auto big = c.Post("/v1/completions", json{{"prompt", kPrompt}, {"pad", std::string(5000, 'x')}}.dump(),
+                    "application/json");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 413);
+  EXPECT_NE(big->body.find("request body: larger than 4096 bytes"), std::string::npos) << big->body;
+  auto r = c.Post("/v1/completions", json{{"prompt", "hello"}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("prompt: a text prompt needs a tokenizer"), std::string::npos) << r->body;
+  r = c.Post("/v1/completions", json{{"prompt", kPrompt}, {"stop", "x"}}.dump(), "application/json");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("stop: stop sequences are matched against decoded text"), std::string::npos)
+      << r->body;
+  r = c.Post("/tokenize", json{{"text", "hello"}}.dump(), "application/json");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("tokenize: this server has no tokenizer"), std::string::npos) << r->body;
+  r = c.Post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 3}, {"temperature", 0}}.dump(),
+             "application/json");
+  ASSERT_EQ(r->status, 200) << r->body;
+  json body = json::parse(r->body);
+  EXPECT_EQ(body["choices"][0]["text"], "");
+  EXPECT_EQ(body["choices"][0]["token_ids"].size(), body["usage"]["completion_tokens"]);
+  server.stop();
+  EXPECT_FALSE(server.running());
+  EXPECT_FALSE(c.Get("/health"));  // nothing listens any more
+}
+
+TEST(ServeHttpStart, ABusyPortIsAClearError) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  ServerOptions so;
+  so.port = 0;
+  so.log_requests = false;
+  HttpServer first(*model, nullptr, so);
+  first.start();
+  so.port = first.port();
+  HttpServer second(*model, nullptr, so);
+  try {
+    second.start();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen on 127.0.0.1:" + std::to_string(so.port)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The engine serialises completions: while one runs, max_queue more may wait; the next gets a
+// 503 at once. Shutdown cancels the running one and fails the waiting ones with 503.
+TEST(ServeEngine, AFullQueueIsA503AndShutdownEndsEverything) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  CompletionEngine engine(*model, nullptr, EngineOptions{1, 0});
+  const int64_t long_run = model->config().max_position_embeddings - int64_t(kPrompt.size());
+  auto job = [&](int64_t max_tokens) {
+    CompletionJob j;
+    j.prompt = kPrompt;
+    j.max_tokens = max_tokens;
+    j.sampling = {1.0f, 0, 1.0f};
+    j.seed = 5;
+    return j;
+  };
+  std::thread waiting, stopper;
+  std::string waiting_error;
+  bool first_chunk = true;
+  int full_status = 0;
+  CompletionResult running = engine.run(job(long_run), [&](const CompletionChunk&) {
+    if (!first_chunk) return true;
+    first_chunk = false;
+    // The long job is running: queue one behind it, then one too many.
+    waiting = std::thread([&] {
+      try {
+        engine.run(job(4));
+      } catch (const ApiError& e) {
+        waiting_error = std::to_string(e.status()) + " " + e.what();
+      }
+    });
+    while (engine.accepting()) std::this_thread::yield();
+    try {
+      engine.run(job(4));
+    } catch (const ApiError& e) {
+      full_status = e.status();
+      EXPECT_NE(std::string(e.what()).find("the server is busy"), std::string::npos) << e.what();
+    }
+    stopper = std::thread([&] { engine.shutdown(); });
+    return true;
+  });
+  waiting.join();
+  stopper.join();
+  EXPECT_EQ(full_status, 503);
+  EXPECT_EQ(waiting_error, "503 the server is shutting down");
+  EXPECT_EQ(running.finish_reason, "cancelled");
+  EXPECT_LT(int64_t(running.ids.size()), long_run);
+  EXPECT_THROW(engine.run(job(1)), ApiError);
+}
+
+// A tokenizer whose ids are fixed pieces of text, decoded as real tokenizers do: the bytes
+// joined, an invalid or incomplete UTF-8 sequence shown as U+FFFD.
+class PieceTokenizer final : public Tokenizer {
+ public:
+  explicit PieceTokenizer(std::vector<std::string> pieces) : pieces_(std::move(pieces)) {}
+  std::vector<int32_t> encode(std::string_view, bool) const override { return {}; }
+  std::string decode(const std::vector<int32_t>& ids, bool) const override {
+    std::string s;
+    for (int32_t id : ids) s += pieces_.at(size_t(id));
+    return tok::utf8_sanitize(s);
+  }
+  int64_t vocab_size() const override { return int64_t(pieces_.size()); }
+  int32_t token_to_id(std::string_view) const override { return -1; }
+  std::string id_to_token(int32_t id) const override { return pieces_.at(size_t(id)); }
+  int32_t bos_id() const override { return -1; }
+  int32_t eos_id() const override { return -1; }
+
+ private:
+  std::vector<std::string> pieces_;
+};
+
+TEST(ServeText, AStopSequenceAcrossTokensIsHeldBackThenCut) {
+  PieceTokenizer tok({"<p>", "Hel", "lo", " wor", "ld"});
+  CompletionText t(&tok, {0}, {"lo w"});
+  EXPECT_EQ(t.push(1).text, "He");  // "l" might start "lo w"
+  auto s = t.push(2);
+  EXPECT_EQ(s.text, "l");  // "lo" might too
+  EXPECT_FALSE(s.stop);
+  s = t.push(3);
+  EXPECT_EQ(s.text, "");
+  EXPECT_TRUE(s.stop);
+  EXPECT_EQ(t.text(), "Hel");
+  EXPECT_EQ(t.push(4).text, "");  // nothing after a stop
+  EXPECT_EQ(t.finish(), "");
+}
+
+TEST(ServeText, HeldBackTextIsReleasedWhenItIsNotAStop) {
+  PieceTokenizer tok({"ab", "x", "y", "q"});
+  CompletionText t(&tok, {}, {"xyz"});
+  EXPECT_EQ(t.push(0).text, "ab");
+  EXPECT_EQ(t.push(1).text, "");
+  EXPECT_EQ(t.push(2).text, "");
+  EXPECT_EQ(t.push(3).text, "xyq");
+  EXPECT_EQ(t.push(1).text, "");
+  EXPECT_EQ(t.finish(), "x");  // the end: a partial stop is just text
+  EXPECT_EQ(t.text(), "abxyqx");
+}
+
+TEST(ServeText, IncompleteUtf8WaitsForItsLastByte) {
+  PieceTokenizer tok({"a", "\xE6\x97", "\xA5", "b"});
+  CompletionText t(&tok, {}, {});
+  EXPECT_EQ(t.push(0).text, "a");
+  EXPECT_EQ(t.push(1).text, "");  // decodes as U+FFFD for now
+  EXPECT_EQ(t.push(2).text, "\xE6\x97\xA5");
+  EXPECT_EQ(t.push(1).text, "");
+  EXPECT_EQ(t.finish(), "\xEF\xBF\xBD");  // generation ended mid-character
+  EXPECT_EQ(t.text(), "a\xE6\x97\xA5\xEF\xBF\xBD");
+}
+
+TEST(ServeText, TheSeamWithTheContextKeepsItsSpacing) {
+  PieceTokenizer tok({"Hello", " world", "!"});
+  CompletionText t(&tok, {0}, {});
+  EXPECT_EQ(t.push(1).text, " world");
+  EXPECT_EQ(t.push(2).text, "!");
+  CompletionText none(nullptr, {0}, {"x"});
+  EXPECT_EQ(none.push(1).text, "");
+  EXPECT_EQ(none.finish(), "");
+}
+
+TEST(ServeRequest, DefaultsAndFields) {
+  const ModelLimits limits{512, 1024};
+  CompletionRequest r = parse_completion_request(json{{"prompt", {1, 2, 3}}}, limits);
+  EXPECT_FALSE(r.prompt_is_text);
+  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.max_tokens, 16);
+  EXPECT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_EQ(r.sampling.top_p, 1.0f);
+  EXPECT_FALSE(r.seed);
+  EXPECT_FALSE(r.stream);
+  r = parse_completion_request(json::parse(R"({"prompt": "hi", "max_tokens": 5, "temperature": 0, "top_k": 3,
+      "top_p": 0.5, "seed": 18446744073709551615, "stop": "\n", "stream": true, "n": 1, "model": "x",
+      "user": "u", "logprobs": null, "suffix": null})"),
+                               limits);
+  EXPECT_TRUE(r.prompt_is_text);
+  EXPECT_EQ(r.prompt_text, "hi");
+  EXPECT_EQ(r.max_tokens, 5);
+  EXPECT_EQ(r.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.sampling.top_k, 3);
+  EXPECT_EQ(r.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.seed, std::optional<uint64_t>(18446744073709551615ull));
+  EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
+  EXPECT_TRUE(r.stream);
+  // Prompt + max_tokens must fit the context, with the prompt's own length known.
+  r = parse_completion_request(json{{"prompt", {1, 2, 3}}, {"max_tokens", 1021}}, limits);
+  EXPECT_EQ(completion_prompt_ids(r, nullptr, limits).size(), 3u);
+  r.max_tokens = 1022;
+  EXPECT_THROW(completion_prompt_ids(r, nullptr, limits), ApiError);
+}
+
+// The real binary: prints its URL for --port 0, serves, logs each request and exits 0 on SIGTERM.
+TEST(ServeCli, PrintsItsUrlServesAndStopsOnSigterm) {
+  const fs::path dir = make_temp_dir("cli");
+  {
+    auto be = make_cpu_backend();
+    auto model = tiny_model(*be);
+    save_model(*model, (dir / "model").string());
+  }
+  int out_pipe[2];
+  ASSERT_EQ(pipe(out_pipe), 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+  posix_spawn_file_actions_addclose(&fa, out_pipe[0]);
+  const std::string log_path = (dir / "stderr.log").string();
+  posix_spawn_file_actions_addopen(&fa, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const std::string binary = std::string(ZAYA_BINARY_DIR) + "/bin/zaya", model_dir = (dir / "model").string();
+  std::vector<std::string> args = {binary, "serve", "--model", model_dir, "--port", "0", "--threads", "1"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, binary.c_str(), &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  close(out_pipe[1]);
+  // The first line of stdout names the URL.
+  std::string line;
+  char ch;
+  while (read(out_pipe[0], &ch, 1) == 1 && ch != '\n') line += ch;
+  const std::string prefix = "zaya serve: listening on http://127.0.0.1:";
+  ASSERT_EQ(line.rfind(prefix, 0), 0u) << "stdout: " << line;
+  const int port = std::stoi(line.substr(prefix.size()));
+  EXPECT_GT(port, 0);
+  httplib::Client c("127.0.0.1", port);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto r = c.Post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 3}, {"temperature", 0}}.dump(),
+                  "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  auto bad =
+      c.Post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", -3}}.dump(), "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "model");
+  kill(pid, SIGTERM);
+  int status = -1;
+  for (int i = 0; i < 300 && waitpid(pid, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (!WIFEXITED(status)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "zaya serve did not exit within 30 s of SIGTERM";
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  close(out_pipe[0]);
+  std::ifstream log_file(log_path);
+  const std::string log((std::istreambuf_iterator<char>(log_file)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find("POST /v1/completions 200 prompt_tokens=5 generated_tokens="), std::string::npos) << log;
+  EXPECT_NE(log.find("POST /v1/completions 400"), std::string::npos) << log;
+  EXPECT_NE(log.find("max_tokens: expected a positive integer, got -3"), std::string::npos) << log;
+  EXPECT_NE(log.find("received SIGTERM"), std::string::npos) << log;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace zaya

@@ -1,0 +1,121 @@
+// `zaya serve`: loads a model once and serves it over HTTP (src/serve/http_server.h,
+// docs/serving.md) until SIGINT or SIGTERM, then stops cleanly.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/model_io.h"
+#include "model_source.h"
+#include "serve/http_server.h"
+
+namespace zaya::cli {
+
+namespace {
+
+struct ServeCliOptions {
+  std::string model_dir, tokenizer, host = "127.0.0.1", backend = "cpu";
+  int port = 8080, threads = 0, http_threads = 32;
+  size_t max_queue = 16;
+};
+
+// The id clients see: the model directory's name ("runs/x/model/" -> "model").
+std::string model_id_of(const std::string& dir) {
+  std::filesystem::path p = std::filesystem::absolute(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().empty() ? std::string("zaya") : p.filename().string();
+}
+
+void run_serve(const ServeCliOptions& o) {
+  // SIGINT and SIGTERM are taken here with sigtimedwait, not by a handler: block them before
+  // any thread starts (threads inherit the mask), so none of them is interrupted.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto be = make_backend(o.backend);
+  auto model = load_model(o.model_dir, *be);
+  be->set_weights_frozen(true);  // inference: a GPU converts each weight to bf16 once
+  auto tok = find_tokenizer(o.tokenizer, o.model_dir);
+  const ModelConfig& c = model->config();
+  if (tok && tok->vocab_size() > c.vocab_size)
+    log::warn("the tokenizer has " + std::to_string(tok->vocab_size()) + " tokens but the model " +
+              std::to_string(c.vocab_size) +
+              ": text that encodes to ids past the model's vocabulary is rejected");
+
+  if (o.max_queue + 1 >= size_t(o.http_threads))
+    log::warn(
+        "--max-queue " + std::to_string(o.max_queue) + " with --http-threads " +
+        std::to_string(o.http_threads) +
+        ": completions waiting for the model can hold every HTTP thread, and /health then waits behind them");
+  ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.model_id = model_id_of(o.model_dir);
+  so.http_threads = o.http_threads;
+  so.max_queue = o.max_queue;
+  so.compute_threads = o.threads;
+  HttpServer server(*model, tok.get(), so);
+  server.start();
+  log::info("serving '" + so.model_id + "' (vocab " + std::to_string(c.vocab_size) + ", context " +
+            std::to_string(c.max_position_embeddings) + ", backend " + o.backend + ", " +
+            (tok ? "tokenizer with " + std::to_string(tok->vocab_size()) + " tokens"
+                 : "no tokenizer: token-id prompts only") +
+            ")");
+  std::printf("zaya serve: listening on %s\n", server.url().c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  while (sig <= 0 && server.running()) {
+    const timespec poll{0, 200 * 1000 * 1000};
+    sig = sigtimedwait(&stop_signals, nullptr, &poll);
+  }
+  if (sig <= 0) {
+    server.stop();
+    fail("serve", "the HTTP listener on " + server.url() + " stopped unexpectedly");
+  }
+  log::info(std::string("received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
+            ": shutting down (a second signal exits at once)");
+  std::thread([stop_signals] {
+    int again = 0;
+    if (sigwait(&stop_signals, &again) == 0) std::_Exit(128 + again);
+  }).detach();
+  server.stop();
+  log::info("stopped");
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "Serve a model over HTTP (OpenAI-compatible completions)");
+  static ServeCliOptions o;
+  cmd->add_option("--model", o.model_dir, "Model directory")->required();
+  cmd->add_option("--tokenizer", o.tokenizer, "tokenizer.json or .model (default: the model directory's)");
+  cmd->add_option("--host", o.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", o.port, "Port to listen on; 0 = any free port (the URL is printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--backend", o.backend, "cpu, or cuda in a GPU build")->capture_default_str();
+  cmd->add_option("--threads", o.threads, "Compute threads for the model (0 = all cores)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--http-threads", o.http_threads,
+                  "Connections handled at once (each open connection holds one)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-queue", o.max_queue, "Completions that may wait for the model; more get HTTP 503")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->callback([] { run_serve(o); });
+}
+
+}  // namespace zaya::cli
