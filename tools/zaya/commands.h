@@ -18,6 +18,7 @@ void add_tokenizer(CLI::App& app);
 void add_train(CLI::App& app);
 void add_launch(CLI::App& app);
 void add_doctor(CLI::App& app);
+void add_eval(CLI::App& app);
 void add_export(CLI::App& app);
 
 }  // namespace zaya::cli

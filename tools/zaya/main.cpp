@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   zaya::cli::add_train(app);
   zaya::cli::add_launch(app);
   zaya::cli::add_doctor(app);
+  zaya::cli::add_eval(app);
   zaya::cli::add_export(app);
   try {
     app.parse(argc, argv);

@@ -337,7 +337,8 @@ class NcclComm final : public Comm {
 
   // After a launch: the op's event, or its error.
   void finish_launch(NcclOp& op, std::string err) {
-    if (err.empty() && watchdog_.failed()) err = "the communicator failed during the launch";
+    // The watchdog records its reason before it flags the failure, so the reason is there to name.
+    if (err.empty() && watchdog_.failed()) err = "the communicator failed during the launch: " + watchdog_.failure();
     if (err.empty()) err = gpu_text(gpuEventCreateWithFlags(&op.event, gpuEventDisableTiming), "gpuEventCreateWithFlags");
     if (err.empty()) err = gpu_text(gpuEventRecord(op.event, stream_), "gpuEventRecord");
     if (!err.empty()) {

@@ -1,0 +1,33 @@
+// The token stream `zaya eval` scores, from any of the project's data forms:
+//   * a shard directory written by `zaya data prepare` (DIR/manifest.json): one split's tokens,
+//     documents already ending in EOS;
+//   * a flat token file (`.bin`, `zaya data demo`'s format);
+//   * text: .txt files (one document each) and .jsonl files (one document per line, the text in
+//     text_field), optionally .gz/.zst, and glob patterns, tokenized with the given tokenizer
+//     the way `zaya data prepare` does (each document's ids, then EOS).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace zaya {
+
+struct EvalTokens {
+  std::vector<int32_t> tokens;
+  uint64_t documents = 0;
+  uint64_t text_bytes = 0;  // UTF-8 bytes of the documents' text (text inputs only; 0 otherwise)
+  std::string description;  // e.g. "shard directory data/x, split val"
+};
+
+struct EvalDataOptions {
+  std::string split = "val";        // shard directories
+  std::string text_field = "text";  // JSONL
+};
+
+// tok may be null unless the inputs are text. Throws zaya::Error naming the file and problem.
+EvalTokens load_eval_tokens(const std::vector<std::string>& inputs, const Tokenizer* tok,
+                            const EvalDataOptions& options);
+
+}  // namespace zaya
