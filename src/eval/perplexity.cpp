@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "train/train_support.h"
 
 namespace zaya {
 
@@ -45,15 +46,7 @@ PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& t
         targets[size_t(b * T + t)] = scored ? tokens[size_t(at + 1)] : -1;
       }
     }
-    double sum = 0;
-    int64_t counted = 0;
-    ForwardOutputs out;
-    out.targets = targets.data();
-    out.loss_sum = &sum;
-    out.loss_tokens = &counted;
-    model.forward(ids.data(), rows, T, nullptr, out);
-    r.loss_sum += sum;
-    r.scored_tokens += counted;
+    r.loss_sum += eval_loss_sum(model, ids.data(), targets.data(), rows, T, &r.scored_tokens);
     if (o.progress) o.progress(r.scored_tokens, targets_total, r.loss_sum / double(r.scored_tokens));
   }
   r.loss = r.loss_sum / double(r.scored_tokens);

@@ -9,7 +9,6 @@
 
 #include <array>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -134,8 +133,7 @@ class Job {
     std::vector<char*> envp, argv;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
-    std::vector<std::string> args = command_;
-    for (auto& s : args) argv.push_back(s.data());
+    for (auto& s : command_) argv.push_back(s.data());
     argv.push_back(nullptr);
 
     posix_spawnattr_t attr;
@@ -174,9 +172,9 @@ class Job {
 
   // Stops the whole process group: SIGTERM, then SIGKILL after the grace period. Also kills
   // ranks on this host that the heartbeats name and that outlived their group (same binary only).
-  int stop(const std::vector<HeartbeatRecord>& ranks) {
-    int status = 0;
+  void stop(const std::vector<HeartbeatRecord>& ranks) {
     if (!reaped_) {
+      int status = 0;
       killpg(pid_, SIGTERM);
       killpg(pid_, SIGCONT);  // stopped processes must run to act on SIGTERM
       const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -195,7 +193,6 @@ class Job {
       }
     }
     sweep(ranks);
-    return status;
   }
 
   // After the job ended: nothing of its process group, nor any of its local ranks, may linger

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/model_io.h"
 #include "model_source.h"
+#include "serve/completion_text.h"
 #include "serve/generate.h"
 
 namespace zaya::cli {
@@ -38,30 +39,27 @@ void run_generate(const GenerateOptions& o) {
     prompt = tok->encode(o.prompt, /*add_special=*/true);
   }
   if (prompt.empty()) fail("generate", "the prompt encodes to no tokens");
-  // Text is decoded over prompt + generated ids (so spacing at the seam is right) and only the
-  // part past the decoded prompt is printed.
-  std::vector<int32_t> generated = o.prompt.empty() ? std::vector<int32_t>{} : prompt;
-  const size_t prompt_ids = generated.size();
-  std::string printed = tok && prompt_ids ? tok->decode(generated, true) : std::string();
-  if (tok && !o.prompt.empty()) std::printf("%s", o.prompt.c_str());
+  // Text streams as the server's does (serve/completion_text.h): decoded over the prompt's tail
+  // + generated ids so spacing at the seam is right, incomplete UTF-8 held back until whole.
+  // A prompt given as --ids has no text to continue: the generated ids are decoded on their own.
+  // Without a tokenizer ids are printed instead.
+  const bool text_out = tok != nullptr;
+  CompletionText text(
+      tok.get(), o.prompt.empty() ? std::vector<int32_t>{} : id_tail(prompt, CompletionText::kContextTail),
+      {});
+  if (text_out && !o.prompt.empty()) std::printf("%s", o.prompt.c_str());
   std::fflush(stdout);
   SamplingParams sp{o.temperature, o.top_k, o.top_p};
+  int64_t printed_ids = 0;
   GenerateStats st = generate(*model, prompt, o.max_tokens, sp, o.seed, [&](int32_t next) {
-    generated.push_back(next);
-    if (tok) {
-      std::string text = tok->decode(generated, /*skip_special=*/true);
-      // Hold back an incomplete UTF-8 sequence (decoded as U+FFFD at the end).
-      bool partial = text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0;
-      if (!partial && text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
-        std::printf("%s", text.c_str() + printed.size());
-        printed = text;
-      }
-    } else {
-      std::printf("%s%d", generated.size() > prompt_ids + 1 ? " " : "", next);
-    }
+    if (text_out)
+      std::printf("%s", text.push(next).text.c_str());
+    else
+      std::printf("%s%d", printed_ids++ > 0 ? " " : "", next);
     std::fflush(stdout);
     return true;
   });
+  if (text_out) std::printf("%s", text.finish().c_str());
   std::printf("\n");
   std::fprintf(stderr, "[zaya] prompt %lld tokens in %.3fs (%.1f tok/s); generated %lld tokens, %.1f tok/s decode%s\n",
                (long long)st.prompt_tokens, st.prefill_seconds, double(st.prompt_tokens) / st.prefill_seconds,
