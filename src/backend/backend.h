@@ -161,7 +161,10 @@ class Backend {
   // From dv: dv_cur, dv_del (overwritten). seg_start as in CcaValueArgs (nullptr = none).
   virtual void cca_values_backward(const float* dv, float* dv_cur, float* dv_del, int64_t B, int64_t T,
                                    int64_t half, const int32_t* seg_start) = 0;
-  // From dout: dq, dk, dv (overwritten; k/v laid out like the caches with S = T, pos0 = 0).
+  // From dout: dq, dk, dv (overwritten; dk/dv laid out like the caches, all S rows). Training
+  // uses pos0 = 0, S = T; a context-parallel chunk has its queries at pos0[b] + t over the whole
+  // gathered sequence (S >= pos0[b] + T; seg_start only with pos0 = 0). A backend that supports
+  // only pos0 = 0, S = T fails clearly otherwise.
   virtual void attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) = 0;
   // From dout: dx (accumulate), dweight (overwritten), dgate_up/ddown (accumulate).
   virtual void moe_backward(const MoeArgs& a, const float* dout, float* dx, float* dweight, float* dgate_up,

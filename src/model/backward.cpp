@@ -14,14 +14,25 @@ namespace zaya {
 
 StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, float* grads,
                                   float loss_scale, const int32_t* seg_start,
-                                  const std::function<void(int64_t)>& block_done) {
+                                  const std::function<void(int64_t)>& block_done, ContextParallel* cp) {
   const ModelConfig& c = cfg_;
   const int64_t N = B * T, D = c.hidden_size, C = c.conv_channels(), Dq = c.q_dim(), Dk = c.kv_dim(),
                 R = c.router_hidden_size, E = c.num_experts, V = c.vocab_size, L = c.num_hidden_layers,
                 P = c.conv_state_rows();
   const float eps = float(c.rms_norm_eps);
-  if (T > c.max_position_embeddings)
-    fail("train", "sequence length " + std::to_string(T) + " exceeds max_position_embeddings " +
+  // Context parallelism: the B rows are this rank's chunks (2 per sequence) of sequences of
+  // length S; otherwise S = T.
+  const int64_t S = cp ? T * 2 * cp->size() : T, Wb = P * C + Dk / 2;
+  if (cp) {
+    if (B % 2 != 0) fail("train", "context parallel rows come in pairs (two chunks per sequence)");
+    if (seg_start) fail("train", "data.reset_at_document_boundary is not supported with context parallelism yet");
+    if (T < P)
+      fail("train", "context parallel chunks of " + std::to_string(T) + " tokens are shorter than the " +
+                        std::to_string(P) + " rows the CCA convolution carries",
+           "use longer sequences or a smaller parallel.context_parallel");
+  }
+  if (S > c.max_position_embeddings)
+    fail("train", "sequence length " + std::to_string(S) + " exceeds max_position_embeddings " +
                       std::to_string(c.max_position_embeddings));
   for (int64_t n = 0; n < N; ++n) {
     if (ids[n] < 0 || ids[n] >= V) fail("train", "token id " + std::to_string(ids[n]) + " is outside the vocabulary");
@@ -35,7 +46,9 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
   be_.from_host(d_targets, targets, N * 4);
   std::vector<int64_t> pos0(static_cast<size_t>(B), 0), positions(static_cast<size_t>(N));
   if (seg_start) check_segments(seg_start, B, T);
-  for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = n % T - (seg_start ? seg_start[n] : 0);
+  if (cp)
+    for (int64_t b = 0; b < B; ++b) pos0[size_t(b)] = cp->chunk_of(b) * T;
+  for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = pos0[size_t(n / T)] + n % T - (seg_start ? seg_start[n] : 0);
 
   // ---- forward, keeping activations ----
   float* emb = s.f(N * D);
@@ -44,6 +57,7 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
   be_.copy(r, emb, N * D);
   be_.affine(r, w_.input_scale, w_.input_bias, N, D);
   std::vector<BlockActivations> acts(static_cast<size_t>(L));
+  std::vector<std::pair<float*, float*>> kv_full(static_cast<size_t>(L));  // context parallel K, V
   float* conv_state = s.f(B * P * C);
   float* vdel_state = s.f(B * Dk / 2);
   for (int64_t l = 0; l < L; ++l) {
@@ -56,6 +70,14 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     be_.fill(conv_state, 0.0f, B * P * C);
     be_.fill(vdel_state, 0.0f, B * Dk / 2);
     BlockShape shape{B, T, pos0.data(), positions.data(), a.k, a.v, T, conv_state, vdel_state, seg_start};
+    if (cp) {  // the caches hold each chunk's whole gathered sequence
+      a.halo = s.f(B * Wb);
+      shape.k_cache = s.f(B * S * Dk);
+      shape.v_cache = s.f(B * S * Dk);
+      shape.S = S;
+      shape.cp = cp;
+      kv_full[size_t(l)] = {shape.k_cache, shape.v_cache};
+    }
     forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, l > 0 ? acts[size_t(l - 1)].rh : nullptr, a);
   }
 
@@ -94,6 +116,21 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
   float* dvdel = s.f(N * Dk / 2);
   float* dz = s.f(N * C);
   float* du = s.f(N * C);
+  // Context parallelism: whole-sequence K/V gradients, the conv's input with the received rows
+  // in front, and the boundary gradients passed back (cp_ones: the unit scale of an add).
+  float *dk_full = nullptr, *dv_full = nullptr, *u_ext = nullptr, *dz_ext = nullptr, *du_ext = nullptr,
+        *head_grads = nullptr, *tail_grads = nullptr, *cp_ones = nullptr;
+  if (cp) {
+    dk_full = s.f(B * S * Dk);
+    dv_full = s.f(B * S * Dk);
+    u_ext = s.f(B * (P + T) * C);
+    dz_ext = s.f(B * (P + T) * C);
+    du_ext = s.f(B * (P + T) * C);
+    head_grads = s.f(B * Wb);
+    tail_grads = s.f(B * Wb);
+    cp_ones = s.f(Wb);
+    be_.fill(cp_ones, 1.0f, Wb);
+  }
   be_.fill(drh, 0.0f, N * R);
   for (int64_t l = L - 1; l >= 0; --l) {
     const BlockActivations& a = acts[size_t(l)];
@@ -143,10 +180,17 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     aa.window = c.is_sliding(l) ? c.sliding_window : 0;
     aa.scale = 1.0f / std::sqrt(float(c.head_dim));
     aa.seg_start = seg_start;
-    be_.attention_backward(aa, datt, dq, dk, dv);
+    if (cp) {
+      aa.k_cache = kv_full[size_t(l)].first;
+      aa.v_cache = kv_full[size_t(l)].second;
+      aa.S = S;
+      be_.attention_backward(aa, datt, dq, dk_full, dv_full);
+      cp->reduce_scatter(dk_full, dk, B / 2, T, Dk);  // each key's gradient from every chunk's queries
+      cp->reduce_scatter(dv_full, dv, B / 2, T, Dk);
+    } else {
+      be_.attention_backward(aa, datt, dq, dk, dv);
+    }
     be_.cca_values_backward(dv, dvcur, dvdel, B, T, Dk / 2, seg_start);
-    be_.linear_backward(a.x1, w.attn.v_current, dvcur, dx, gw.attn.v_current, nullptr, N, D, Dk / 2, false);
-    be_.linear_backward(a.x1, w.attn.v_delayed, dvdel, dx, gw.attn.v_delayed, nullptr, N, D, Dk / 2, true);
     CcaQkArgs qa;
     qa.z = a.z; qa.u = a.u; qa.temp = w.attn.temp; qa.positions = positions.data(); qa.q = a.q; qa.k = a.k;
     qa.N = N; qa.Hq = c.num_attention_heads; qa.Hkv = c.num_key_value_heads; qa.dh = c.head_dim;
@@ -158,7 +202,38 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     ca.w_grp = w.attn.conv_grp_w; ca.b_grp = w.attn.conv_grp_b; ca.z = a.z;
     ca.B = B; ca.T = T; ca.C = C; ca.t0 = c.cca_time0; ca.t1 = c.cca_time1; ca.group = c.head_dim;
     ca.seg_start = seg_start;
-    be_.cca_conv_backward(ca, dz, du, gw.attn.conv_dw_w, gw.attn.conv_dw_b, gw.attn.conv_grp_w, gw.attn.conv_grp_b);
+    if (cp) {
+      // The conv over [received rows; chunk] from a zero state equals the chunk's conv from the
+      // received state; the received rows' outputs get no gradient, and their inputs' gradients
+      // (with the delayed value's, the delayed half of dv at each chunk's first token) go back to
+      // the previous chunk, whose last rows they are.
+      for (int64_t i = 0; i < B; ++i) {
+        be_.copy(u_ext + i * (P + T) * C, a.halo + i * Wb, P * C);
+        be_.copy(u_ext + (i * (P + T) + P) * C, a.u + i * T * C, T * C);
+        be_.fill(dz_ext + i * (P + T) * C, 0.0f, P * C);
+        be_.copy(dz_ext + (i * (P + T) + P) * C, dz + i * T * C, T * C);
+        be_.fill(du_ext + i * (P + T) * C, 0.0f, P * C);
+        be_.copy(du_ext + (i * (P + T) + P) * C, du + i * T * C, T * C);
+      }
+      ca.u = u_ext; ca.T = P + T;
+      be_.cca_conv_backward(ca, dz_ext, du_ext, gw.attn.conv_dw_w, gw.attn.conv_dw_b, gw.attn.conv_grp_w,
+                            gw.attn.conv_grp_b);
+      for (int64_t i = 0; i < B; ++i) {
+        be_.copy(du + i * T * C, du_ext + (i * (P + T) + P) * C, T * C);
+        be_.copy(head_grads + i * Wb, du_ext + i * (P + T) * C, P * C);
+        be_.copy(head_grads + i * Wb + P * C, dv + i * T * Dk + Dk / 2, Dk / 2);
+      }
+      be_.fill(tail_grads, 0.0f, B * Wb);
+      cp->pass_backward(head_grads, tail_grads, B / 2, Wb);
+      for (int64_t i = 0; i < B; ++i) {
+        be_.scaled_add(du + (i * T + T - P) * C, tail_grads + i * Wb, cp_ones, 1, P * C);
+        be_.scaled_add(dvdel + (i * T + T - 1) * (Dk / 2), tail_grads + i * Wb + P * C, cp_ones, 1, Dk / 2);
+      }
+    } else {
+      be_.cca_conv_backward(ca, dz, du, gw.attn.conv_dw_w, gw.attn.conv_dw_b, gw.attn.conv_grp_w, gw.attn.conv_grp_b);
+    }
+    be_.linear_backward(a.x1, w.attn.v_current, dvcur, dx, gw.attn.v_current, nullptr, N, D, Dk / 2, false);
+    be_.linear_backward(a.x1, w.attn.v_delayed, dvdel, dx, gw.attn.v_delayed, nullptr, N, D, Dk / 2, true);
     be_.linear_backward(a.x1, w.attn.q_proj, du, dx, gw.attn.q_proj, nullptr, N, D, Dq, true, C);
     be_.linear_backward(a.x1, w.attn.k_proj, du + Dq, dx, gw.attn.k_proj, nullptr, N, D, Dk, true, C);
     be_.rmsnorm_backward(a.r_in, w.input_norm, dx, eps, dr, gw.input_norm, N, D, true);

@@ -4,7 +4,30 @@
 
 #include <cmath>
 
+#include "core/error.h"
+#include "model/scratch.h"
+
 namespace zaya {
+
+namespace {
+// Context parallelism: the previous chunk's last P raw q‖k rows and last delayed value arrive
+// into the conv and value states (and are kept in a.halo for the backward pass).
+void receive_chunk_boundary(Backend& be, const ModelConfig& c, const BlockShape& s, BlockActivations& a) {
+  const int64_t C = c.conv_channels(), P = c.conv_state_rows(), half = c.kv_dim() / 2, W = P * C + half;
+  ZAYA_CHECK(s.T >= P && a.halo, "context parallel chunks must hold at least the conv's state rows");
+  Scratch scratch(be);
+  float* tails = scratch.f(s.B * W);
+  for (int64_t i = 0; i < s.B; ++i) {
+    be.copy(tails + i * W, a.u + (i * s.T + s.T - P) * C, P * C);
+    be.copy(tails + i * W + P * C, a.vdel + (i * s.T + s.T - 1) * half, half);
+  }
+  s.cp->pass_forward(tails, a.halo, s.B / 2, W);
+  for (int64_t i = 0; i < s.B; ++i) {
+    be.copy(s.conv_state + i * P * C, a.halo + i * W, P * C);
+    be.copy(s.vdel_state + i * half, a.halo + i * W + P * C, half);
+  }
+}
+}  // namespace
 
 void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeights& w, const BlockShape& s,
                    float* r, const float* rho_prev, BlockActivations& a) {
@@ -17,6 +40,9 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   be.rmsnorm(r, w.input_norm, eps, a.x1, N, D);
   be.linear(a.x1, w.attn.q_proj, nullptr, a.u, N, D, Dq, false, C);
   be.linear(a.x1, w.attn.k_proj, nullptr, a.u + Dq, N, D, Dk, false, C);
+  be.linear(a.x1, w.attn.v_current, nullptr, a.vcur, N, D, Dk / 2);
+  be.linear(a.x1, w.attn.v_delayed, nullptr, a.vdel, N, D, Dk / 2);
+  if (s.cp) receive_chunk_boundary(be, c, s, a);
   CcaConvArgs ca;
   ca.u = a.u; ca.state = s.conv_state; ca.w_dw = w.attn.conv_dw_w; ca.b_dw = w.attn.conv_dw_b;
   ca.w_grp = w.attn.conv_grp_w; ca.b_grp = w.attn.conv_grp_b; ca.z = a.z;
@@ -28,14 +54,17 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   qa.N = N; qa.Hq = c.num_attention_heads; qa.Hkv = c.num_key_value_heads; qa.dh = c.head_dim;
   qa.rotary_dim = c.rotary_dim(l); qa.theta = c.rope(l).theta;
   be.cca_qk(qa);
-  be.linear(a.x1, w.attn.v_current, nullptr, a.vcur, N, D, Dk / 2);
-  be.linear(a.x1, w.attn.v_delayed, nullptr, a.vdel, N, D, Dk / 2);
   CcaValueArgs va;
   va.v_cur = a.vcur; va.v_del = a.vdel; va.v_state = s.vdel_state; va.v = a.v; va.B = s.B; va.T = s.T; va.half = Dk / 2;
   va.seg_start = s.seg_start;
   be.cca_values(va);
-  be.cache_write(a.k, s.k_cache, s.pos0, s.B, s.T, s.S, Dk);
-  be.cache_write(a.v, s.v_cache, s.pos0, s.B, s.T, s.S, Dk);
+  if (s.cp) {  // every chunk row gets its whole sequence's keys and values
+    s.cp->gather(a.k, s.k_cache, s.B / 2, s.T, Dk);
+    s.cp->gather(a.v, s.v_cache, s.B / 2, s.T, Dk);
+  } else {
+    be.cache_write(a.k, s.k_cache, s.pos0, s.B, s.T, s.S, Dk);
+    be.cache_write(a.v, s.v_cache, s.pos0, s.B, s.T, s.S, Dk);
+  }
   AttentionArgs aa;
   aa.q = a.q; aa.k_cache = s.k_cache; aa.v_cache = s.v_cache; aa.out = a.att; aa.pos0 = s.pos0;
   aa.B = s.B; aa.T = s.T; aa.S = s.S; aa.Hq = c.num_attention_heads; aa.Hkv = c.num_key_value_heads; aa.dh = c.head_dim;

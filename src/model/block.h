@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/context_parallel.h"
 #include "model/weights.h"
 
 namespace zaya {
@@ -36,6 +37,9 @@ struct BlockActivations {
   int32_t* expert = nullptr;  // [N]
   float* weight = nullptr;    // [N]
   float* h_moe = nullptr;     // [N,D]
+  // Context parallelism: [B, P*C + kv/2] per chunk row, the previous chunk's last P raw q‖k rows
+  // and its last delayed value, as received (saved for the backward pass).
+  float* halo = nullptr;
 };
 
 struct BlockShape {
@@ -48,6 +52,10 @@ struct BlockShape {
   float* conv_state;         // [B,P,C]
   float* vdel_state;         // [B,kv/2]
   const int32_t* seg_start = nullptr;  // [N] host, document starts (nullptr = no resets)
+  // Context parallelism (training): rows are this rank's chunks (pos0 = chunk starts), the
+  // caches are [B, S, kv] buffers the whole gathered sequence is written to, and the conv and
+  // value states receive the previous chunk's boundary rows. nullptr = ordinary sequences.
+  ContextParallel* cp = nullptr;
 };
 
 // Runs block l: r (the residual stream, [N,D]) is updated in place. rho_prev is the previous

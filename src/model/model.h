@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/context_parallel.h"
 #include "model/params.h"
 #include "model/weights.h"
 
@@ -101,9 +102,13 @@ class Model {
   // biases get none). Returns the loss sum and the routing statistics.
   // block_done(l), when set, is called as soon as block l's parameter gradients are final
   // (blocks finish from the last to the first; data parallelism starts reductions there).
+  // cp (context parallelism, model/context_parallel.h): ids and targets are this rank's chunk
+  // rows, [B = 2 x sequences, T = chunk length] (ContextParallel::split); the other ranks of the
+  // group must make the same call on their chunks. No document resets there.
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, float* grads,
                              float loss_scale, const int32_t* segment_start = nullptr,
-                             const std::function<void(int64_t block)>& block_done = {});
+                             const std::function<void(int64_t block)>& block_done = {},
+                             ContextParallel* cp = nullptr);
 
  private:
   ModelConfig cfg_;

@@ -412,6 +412,62 @@ TEST(CpuGrads, Attention) {
   }
 }
 
+// A context-parallel chunk: queries at positions pos0..pos0+Tc-1 over the whole sequence's S
+// keys (S > pos0 + Tc: keys after the chunk are invisible and get no gradient). Checked by finite
+// differences, and against the full sequence: the chunks' dq are the full dq's rows, and their
+// dk/dv summed over chunks are the full dk/dv.
+TEST(CpuGrads, AttentionChunkAtAnOffsetOverTheWholeSequence) {
+  CpuBackend be;
+  const int64_t S = 150, Hq = 4, Hkv = 2, dh = 8, qs = Hq * dh, kvs = Hkv * dh;
+  for (int64_t window : {int64_t(0), int64_t(37)}) {
+    SCOPED_TRACE(::testing::Message() << "window " << window);
+    auto qf = randn(sz(S * qs), 140, 1.5), k = randn(sz(S * kvs), 141, 1.5), v = randn(sz(S * kvs), 142),
+         cf = randn(sz(S * qs), 143);
+    // The full sequence's backward.
+    std::vector<int64_t> zero(1, 0);
+    Vec outf(sz(S * qs));
+    AttentionArgs full{qf.data(), k.data(), v.data(), outf.data(), zero.data(), 1, S, S, Hq, Hkv, dh, window,
+                       1.0f / std::sqrt(float(dh))};
+    be.attention(full);
+    auto dqf = nans(sz(S * qs)), dkf = nans(sz(S * kvs)), dvf = nans(sz(S * kvs));
+    be.attention_backward(full, cf.data(), dqf.data(), dkf.data(), dvf.data());
+    // Three chunks [0, 50), [50, 120), [120, 150), each over all S keys.
+    Vec dk_sum(sz(S * kvs), 0.0f), dv_sum(sz(S * kvs), 0.0f);
+    for (auto [t0, Tc] : {std::pair<int64_t, int64_t>{0, 50}, {50, 70}, {120, 30}}) {
+      SCOPED_TRACE(::testing::Message() << "chunk at " << t0);
+      Vec q(qf.begin() + t0 * qs, qf.begin() + (t0 + Tc) * qs), c(cf.begin() + t0 * qs, cf.begin() + (t0 + Tc) * qs);
+      std::vector<int64_t> pos0(1, t0);
+      Vec out(sz(Tc * qs));
+      AttentionArgs a{q.data(), k.data(), v.data(), out.data(), pos0.data(), 1, Tc, S, Hq, Hkv, dh, window,
+                      1.0f / std::sqrt(float(dh))};
+      auto loss = [&] {
+        be.attention(a);
+        return fd_dot(c, out);
+      };
+      loss();
+      auto dq = nans(sz(Tc * qs)), dk = nans(sz(S * kvs)), dv = nans(sz(S * kvs));
+      be.attention_backward(a, c.data(), dq.data(), dk.data(), dv.data());
+      for (int64_t i = 0; i < Tc * qs; ++i)
+        ASSERT_NEAR(dq[sz(i)], dqf[sz(t0 * qs + i)], 1e-5f * (1 + std::fabs(dqf[sz(t0 * qs + i)]))) << i;
+      for (int64_t i = (t0 + Tc) * kvs; i < S * kvs; ++i) ASSERT_EQ(dk[sz(i)], 0.0f) << "key after the chunk";
+      for (int64_t i = 0; i < S * kvs; ++i) {
+        dk_sum[sz(i)] += dk[sz(i)];
+        dv_sum[sz(i)] += dv[sz(i)];
+      }
+      std::vector<int64_t> ekv;
+      for (int64_t t : {t0, t0 + Tc - 1, t0 > 0 ? t0 - 1 : int64_t(1)}) ekv.push_back(t * kvs + t % kvs);
+      const auto o = opts(5e-3, 12);
+      EXPECT_TRUE(check_gradient("chunk attention dq", q.data(), Tc * qs, dq.data(), loss, o));
+      EXPECT_TRUE(check_gradient("chunk attention dk", k.data(), S * kvs, dk.data(), loss, o, ekv));
+      EXPECT_TRUE(check_gradient("chunk attention dv", v.data(), S * kvs, dv.data(), loss, o, ekv));
+    }
+    for (int64_t i = 0; i < S * kvs; ++i) {
+      ASSERT_NEAR(dk_sum[sz(i)], dkf[sz(i)], 1e-4f * (1 + std::fabs(dkf[sz(i)]))) << i;
+      ASSERT_NEAR(dv_sum[sz(i)], dvf[sz(i)], 1e-4f * (1 + std::fabs(dvf[sz(i)]))) << i;
+    }
+  }
+}
+
 // window = 1: every query sees only its own key, so out = v and dq, dk vanish (up to rounding).
 TEST(CpuGrads, AttentionWindowOne) {
   CpuBackend be;

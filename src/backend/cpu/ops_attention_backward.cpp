@@ -1,7 +1,9 @@
-// CPU backward of causal GQA attention (training: pos0 = 0, S = T), flash-style: per query
+// CPU backward of causal GQA attention, flash-style: per query
 // block, recompute scores and the row log-sum-exp, then dP = dO V^T, dS = P (dP - rowsum(dO O)),
 // dQ = dS K scale, dK += dS^T Q scale, dV += P^T dO. One job per (sequence, KV head) so the
-// shared dK/dV rows of a query-head group are owned by one thread.
+// shared dK/dV rows of a query-head group are owned by one thread. Queries sit at positions
+// pos0[b] + t over S cache rows (a context-parallel chunk sees the whole gathered sequence);
+// dK/dV cover all S rows.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,7 +22,7 @@ void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, f
   const int64_t dh = a.dh, rep = a.Hq / a.Hkv, T = a.T, qs = a.Hq * dh, kvs = a.Hkv * dh;
   std::memset(dk, 0, size_t(a.B * a.S * kvs) * 4);
   std::memset(dv, 0, size_t(a.B * a.S * kvs) * 4);
-#pragma omp parallel if (a.B * T * T * a.Hq * dh > (int64_t(1) << 20))
+#pragma omp parallel if (a.B * T * a.S * a.Hq * dh > (int64_t(1) << 20))
   {
     std::vector<float> S(static_cast<size_t>(kQB * kKB)), dP(static_cast<size_t>(kQB * kKB));
     std::vector<float> lse(static_cast<size_t>(kQB)), Drow(static_cast<size_t>(kQB));
@@ -38,12 +40,15 @@ void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, f
           const float* O = a.out + (b * T + t0) * qs + h * dh;
           const float* dO = dout + (b * T + t0) * qs + h * dh;
           float* dQ = dq + (b * T + t0) * qs + h * dh;
-          int64_t s_begin = a.window > 0 ? std::max<int64_t>(0, t0 - a.window + 1) : 0;
-          const int32_t* seg = a.seg_start ? a.seg_start + b * T : nullptr;
+          const int64_t p0 = a.pos0[b] + t0;  // position of the block's first query
+          int64_t s_begin = a.window > 0 ? std::max<int64_t>(0, p0 - a.window + 1) : 0;
+          const int32_t* seg = a.seg_start ? a.seg_start + b * T : nullptr;  // pos0 = 0 there
           if (seg) s_begin = std::max<int64_t>(s_begin, seg[t0]);
-          const int64_t s_end = t0 + nq;
-          auto visible = [&](int64_t t, int64_t s) {
-            return s <= t && (a.window <= 0 || t - s < a.window) && (!seg || s >= seg[t]);
+          const int64_t s_end = p0 + nq;
+          // i: query row within the block; s: key position
+          auto visible = [&](int64_t i, int64_t s) {
+            const int64_t p = p0 + i;
+            return s <= p && (a.window <= 0 || p - s < a.window) && (!seg || s >= seg[t0 + i]);
           };
           // Pass 1: row log-sum-exp over all visible keys; D = rowsum(dO * O).
           std::vector<double> m(static_cast<size_t>(nq), -INFINITY), l(static_cast<size_t>(nq), 0.0);
@@ -52,7 +57,7 @@ void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, f
             cpu_gemm(true, nq, nk, dh, a.scale, Q, qs, K + s0 * kvs, kvs, 0.0f, S.data(), nk);
             for (int64_t i = 0; i < nq; ++i)
               for (int64_t j = 0; j < nk; ++j) {
-                if (!visible(t0 + i, s0 + j)) continue;
+                if (!visible(i, s0 + j)) continue;
                 const double sv = S[size_t(i * nk + j)];
                 if (sv > m[size_t(i)]) {
                   l[size_t(i)] = l[size_t(i)] * std::exp(m[size_t(i)] - sv) + 1.0;
@@ -75,7 +80,7 @@ void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, f
             cpu_gemm(true, nq, nk, dh, a.scale, Q, qs, K + s0 * kvs, kvs, 0.0f, S.data(), nk);
             for (int64_t i = 0; i < nq; ++i)
               for (int64_t j = 0; j < nk; ++j)
-                S[size_t(i * nk + j)] = visible(t0 + i, s0 + j) ? std::exp(S[size_t(i * nk + j)] - lse[size_t(i)]) : 0.0f;
+                S[size_t(i * nk + j)] = visible(i, s0 + j) ? std::exp(S[size_t(i * nk + j)] - lse[size_t(i)]) : 0.0f;
             cpu_gemm(true, nq, nk, dh, 1.0f, dO, qs, V + s0 * kvs, kvs, 0.0f, dP.data(), nk);
             for (int64_t i = 0; i < nq; ++i)
               for (int64_t j = 0; j < nk; ++j)

@@ -18,6 +18,14 @@ using namespace attention_bwd;  // the kernels (ops_attention_backward_kernels.h
 
 void CudaBackend::attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) {
   if (a.B * a.T == 0) return;
+  // The kernels assume training's layout (queries at positions 0..T-1 over T keys). A
+  // context-parallel chunk (queries at pos0 over the gathered sequence) is CPU-only so far.
+  bool fresh = a.S == a.T;
+  for (int64_t b = 0; b < a.B && fresh; ++b) fresh = a.pos0[b] == 0;
+  if (!fresh)
+    fail("cuda", "attention_backward: queries at pos0 > 0 or over S != T keys (context parallelism) are not "
+                 "implemented on the GPU backend yet",
+         "train with parallel.context_parallel = 1 on the GPU, or use --backend cpu");
   if (a.T >= kAttnGemmMinQueries) {
     if (attention_flash_tc_applies(a, {dout, dq, dk, dv})) return attention_backward_flash_tc(a, dout, dq, dk, dv);
     return attention_backward_gemm(a, dout, dq, dk, dv);

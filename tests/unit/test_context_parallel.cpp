@@ -1,0 +1,152 @@
+// Context parallelism (model/context_parallel.h): the zig-zag layout, and a training step split
+// over R in-process ranks (threads exchanging messages) equals the whole-sequence step: the same
+// loss and routing, and gradients that sum to the whole step's within float rounding.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <exception>
+#include <thread>
+
+#include "../common/thread_comm.h"
+#include "core/error.h"
+#include "model/context_parallel.h"
+#include "model/model.h"
+#include "../common/error_of.h"
+#include "test_helpers.h"
+
+namespace zaya {
+namespace {
+
+TEST(ContextParallel, ZigZagChunksBalanceTheCausalWork) {
+  test::ThreadCommGroup group(4);
+  auto be = make_cpu_backend();
+  // Ranks 0..3 of one group of 4 (and of two groups of 2).
+  const int expect4[4][2] = {{0, 7}, {1, 6}, {2, 5}, {3, 4}};
+  for (int r = 0; r < 4; ++r) {
+    test::ThreadComm comm(group, r);
+    ContextParallel cp(comm, 4, *be);
+    EXPECT_EQ(cp.index(), r);
+    EXPECT_EQ(cp.group(), 0);
+    EXPECT_EQ(cp.chunk_of(0), expect4[r][0]);
+    EXPECT_EQ(cp.chunk_of(1), expect4[r][1]);
+    EXPECT_EQ(cp.owner_of(cp.chunk_of(0)), r);
+    EXPECT_EQ(cp.owner_of(cp.chunk_of(1)), r);
+    ContextParallel half(comm, 2, *be);
+    EXPECT_EQ(half.group(), r / 2);
+    EXPECT_EQ(half.groups(), 2);
+    EXPECT_EQ(half.index(), r % 2);
+  }
+  // split: rank 1 of 2 holds chunks 1 and 2 of every sequence.
+  test::ThreadComm comm(group, 1);
+  ContextParallel cp(comm, 2, *be);
+  std::vector<int32_t> full(16);
+  for (int i = 0; i < 16; ++i) full[size_t(i)] = i;
+  EXPECT_EQ(cp.split(full.data(), 2, 8), (std::vector<int32_t>{2, 3, 4, 5, 10, 11, 12, 13}));
+  EXPECT_EQ(cp.chunk_len(8), 2);
+  std::string msg = test::error_of([&] { cp.chunk_len(10); });
+  EXPECT_NE(msg.find("sequence length 10 is not a multiple of 2 x parallel.context_parallel (4)"), std::string::npos)
+      << msg;
+  msg = test::error_of([&] { ContextParallel bad(comm, 3, *be); });
+  EXPECT_NE(msg.find("parallel.context_parallel = 3 does not divide the 4 ranks"), std::string::npos) << msg;
+}
+
+struct StepResult {
+  StepStats stats;
+  std::vector<float> grads;
+};
+
+ModelConfig cp_config() {
+  ModelConfig c = preset_config("zaya-tiny");
+  c.layer_types = {"hybrid", "hybrid_sliding"};  // a sliding layer whose window is shorter than T
+  c.sliding_window = 5;
+  return c;
+}
+
+// One rank's step: its chunks of the batch, with context parallelism over `group`.
+StepResult cp_step(int R, int rank, test::ThreadCommGroup& group, const std::vector<int32_t>& ids,
+                   const std::vector<int32_t>& targets, int64_t B, int64_t T, float scale, int64_t* messages) {
+  auto be = make_cpu_backend();
+  Model model(cp_config(), *be);
+  model.init_random(7);
+  test::ThreadComm comm(group, rank);
+  ContextParallel cp(comm, R, *be);
+  const std::vector<int32_t> my_ids = cp.split(ids.data(), B, T), my_targets = cp.split(targets.data(), B, T);
+  StepResult out;
+  out.grads.assign(size_t(model.layout().total), 0.0f);
+  out.stats = model.forward_backward(my_ids.data(), my_targets.data(), 2 * B, cp.chunk_len(T), out.grads.data(),
+                                     scale, nullptr, {}, &cp);
+  *messages = cp.messages();
+  return out;
+}
+
+TEST(ContextParallel, SplitStepEqualsTheWholeSequenceStep) {
+  const int64_t B = 2, T = 16;
+  const ModelConfig c = cp_config();
+  Rng rng(3);
+  std::vector<int32_t> ids(size_t(B * T)), targets(size_t(B * T));
+  for (auto& x : ids) x = int32_t(rng.next_u64() % uint64_t(c.vocab_size));
+  for (size_t i = 0; i < ids.size(); ++i) targets[i] = (i + 1) % size_t(T) == 0 ? -1 : ids[i + 1];
+  targets[3] = -1;  // an uncounted target inside a chunk
+  const float scale = 1.0f / float(B * T);
+
+  auto be = make_cpu_backend();
+  Model whole(c, *be);
+  whole.init_random(7);
+  std::vector<float> ref(size_t(whole.layout().total), 0.0f);
+  const StepStats ref_stats = whole.forward_backward(ids.data(), targets.data(), B, T, ref.data(), scale);
+
+  for (int R : {1, 2, 4}) {  // R = 4: chunks of 2 tokens, exactly the conv's carried rows
+    SCOPED_TRACE(::testing::Message() << "context_parallel " << R);
+    test::ThreadCommGroup group(R);
+    std::vector<StepResult> res(static_cast<size_t>(R));
+    std::vector<int64_t> messages(static_cast<size_t>(R), 0);
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(R));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < R; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          res[size_t(r)] = cp_step(R, r, group, ids, targets, B, T, scale, &messages[size_t(r)]);
+        } catch (...) {
+          errors[size_t(r)] = std::current_exception();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+
+    double loss = 0;
+    int64_t tokens = 0;
+    std::vector<int64_t> counts(ref_stats.expert_counts.size(), 0);
+    std::vector<double> grads(ref.size(), 0.0);
+    for (const StepResult& r : res) {
+      loss += r.stats.loss_sum;
+      tokens += r.stats.tokens;
+      for (size_t i = 0; i < counts.size(); ++i) counts[i] += r.stats.expert_counts[i];
+      for (size_t i = 0; i < grads.size(); ++i) grads[i] += r.grads[i];
+    }
+    EXPECT_EQ(tokens, ref_stats.tokens);
+    EXPECT_NEAR(loss, ref_stats.loss_sum, 1e-5 * std::fabs(ref_stats.loss_sum));
+    EXPECT_EQ(counts, ref_stats.expert_counts);
+    int checked = 0;
+    for (const ParamSpec& p : whole.layout().params) {
+      if (p.kind == ParamKind::Buffer) continue;
+      double max_ref = 0, max_diff = 0;
+      for (int64_t k = 0; k < p.numel; ++k) {
+        const size_t at = size_t(p.offset + k);
+        max_ref = std::max(max_ref, std::fabs(double(ref[at])));
+        max_diff = std::max(max_diff, std::fabs(grads[at] - double(ref[at])));
+      }
+      ASSERT_GT(max_ref, 0.0) << p.name;
+      EXPECT_LT(max_diff / max_ref, 1e-5) << p.name << ": max|diff| " << max_diff << " max|ref| " << max_ref;
+      ++checked;
+    }
+    EXPECT_GT(checked, 20);
+    // Per layer: the boundary pass forward and back, and K and V gathered and reduced.
+    if (R > 1) {
+      for (int64_t m : messages) EXPECT_GT(m, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zaya
