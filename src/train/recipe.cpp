@@ -85,7 +85,7 @@ Field str_f(const char* s, const char* k, void* (*g)(Recipe&), std::vector<std::
 const std::vector<std::string>& sections() {
   static const std::vector<std::string> s = {"model",    "data",    "batch",      "optimizer",
                                              "schedule", "balancer", "checkpoint", "logging",
-                                             "eval",     "stability"};
+                                             "eval",     "stability", "parallel"};
   return s;
 }
 
@@ -151,6 +151,8 @@ const std::vector<Field>& fields() {
       str_f("stability", "policy", ZAYA_GET(stability.policy), {"skip", "rollback"}),
       float_f("stability", "spike_factor", ZAYA_GET(stability.spike_factor), 1, true),
       int_f("stability", "max_bad_steps", ZAYA_GET(stability.max_bad_steps), 1),
+
+      int_f("parallel", "context_parallel", ZAYA_GET(parallel.context_parallel), 1, 1024),
   };
   return f;
 }
@@ -509,6 +511,24 @@ void cross_check(const Recipe& r, const std::string& source, std::vector<Problem
   if (r.stability.policy == "rollback" && r.checkpoint.every == 0)
     add("stability.policy", {"checkpoint.every"},
         "expected \"skip\" when checkpoint.every is 0 (a rollback needs a checkpoint), found \"rollback\"");
+  // Context parallelism cuts each sequence into 2 x context_parallel chunks (per phase).
+  auto check_cp = [&](int64_t cp, int64_t seq_len, const std::string& seq_key, const std::string& cp_key) {
+    if (cp <= 1) return;
+    if (r.data.reset_at_document_boundary)
+      add(cp_key, {"data.reset_at_document_boundary"},
+          "expected 1 when data.reset_at_document_boundary is true (document resets are not supported with "
+          "context parallelism yet), found " + std::to_string(cp));
+    if (seq_len % (2 * cp) != 0)
+      add(seq_key, {cp_key.c_str()},
+          "expected a multiple of 2 x " + cp_key + " (" + std::to_string(2 * cp) + "), found " + std::to_string(seq_len),
+          "context parallelism cuts every sequence into 2 x context_parallel equal chunks");
+  };
+  if (r.phases.empty()) check_cp(r.parallel.context_parallel, r.data.seq_len, "data.seq_len", "parallel.context_parallel");
+  for (size_t i = 0; i < r.phases.size(); ++i) {
+    const std::string what = "phases[" + std::to_string(i) + "]";
+    check_cp(context_parallel_of(r, i), r.phases[i].seq_len, what + ".seq_len",
+             r.phases[i].context_parallel > 0 ? what + ".context_parallel" : "parallel.context_parallel");
+  }
   recipe_detail::check_phases(r, source, problems);
 }
 
@@ -580,6 +600,11 @@ std::string trim(const std::string& s) {
 
 
 }  // namespace
+
+int64_t context_parallel_of(const Recipe& r, size_t phase) {
+  if (phase < r.phases.size() && r.phases[phase].context_parallel > 0) return r.phases[phase].context_parallel;
+  return r.parallel.context_parallel;
+}
 
 Recipe parse_recipe(const std::string& toml_text, const std::string& source) {
   return parse_impl(toml_text, source);

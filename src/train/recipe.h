@@ -41,6 +41,7 @@ struct RecipePhase {
   std::vector<RecipeMixtureWeight> mixture;  // sorted by dataset name
   double rope_theta = 0;   // 0 = the model's own
   double lr_scale = 1.0;   // multiplies the LR schedule
+  int64_t context_parallel = 0;  // ranks sharing each sequence in this phase; 0 = parallel.context_parallel
   bool operator==(const RecipePhase&) const = default;
 };
 
@@ -116,6 +117,19 @@ struct RecipeEval {
   bool operator==(const RecipeEval&) const = default;
 };
 
+// Parallel layout beyond plain data parallelism (spec D.2).
+struct RecipeParallel {
+  // Ranks that share each sequence (context parallelism, CP-CCA): the job's ranks form groups of
+  // this many consecutive ranks; each group is one data-parallel rank. 1 = off.
+  int64_t context_parallel = 1;
+  bool operator==(const RecipeParallel&) const = default;
+};
+
+struct Recipe;
+// The context-parallel group size of phase p (a phase's own setting, else parallel's); with no
+// [[phases]], parallel.context_parallel.
+int64_t context_parallel_of(const Recipe& r, size_t phase);
+
 struct RecipeStability {
   std::string policy = "skip";  // "skip" | "rollback"
   double spike_factor = 4.0;    // loss > spike_factor * running median (or NaN/Inf) is bad
@@ -136,6 +150,7 @@ struct Recipe {
   RecipeLogging logging;
   RecipeEval eval;
   RecipeStability stability;
+  RecipeParallel parallel;
   // [[phases]]: a phased mixture of shard datasets (the data issue's curriculum). Empty = one
   // phase reading data.train at data.seq_len.
   std::vector<RecipePhase> phases;

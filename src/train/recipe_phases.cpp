@@ -87,11 +87,13 @@ void read_phases(const toml::node& node, std::vector<RecipePhase>& out, const st
   for (size_t i = 0; i < arr->size(); ++i) {
     const toml::table& t = *arr->get(i)->as_table();
     const std::string what = "phases[" + std::to_string(i) + "]";
-    check_keys(t, what, {"name", "tokens", "seq_len", "mixture", "rope_theta", "lr_scale"}, source, problems);
+    check_keys(t, what, {"name", "tokens", "seq_len", "mixture", "rope_theta", "lr_scale", "context_parallel"}, source,
+               problems);
     RecipePhase p;
     p.name = "phase" + std::to_string(i + 1);
     read_value(t, "name", what, p.name, source, problems, "a string");
     read_value(t, "tokens", what, p.tokens, source, problems, "an integer");
+    read_value(t, "context_parallel", what, p.context_parallel, source, problems, "an integer");
     if (!read_value(t, "seq_len", what, p.seq_len, source, problems, "an integer") && !t.get("seq_len"))
       problems.push_back(problem(t, source, what + ".seq_len", "missing (tokens per training sequence)"));
     if (const toml::node* rt = t.get("rope_theta")) {
@@ -156,6 +158,9 @@ void check_phases(const Recipe& r, const std::string& source, std::vector<Proble
     if (!(p.rope_theta == 0 || (std::isfinite(p.rope_theta) && p.rope_theta > 1)))
       add(what + ".rope_theta", "expected 0 (unchanged) or a finite number > 1");
     if (!(std::isfinite(p.lr_scale) && p.lr_scale > 0)) add(what + ".lr_scale", "expected a finite number > 0");
+    if (p.context_parallel < 0 || p.context_parallel > 1024)
+      add(what + ".context_parallel", "expected 0 (parallel.context_parallel) or an integer in [1, 1024], found " +
+                                          std::to_string(p.context_parallel));
     if (p.mixture.empty()) add(what + ".mixture", "expected at least one dataset weight");
     for (const RecipeMixtureWeight& w : p.mixture) {
       if (!names.count(w.dataset)) {
@@ -184,8 +189,10 @@ std::string phases_to_toml(const Recipe& r) {
       toml::table mix;
       for (const RecipeMixtureWeight& w : p.mixture) mix.insert(w.dataset, w.weight);
       mix.is_inline(true);
-      ps.push_back(toml::table{{"name", p.name},           {"tokens", p.tokens},     {"seq_len", p.seq_len},
-                               {"mixture", mix},           {"rope_theta", p.rope_theta}, {"lr_scale", p.lr_scale}});
+      toml::table t{{"name", p.name},         {"tokens", p.tokens},         {"seq_len", p.seq_len},
+                    {"mixture", mix},         {"rope_theta", p.rope_theta}, {"lr_scale", p.lr_scale}};
+      if (p.context_parallel > 0) t.insert("context_parallel", p.context_parallel);
+      ps.push_back(std::move(t));
     }
     root.insert("phases", ps);
   }

@@ -152,6 +152,9 @@ void TrainData::seek(int64_t step, int64_t sample, const std::string& cursor) {
 
 double TrainData::evaluate(Model& model, size_t phase, DataParallel& dp) {
   double acc[2] = {0, 0};  // loss sum, counted tokens
+  // Windows are split over every rank of the job (with context parallelism the data-parallel
+  // rank rank_ is shared by a group; each rank still scores whole windows of its own).
+  const int rank = dp.rank(), ranks = dp.ranks();
   if (loader_) {
     const PhaseSpec& ph = phases_[phase];
     auto& set = eval_sets_[phase];
@@ -161,7 +164,7 @@ double TrainData::evaluate(Model& model, size_t phase, DataParallel& dp) {
     int64_t k = 0;
     for (size_t d = 0; d < set->datasets(); ++d)
       for (int64_t w = 0; w < set->windows(d); ++w, ++k) {
-        if (k % ranks_ != rank_) continue;
+        if (k % ranks != rank) continue;
         starts.clear();
         set->fill(d, w, 1, in.data(), tg.data(), &starts);
         if (reset_docs_) document_segments(starts.data(), starts.size(), T, seg.data());
@@ -173,7 +176,7 @@ double TrainData::evaluate(Model& model, size_t phase, DataParallel& dp) {
     const int64_t T = r_.data.seq_len;
     std::vector<int32_t> in(static_cast<size_t>(micro_ * T)), tg(static_cast<size_t>(micro_ * T));
     for (int64_t b = 0; b < r_.eval.batches; ++b) {
-      if (b % ranks_ != rank_) continue;
+      if (b % ranks != rank) continue;
       val_sampler_->fill_eval(b, micro_, in.data(), tg.data());
       int64_t count = 0;
       acc[0] += eval_loss_sum(model, in.data(), tg.data(), micro_, T, &count);

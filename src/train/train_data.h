@@ -40,6 +40,7 @@ struct TrainMicroBatch {
 class TrainData {
  public:
   // Opens the data (building the demo corpus on first use). Throws naming the file / key.
+  // rank of ranks: the data-parallel rank (a context-parallel group shares one).
   TrainData(const Recipe& r, int rank, int ranks, const BatchRamp& ramp);
   ~TrainData();
 
@@ -62,8 +63,8 @@ class TrainData {
   // Positions the stream at `step` (first global sample `sample`), from a saved cursor if given.
   void seek(int64_t step, int64_t sample, const std::string& cursor_json);
 
-  // Held-out loss (sum, count) of `model` on phase p's evaluation windows, split over ranks and
-  // summed through dp; NAN when there is no held-out data.
+  // Held-out loss (sum, count) of `model` on phase p's evaluation windows, split over all of
+  // dp's ranks and summed through dp; NAN when there is no held-out data.
   double evaluate(Model& model, size_t phase, DataParallel& dp);
 
  private:

@@ -9,12 +9,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 #include "ckpt/dist_checkpoint.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "dist/comm.h"
+#include "model/context_parallel.h"
 #include "model/model_io.h"
 #include "serve/generate.h"
 #include "supervise/heartbeat.h"
@@ -101,6 +103,29 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   // The backend first: a GPU that is missing fails before anything is read or written.
   const int device = comm.local_rank();
   auto be = make_backend(opt.backend, device);
+  // Context parallelism: groups of consecutive ranks share each sequence; each group is one
+  // data-parallel rank (data_rank of data_ranks) of the global data stream. The group size may
+  // differ between phases (ZAYA1 used it for its 32K phase only): the layout follows the phase.
+  std::unique_ptr<ContextParallel> cp;
+  int64_t cp_size = 0;
+  int data_rank = rank, data_ranks = ranks;
+  auto set_layout = [&](int64_t size) {
+    cp = size > 1 ? std::make_unique<ContextParallel>(comm, int(size), *be) : nullptr;
+    cp_size = size;
+    data_rank = cp ? cp->group() : rank;
+    data_ranks = cp ? cp->groups() : ranks;
+  };
+  // Every phase's layout is checked now, not when its phase begins.
+  std::vector<int64_t> layouts;  // group sizes of the phases, in phase order
+  for (size_t p = 0; p < std::max<size_t>(r.phases.size(), 1); ++p) layouts.push_back(context_parallel_of(r, p));
+  for (int64_t size : layouts) {
+    if (size > 1 && opt.backend != "cpu")
+      fail("train", "context parallelism (a group size of " + std::to_string(size) +
+                        ") runs on the CPU backend only so far (--backend " + opt.backend + ")",
+           "set parallel.context_parallel = 1 (and no phase context_parallel) on the GPU");
+    set_layout(size);  // fails clearly unless it divides the ranks
+  }
+  set_layout(layouts.front());
   const bool lead = rank == 0;  // rank 0 logs, writes the run directory and exports
   TrainSummary sum;
   sum.run_dir = r.run_dir;
@@ -115,18 +140,23 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
 
   // ---- batch, data, tokenizer, model ----
   const int64_t micro = r.batch.micro_batch;
-  if (r.batch.global_batch % (micro * ranks) != 0 || (r.batch.ramp_start > 0 && r.batch.ramp_start % (micro * ranks)))
-    fail("train", "batch.global_batch (" + std::to_string(r.batch.global_batch) + ") and batch.ramp_start must be " +
-                      "multiples of batch.micro_batch x ranks (" + std::to_string(micro) + " x " +
-                      std::to_string(ranks) + ")",
-         "every rank runs the same number of micro-batches per step");
+  int64_t granularity = micro;  // a multiple of micro x data-parallel ranks in every layout
+  for (int64_t size : layouts) {
+    const int64_t g = micro * (ranks / size);
+    if (r.batch.global_batch % g != 0 || (r.batch.ramp_start > 0 && r.batch.ramp_start % g))
+      fail("train", "batch.global_batch (" + std::to_string(r.batch.global_batch) + ") and batch.ramp_start must be " +
+                        "multiples of batch.micro_batch x data-parallel ranks (" + std::to_string(micro) + " x " +
+                        std::to_string(ranks / size) + (size > 1 ? " = ranks / context_parallel" : "") + ")",
+           "every rank runs the same number of micro-batches per step");
+    granularity = std::lcm(granularity, g);
+  }
   BatchRamp ramp;
   ramp.start_sequences = r.batch.ramp_start;
   ramp.full_sequences = r.batch.global_batch;
   ramp.ramp_steps = r.batch.ramp_steps;
-  ramp.granularity = micro * ranks;
+  ramp.granularity = granularity;
   ramp.validate();
-  TrainData data(r, rank, ranks, ramp);
+  auto data = std::make_unique<TrainData>(r, data_rank, data_ranks, ramp);
   std::unique_ptr<Tokenizer> tok;
   if (!r.data.tokenizer.empty() && fs::exists(r.data.tokenizer)) tok = load_tokenizer(r.data.tokenizer);
   if (opt.backend != "cpu") log("backend: " + be->name() + " (rank 0 on device " + std::to_string(device) + ")");
@@ -134,7 +164,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   if (!r.model.init_from.empty()) {
     model = load_model(r.model.init_from, *be);
   } else {
-    model = std::make_unique<Model>(model_config(r, data.vocab_size(), data.max_seq_len()), *be);
+    model = std::make_unique<Model>(model_config(r, data->vocab_size(), data->max_seq_len()), *be);
     model->init_random(uint64_t(r.seed));
   }
   const ModelConfig& c = model->config();
@@ -144,7 +174,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   log("model: " + std::to_string(pc.total) + " parameters (" + std::to_string(pc.active) +
       " active/token non-embedding), " + std::to_string(c.num_hidden_layers) + " blocks, " +
       std::to_string(c.num_experts) + " experts, vocab " + std::to_string(c.vocab_size));
-  log("data: " + data.describe());
+  log("data: " + data->describe());
 
   // ---- data parallelism, optimizer, balancer, schedule ----
   DataParallelOptions dpo;
@@ -165,6 +195,16 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
         ", ZeRO-1 (whole tensors by " +
         "Newton-Schulz cost), " + std::to_string(dp.buckets()) + " gradient buckets of <= " +
         std::to_string(dpo.bucket_bytes >> 20) + " MiB");
+  if (cp)
+    log("context parallel: " + std::to_string(data_ranks) + " group" + (data_ranks > 1 ? "s" : "") + " of " +
+        std::to_string(cp->size()) + " ranks; every sequence in " + std::to_string(2 * cp->size()) +
+        " zig-zag chunks, K/V gathered per layer");
+  if (std::any_of(layouts.begin(), layouts.end(), [&](int64_t size) { return size != layouts.front(); })) {
+    std::string sizes;
+    for (size_t p = 0; p < layouts.size(); ++p)
+      sizes += (p ? ", " : "") + data->phase(p).name + " " + std::to_string(layouts[p]);
+    log("context parallel group size by phase: " + sizes);
+  }
   Optimizer optim(layout, optimizer_config(r), *be, dp.owned_mask());
   BalancerConfig bc;
   bc.lr = r.balancer.lr;
@@ -214,7 +254,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     meta["why"] = why;
     meta["ranks"] = ranks;
     meta["counters"] = all_counters(state);
-    const std::string cursor = data.cursor_json();
+    const std::string cursor = data->cursor_json();
     if (!cursor.empty()) meta["loader_cursor"] = cursor;
     heartbeat.beat("checkpoint", step, r.schedule.total_steps);
     DistSaveStats st = writer.begin_save(ckpt_dir, step, owned_pieces(state), meta);
@@ -229,7 +269,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       tokens_seen = m.at("tokens_seen").get<int64_t>();
       bad_streak = m.at("bad_streak").get<int64_t>();
       recent_losses = m.at("recent_losses").get<std::vector<double>>();
-      data.seek(step, ramp.sequences_before(step), m.value("loader_cursor", std::string()));
+      data->seek(step, ramp.sequences_before(step), m.value("loader_cursor", std::string()));
     }
   };
   DistLoadOptions lo;
@@ -249,12 +289,12 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   const double peak_gflops = backend_peak > 0 ? backend_peak : measure_sgemm_gflops();
   log(std::string(backend_peak > 0 ? "measured " + be->name() + " matmul peak " : "measured sgemm peak ") +
       std::to_string(int(peak_gflops)) + " GFLOP/s per process; " +
-      std::to_string(int(training_flops_per_token(c, data.phase(0).seq_len) / 1e6)) + " MFLOP per trained token");
+      std::to_string(int(training_flops_per_token(c, data->phase(0).seq_len) / 1e6)) + " MFLOP per trained token");
 
   std::unique_ptr<MetricsLog> metrics;
   if (lead) metrics = std::make_unique<MetricsLog>(r.run_dir + "/metrics.jsonl", resumed);
   LossCurve curve;
-  curve.baseline = data.unigram_baseline();
+  curve.baseline = data->unigram_baseline();
   sum.unigram_baseline = curve.baseline;
   if (resumed && lead) reload_curve(r.run_dir + "/metrics.jsonl", step, &curve);
 
@@ -272,26 +312,48 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     auto t_step = clock_type::now();
     const int64_t batch = ramp.at(step);
     const int64_t first_sample = ramp.sequences_before(step);
-    const int64_t micro_batches = batch / (micro * ranks);
+    // The step's first micro-batch names its phase; a phase with another context-parallel group
+    // size changes the data-parallel layout, and the data stream is reopened for it at this step
+    // (a step boundary, where the stream is the same for any number of ranks).
+    data->next(step, first_sample, 0, mb);
+    phase = size_t(mb.phase);
+    if (const int64_t want = context_parallel_of(r, phase); want != cp_size) {
+      const int64_t was = cp_size;
+      set_layout(want);
+      data = std::make_unique<TrainData>(r, data_rank, data_ranks, ramp);
+      data->seek(step, first_sample, "");
+      data->next(step, first_sample, 0, mb);
+      log("step " + std::to_string(step) + ": phase " + data->phase(phase).name + " trains with context_parallel " +
+          std::to_string(want) + " (was " + std::to_string(was) + "): " + std::to_string(data_ranks) +
+          " data-parallel rank" + (data_ranks > 1 ? "s" : ""));
+    }
+    {
+      const PhaseSpec& ph = data->phase(phase);
+      model->set_rope_theta(ph.rope_theta > 0 ? ph.rope_theta : base_theta_full,
+                            ph.rope_theta > 0 ? ph.rope_theta : base_theta_sliding);
+    }
+    const int64_t micro_batches = batch / (micro * data_ranks);
     be->fill(grads, 0.0f, layout.total);
     double sums[2] = {0, 0};  // loss sum, counted tokens (this rank, then all)
     int64_t step_tokens = 0;
     counts.assign(size_t(c.num_hidden_layers * (c.num_experts + 1)), 0);
     for (int64_t m = 0; m < micro_batches; ++m) {
-      data.next(step, first_sample, m, mb);
-      if (m == 0) {
-        phase = size_t(mb.phase);
-        const PhaseSpec& ph = data.phase(phase);
-        model->set_rope_theta(ph.rope_theta > 0 ? ph.rope_theta : base_theta_full,
-                              ph.rope_theta > 0 ? ph.rope_theta : base_theta_sliding);
-      }
+      if (m > 0) data->next(step, first_sample, m, mb);
       const bool last = m + 1 == micro_batches;
       if (last) dp.begin_step(grads);
-      StepStats st = model->forward_backward(
-          mb.inputs.data(), mb.targets.data(), mb.rows, mb.seq_len, grads, 1.0f / float(batch * mb.seq_len),
-          mb.segment_start.empty() ? nullptr : mb.segment_start.data(),
-          last && ranks > 1 ? std::function<void(int64_t)>([&](int64_t l) { dp.block_done(l); })
-                            : std::function<void(int64_t)>());
+      std::function<void(int64_t)> block_done;
+      if (last && ranks > 1) block_done = [&](int64_t l) { dp.block_done(l); };
+      const float loss_scale = 1.0f / float(batch * mb.seq_len);  // the global batch's token count
+      StepStats st;
+      if (cp) {  // this rank's two chunks of every sequence
+        const std::vector<int32_t> ids = cp->split(mb.inputs.data(), mb.rows, mb.seq_len),
+                                   targets = cp->split(mb.targets.data(), mb.rows, mb.seq_len);
+        st = model->forward_backward(ids.data(), targets.data(), 2 * mb.rows, cp->chunk_len(mb.seq_len), grads,
+                                     loss_scale, nullptr, block_done, cp.get());
+      } else {
+        st = model->forward_backward(mb.inputs.data(), mb.targets.data(), mb.rows, mb.seq_len, grads, loss_scale,
+                                     mb.segment_start.empty() ? nullptr : mb.segment_start.data(), block_done);
+      }
       sums[0] += st.loss_sum;
       sums[1] += double(st.tokens);
       step_tokens += mb.rows * mb.seq_len;
@@ -302,12 +364,13 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     dp.sum(counts.data(), int64_t(counts.size()));
     const double loss = sums[0] / sums[1];
     const double gnorm = std::sqrt(dp.grad_sum_squares(*be, grads));
-    step_tokens *= ranks;
+    step_tokens *= data_ranks;  // the ranks of a context group train the same sequences
+    if (cp) ++sum.context_parallel_steps;
     // Loss-spike / NaN policy (every rank sees the same global values, so all decide alike).
     double median = recent_losses.empty() ? loss : median_of(recent_losses);
     const bool bad = !std::isfinite(loss) || !std::isfinite(gnorm) ||
                      (recent_losses.size() >= 5 && loss > r.stability.spike_factor * median);
-    const double lr = lrs.at(step) * data.phase(phase).lr_scale;
+    const double lr = lrs.at(step) * data->phase(phase).lr_scale;
     nlohmann::json rec;
     if (bad) {
       ++bad_streak;
@@ -344,7 +407,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     last_loss = loss;
     const double dt = seconds_since(t_step);
     const double tok_s = double(step_tokens) / dt;
-    const int64_t T = data.phase(phase).seq_len;
+    const int64_t T = data->phase(phase).seq_len;
     const double mfu = training_flops_per_token(c, T) * tok_s / (peak_gflops * 1e9 * ranks);
     rec["step"] = step;
     rec["loss"] = loss;
@@ -355,12 +418,12 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     rec["mfu"] = mfu;
     rec["batch"] = batch;
     rec["seq_len"] = T;
-    if (data.phases() > 1) rec["phase"] = data.phase(phase).name;
+    if (data->phases() > 1) rec["phase"] = data->phase(phase).name;
     rec["balance"] = balancer_record(balancer);
     const bool do_eval = r.eval.every > 0 && (step % r.eval.every == 0 || step == r.schedule.total_steps);
     if (do_eval) {
       heartbeat.beat("eval", step, r.schedule.total_steps);
-      last_val = data.evaluate(*model, phase, dp);
+      last_val = data->evaluate(*model, phase, dp);
       rec["val_loss"] = last_val;
       curve.val_steps.push_back(double(step));
       curve.val_loss.push_back(last_val);
@@ -377,7 +440,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
                     (long long)step, (long long)r.schedule.total_steps, loss,
                     do_eval ? (" | val " + std::to_string(last_val).substr(0, 6)).c_str() : "", lr, gnorm, tok_s,
                     100 * mfu, fmt_duration(eta).c_str(),
-                    data.phases() > 1 ? (" | " + data.phase(phase).name).c_str() : "");
+                    data->phases() > 1 ? (" | " + data->phase(phase).name).c_str() : "");
       if (tty) std::fprintf(stderr, "\r\033[K%s%s", line, (step % r.logging.every == 0 || do_eval) ? "\n" : "");
       else std::fprintf(stderr, "%s\n", line);
     }
@@ -405,7 +468,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     sum.final_weights_hash = weights_hash(host.data(), layout.total);
   }
   if (step >= r.schedule.total_steps) {
-    sum.final_val_loss = std::isfinite(last_val) ? last_val : data.evaluate(*model, phase, dp);
+    sum.final_val_loss = std::isfinite(last_val) ? last_val : data->evaluate(*model, phase, dp);
     if (lead) {
       save_model(*model, r.run_dir + "/model");
       if (tok) {

@@ -22,6 +22,8 @@ struct TrainSummary {
   // The communicator gradients and weights went over: "single" (one process), "mpi" (host
   // memory, staged from the device on GPUs) or "nccl" (device memory, --device-comm).
   std::string data_comm;
+  // Steps this process trained with context parallelism (a group size above 1).
+  int64_t context_parallel_steps = 0;
 };
 
 class Comm;

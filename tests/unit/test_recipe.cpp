@@ -196,9 +196,9 @@ TEST(Recipe, RoundTripsThroughToml) {
 TEST(Recipe, ResolvedTomlHasEveryKey) {
   std::string text = recipe_to_toml(Recipe{});
   for (const char* s : {"[model]", "[data]", "[batch]", "[optimizer]", "[schedule]", "[balancer]",
-                        "[checkpoint]", "[logging]", "[eval]", "[stability]"})
+                        "[checkpoint]", "[logging]", "[eval]", "[stability]", "[parallel]"})
     EXPECT_HAS(text, std::string("\n") + s + "\n");
-  EXPECT_EQ(recipe_keys().size(), 49u);
+  EXPECT_EQ(recipe_keys().size(), 50u);
   for (const std::string& key : recipe_keys()) EXPECT_HAS(text, "\n" + key.substr(key.find('.') + 1) + " = ");
   EXPECT_HAS(text, "\nlr = 0.003\n");
   EXPECT_HAS(text, "\nclip_grad_norm = 1.0\n");  // floats stay floats
@@ -450,6 +450,17 @@ TEST(Recipe, InconsistentValues) {
   e = parse_error("[stability]\npolicy = \"rollback\"\n[checkpoint]\nevery = 0\n");
   EXPECT_HAS(e, "'stability.policy'");
   EXPECT_HAS(e, "checkpoint.every");
+
+  // Context parallelism cuts sequences into 2 x context_parallel chunks, without document resets.
+  e = parse_error("[parallel]\ncontext_parallel = 3\n");  // seq_len 256 is not a multiple of 6
+  EXPECT_HAS(e, "'data.seq_len'");
+  EXPECT_HAS(e, "expected a multiple of 2 x parallel.context_parallel (6), found 256");
+  e = parse_error("[data]\nreset_at_document_boundary = true\n[parallel]\ncontext_parallel = 2\n");
+  EXPECT_HAS(e, "'parallel.context_parallel' in recipe.toml at line 4: expected 1 when "
+                "data.reset_at_document_boundary is true");
+  EXPECT_NO_THROW(parse_recipe("[parallel]\ncontext_parallel = 4\n", "cp.toml"));
+  e = parse_error("[parallel]\ncontext_parallel = 0\n");
+  EXPECT_HAS(e, "'parallel.context_parallel'");
 
   // An in-memory recipe is checked the same way.
   Recipe r;

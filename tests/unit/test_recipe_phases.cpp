@@ -88,6 +88,12 @@ TEST(RecipePhases, ErrorsNameThePhaseAndKey) {
   EXPECT_HAS(error_text(with("seq_len = 128", "seq_len = \"128\"")), "phases[0].seq_len");
   EXPECT_HAS(error_text(with("name = \"long\"", "name = \"warm\"")), "declared twice");
   EXPECT_HAS(error_text(with("lr_scale = 0.5", "lr_scale = 0.5\nwarmup = 3")), "phases[1].warmup");
+  // Context parallelism: every phase's sequences split into 2 x context_parallel chunks.
+  const std::string cp = with("[data]\nreset_at_document_boundary = true", "[parallel]\ncontext_parallel = 48");
+  EXPECT_HAS(error_text(cp), "'phases[0].seq_len'");
+  EXPECT_HAS(error_text(cp), "expected a multiple of 2 x parallel.context_parallel (96), found 128");
+  EXPECT_HAS(error_text(cp), "'phases[1].seq_len'");
+  EXPECT_EQ(error_text(with("[data]\nreset_at_document_boundary = true", "[parallel]\ncontext_parallel = 32")), "");
   EXPECT_HAS(error_text(with("lr_scale = 0.5", "lr_scale = -1")), "phases[1].lr_scale");
   EXPECT_HAS(error_text(with("name = \"sotu\"\n", "")), "data.datasets[0].name");
   EXPECT_HAS(error_text("[[phases]]\nseq_len = 64\nmixture = { a = 1 }\n"), "no [[data.datasets]] is declared");

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Context-parallel equivalence: the same 20-step run trained with its sequences split over a
+# context group (2 ranks in one group; 4 ranks as 2 groups of 2, i.e. data parallel x context
+# parallel; 4 ranks in one group) gives the per-step losses and final weights of one process, and
+# a checkpoint saved by a context-parallel run resumes as plain data parallelism; a curriculum
+# turns context parallelism on for its long phase only.
+# Usage: [DP_STEPS=N] cp_equivalence.sh MPIEXEC zaya_dp_check WORKDIR
+set -euo pipefail
+mpiexec="$1"; check="$2"; work="$3"
+steps="${DP_STEPS:-20}"; half=$((steps / 2))
+rm -rf "$work"; mkdir -p "$work"
+export OMP_NUM_THREADS=1
+mpi() { local n="$1"; shift; "$mpiexec" --oversubscribe -np "$n" "$@"; }
+# Weights within 1e-4 (dp_check.cpp explains why context parallelism needs more than 3e-5).
+compare() { "$check" compare "$1" "$2" --steps "$steps" --weight-tol 1e-4; }
+# train_expect N ARGS...: runs ARGS and checks that rank 0 trained N steps context parallel.
+train_expect() {
+  local n="$1"; shift
+  local out; out=$("$@"); echo "$out"
+  if [[ "$out" != *"($n context parallel)"* ]]; then
+    echo "cp_equivalence: expected $n context-parallel steps"; exit 1
+  fi
+}
+
+"$check" train "$work/np1" --steps "$steps"
+train_expect "$steps" mpi 2 "$check" train "$work/cp2" --steps "$steps" --cp 2
+compare "$work/np1" "$work/cp2"
+train_expect "$steps" mpi 4 "$check" train "$work/dp2cp2" --steps "$steps" --cp 2
+compare "$work/np1" "$work/dp2cp2"
+train_expect "$steps" mpi 4 "$check" train "$work/cp4" --steps "$steps" --cp 4
+compare "$work/np1" "$work/cp4"
+# A context-parallel checkpoint resumes as plain data parallelism (2 ranks).
+mkdir -p "$work/resume"
+cp "$work/np1/train.bin" "$work/np1/val.bin" "$work/resume/"
+train_expect "$half" mpi 2 "$check" train "$work/resume" --steps "$steps" --stop-after "$half" --cp 2
+train_expect 0 mpi 2 "$check" train "$work/resume" --steps "$steps"
+compare "$work/np1" "$work/resume"
+# A curriculum whose second (longer) phase alone is context parallel, as ZAYA1's 32K phase: the
+# layout changes at step 5 (2 ranks: data parallel, then one group of 2; 4 ranks: data parallel,
+# then 2 groups of 2), straight and resumed inside the context-parallel phase.
+"$check" train "$work/ph1" --steps 12 --phased
+train_expect 8 mpi 2 "$check" train "$work/ph2" --steps 12 --phased --phase-cp 2
+"$check" compare "$work/ph1" "$work/ph2" --steps 12 --weight-tol 1e-4
+train_expect 8 mpi 4 "$check" train "$work/ph4" --steps 12 --phased --phase-cp 2
+"$check" compare "$work/ph1" "$work/ph4" --steps 12 --weight-tol 1e-4
+mkdir -p "$work/phr"
+train_expect 2 mpi 2 "$check" train "$work/phr" --steps 12 --phased --phase-cp 2 --stop-after 6
+train_expect 6 mpi 2 "$check" train "$work/phr" --steps 12 --phased --phase-cp 2
+"$check" compare "$work/ph1" "$work/phr" --steps 12 --weight-tol 1e-4
+echo "cp_equivalence: OK"
