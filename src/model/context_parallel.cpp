@@ -62,67 +62,55 @@ void ContextParallel::exchange(const std::vector<Msg>& out, const std::vector<Ms
   for (auto& p : pending) p->wait();
 }
 
-void ContextParallel::pass_forward(const float* tails, float* heads, int64_t B, int64_t W) {
+std::vector<float> ContextParallel::shift_rows(const std::vector<float>& rows, int64_t B, int64_t W, int delta,
+                                               int tag) {
   const int R = size_;
-  std::vector<float> host(static_cast<size_t>(2 * B * W)), result(host.size(), 0.0f);
-  be_.to_host(host.data(), tails, int64_t(host.size()) * 4);
+  auto exists = [&](int chunk) { return chunk >= 0 && chunk < 2 * R; };
   // Per peer, the rows of every sequence in order (at most one row per sequence and peer pair:
-  // a rank's two chunks pass to different owners).
+  // a rank's two chunks have different neighbours' owners).
   std::vector<std::vector<float>> out_bufs(static_cast<size_t>(R)), in_bufs(static_cast<size_t>(R));
   for (int64_t i = 0; i < 2 * B; ++i) {
     const int j = chunk_of(i);
-    if (j + 1 < 2 * R) {
-      auto& o = out_bufs[size_t(owner_of(j + 1))];
-      o.insert(o.end(), host.begin() + i * W, host.begin() + (i + 1) * W);
+    if (exists(j + delta)) {
+      auto& o = out_bufs[size_t(owner_of(j + delta))];
+      o.insert(o.end(), rows.begin() + i * W, rows.begin() + (i + 1) * W);
     }
-    if (j > 0) in_bufs[size_t(owner_of(j - 1))].resize(in_bufs[size_t(owner_of(j - 1))].size() + size_t(W));
+    if (exists(j - delta)) {
+      auto& in = in_bufs[size_t(owner_of(j - delta))];
+      in.resize(in.size() + size_t(W));
+    }
   }
   std::vector<Msg> out, in;
   for (int p = 0; p < R; ++p) {
     if (!out_bufs[size_t(p)].empty()) out.push_back({p, &out_bufs[size_t(p)]});
     if (!in_bufs[size_t(p)].empty()) in.push_back({p, &in_bufs[size_t(p)]});
   }
-  exchange(out, in, kTagForward);
+  exchange(out, in, tag);
+  std::vector<float> result(rows.size(), 0.0f);
   std::vector<int64_t> taken(static_cast<size_t>(R), 0);
   for (int64_t i = 0; i < 2 * B; ++i) {
     const int j = chunk_of(i);
-    if (j == 0) continue;
-    const int p = owner_of(j - 1);
+    if (!exists(j - delta)) continue;
+    const int p = owner_of(j - delta);
     std::memcpy(result.data() + i * W, in_bufs[size_t(p)].data() + taken[size_t(p)] * W, size_t(W) * 4);
     ++taken[size_t(p)];
   }
-  be_.from_host(heads, result.data(), int64_t(result.size()) * 4);
+  return result;
+}
+
+void ContextParallel::pass_forward(const float* tails, float* heads, int64_t B, int64_t W) {
+  std::vector<float> host(static_cast<size_t>(2 * B * W));
+  be_.to_host(host.data(), tails, int64_t(host.size()) * 4);
+  const std::vector<float> received = shift_rows(host, B, W, +1, kTagForward);
+  be_.from_host(heads, received.data(), int64_t(received.size()) * 4);
 }
 
 void ContextParallel::pass_backward(const float* head_grads, float* tail_grads, int64_t B, int64_t W) {
-  const int R = size_;
   std::vector<float> host(static_cast<size_t>(2 * B * W)), tails(host.size());
   be_.to_host(host.data(), head_grads, int64_t(host.size()) * 4);
   be_.to_host(tails.data(), tail_grads, int64_t(tails.size()) * 4);
-  std::vector<std::vector<float>> out_bufs(static_cast<size_t>(R)), in_bufs(static_cast<size_t>(R));
-  for (int64_t i = 0; i < 2 * B; ++i) {
-    const int j = chunk_of(i);
-    if (j > 0) {
-      auto& o = out_bufs[size_t(owner_of(j - 1))];
-      o.insert(o.end(), host.begin() + i * W, host.begin() + (i + 1) * W);
-    }
-    if (j + 1 < 2 * R) in_bufs[size_t(owner_of(j + 1))].resize(in_bufs[size_t(owner_of(j + 1))].size() + size_t(W));
-  }
-  std::vector<Msg> out, in;
-  for (int p = 0; p < R; ++p) {
-    if (!out_bufs[size_t(p)].empty()) out.push_back({p, &out_bufs[size_t(p)]});
-    if (!in_bufs[size_t(p)].empty()) in.push_back({p, &in_bufs[size_t(p)]});
-  }
-  exchange(out, in, kTagBackward);
-  std::vector<int64_t> taken(static_cast<size_t>(R), 0);
-  for (int64_t i = 0; i < 2 * B; ++i) {
-    const int j = chunk_of(i);
-    if (j + 1 >= 2 * R) continue;
-    const int p = owner_of(j + 1);
-    const float* g = in_bufs[size_t(p)].data() + taken[size_t(p)] * W;
-    for (int64_t w = 0; w < W; ++w) tails[size_t(i * W + w)] += g[w];
-    ++taken[size_t(p)];
-  }
+  const std::vector<float> received = shift_rows(host, B, W, -1, kTagBackward);  // zeros for the last chunk
+  for (size_t e = 0; e < tails.size(); ++e) tails[e] += received[e];
   be_.from_host(tail_grads, tails.data(), int64_t(tails.size()) * 4);
 }
 

@@ -68,6 +68,9 @@ class ContextParallel {
     std::vector<float>* buf;
   };
   void exchange(const std::vector<Msg>& out, const std::vector<Msg>& in, int tag);
+  // Host rows [2B, W]: row i goes to the owner of chunk chunk_of(i) + delta; returns, for each
+  // row i, the row of chunk chunk_of(i) - delta (zeros where there is none).
+  std::vector<float> shift_rows(const std::vector<float>& rows, int64_t B, int64_t W, int delta, int tag);
 
   Comm& comm_;
   Backend& be_;

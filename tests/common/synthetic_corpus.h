@@ -1,13 +1,16 @@
 // A learnable synthetic language for the training tests (tests/unit/test_trainer.cpp and the
 // data-parallel check tests/dp/dp_check.cpp): a noisy deterministic successor chain over 64
 // symbols (unigram entropy ~ln 64, conditional entropy far lower), written as one document;
-// and the base of their recipes, zaya-tiny on that corpus.
+// and the base of their recipes, zaya-tiny on that corpus; and two shard datasets for phases.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
+#include "data/shard_writer.h"
 #include "data/token_file.h"
 #include "train/recipe.h"
 
@@ -26,6 +29,33 @@ inline void write_synthetic_corpus(const std::string& path, size_t n, uint64_t s
     a = next;
   }
   write_token_file(path, f);
+}
+
+// Two shard datasets, dir/a and dir/b (train and val splits), of short documents (5-44 tokens
+// and EOS = 1, so packed windows cross many boundaries) from two successor chains over 64
+// symbols: the data of the curriculum tests (phases mixing a and b).
+inline void write_synthetic_shard_datasets(const std::string& dir) {
+  Rng rng(9);
+  for (const char* name : {"a", "b"}) {
+    const std::string out = dir + "/" + name;
+    std::filesystem::create_directories(out);
+    Manifest m;
+    m.vocab_size = 64;
+    m.eos_id = 1;
+    for (const char* split : {"train", "val"}) {
+      ShardWriter w({out, split, 4096, 0, 64});
+      for (int d = 0; d < (std::string(split) == "train" ? 80 : 12); ++d) {
+        std::vector<uint32_t> doc;
+        uint32_t a = uint32_t(rng.next_u64() % 64);
+        const int len = 5 + int(rng.next_u64() % 40);
+        for (int i = 0; i < len; ++i) doc.push_back(a = (a * (name[0] == 'a' ? 5 : 7) + 3) % 64);
+        doc.push_back(1);
+        w.add_document(doc, name);
+      }
+      m.splits[split] = w.finish();
+    }
+    write_manifest(out, m);
+  }
 }
 
 // zaya-tiny trained on dir/train.bin, evaluated on dir/val.bin (no tokenizer, 32-token

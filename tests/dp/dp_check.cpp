@@ -39,8 +39,6 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/dist_checkpoint.h"
-#include "core/rng.h"
-#include "data/shard_writer.h"
 #include "core/error.h"
 #include "dist/comm.h"
 #include "model/params.h"
@@ -84,30 +82,6 @@ Recipe recipe(const std::string& dir, int64_t steps) {
 // --phased: two shard datasets and a curriculum: phase "short" (4 steps of 8 sequences of 16
 // tokens) then "long" (32 tokens, a mixture of both) to the end; --phase-cp N sets the long
 // phase's context_parallel (a layout change at step 5, as ZAYA1's 32K phase).
-void write_phase_shards(const std::string& dir) {
-  Rng rng(9);
-  for (const char* name : {"a", "b"}) {
-    const std::string out = dir + "/" + name;
-    fs::create_directories(out);
-    Manifest m;
-    m.vocab_size = 64;
-    m.eos_id = 1;
-    for (const char* split : {"train", "val"}) {
-      ShardWriter w({out, split, 4096, 0, 64});
-      for (int d = 0; d < (std::string(split) == "train" ? 80 : 12); ++d) {
-        std::vector<uint32_t> doc;
-        uint32_t a = uint32_t(rng.next_u64() % 64);
-        const int len = 5 + int(rng.next_u64() % 40);
-        for (int i = 0; i < len; ++i) doc.push_back(a = (a * (name[0] == 'a' ? 5 : 7) + 3) % 64);
-        doc.push_back(1);
-        w.add_document(doc, name);
-      }
-      m.splits[split] = w.finish();
-    }
-    write_manifest(out, m);
-  }
-}
-
 Recipe phased_recipe(const std::string& dir, int64_t steps, int64_t phase_cp) {
   Recipe r = recipe(dir, steps);
   r.batch.global_batch = 8;
@@ -138,7 +112,7 @@ int train_cmd(const std::string& dir, int64_t steps, int64_t stop_after, const s
     fs::create_directories(dir);
     test::write_synthetic_corpus(dir + "/train.bin", 20000, 1);
     test::write_synthetic_corpus(dir + "/val.bin", 4000, 2);
-    if (phased) write_phase_shards(dir);
+    if (phased) test::write_synthetic_shard_datasets(dir);
   }
   comm->barrier()->wait();
   TrainOptions opt;

@@ -218,27 +218,7 @@ TEST(Trainer, TrainsFromShardsAndResumesExactly) {
 // stopped before the boundary resumes across it bit-exactly.
 TEST(Trainer, PhasedMixtureSwitchesAtTheBudgetAndResumesExactly) {
   std::string dir = temp_dir("phases");
-  Rng rng(9);
-  for (const char* name : {"a", "b"}) {
-    const std::string out = dir + "/" + name;
-    fs::create_directories(out);
-    Manifest m;
-    m.vocab_size = 64;
-    m.eos_id = 1;
-    for (const char* split : {"train", "val"}) {
-      ShardWriter w({out, split, 4096, 0, 64});
-      for (int d = 0; d < (std::string(split) == "train" ? 80 : 12); ++d) {
-        std::vector<uint32_t> doc;
-        uint32_t a = uint32_t(rng.next_u64() % 64);
-        const int len = 5 + int(rng.next_u64() % 40);  // short documents: many boundaries per window
-        for (int i = 0; i < len; ++i) doc.push_back(a = (a * (name[0] == 'a' ? 5 : 7) + 3) % 64);
-        doc.push_back(1);
-        w.add_document(doc, name);
-      }
-      m.splits[split] = w.finish();
-    }
-    write_manifest(out, m);
-  }
+  test::write_synthetic_shard_datasets(dir);
   Recipe r = tiny_recipe(dir);
   r.data.reset_at_document_boundary = true;
   r.data.datasets = {{"a", dir + "/a"}, {"b", dir + "/b"}};
