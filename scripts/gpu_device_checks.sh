@@ -5,7 +5,8 @@
 #   hf     logits of a random model written by zaya against transformers' ZayaForCausalLM
 #   nccl   the NCCL communicator with one rank (zaya_nccl_check, MPI singleton)
 #   dp     GPU data parallelism (MPI, host-staged): tests/dp/dp_equivalence.sh with cuda-fp32 (1, 2
-#          and 3 ranks sharing the GPU, a 2-rank checkpoint resumed by 3; the CPU tolerances)
+#          and 3 ranks sharing the GPU, a 2-rank checkpoint resumed by 3; the CPU tolerances) and
+#          context parallelism (tests/dp/cp_equivalence.sh: one process against a group of 2)
 #   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
 #   bench  bench_train (ZAYA1-base-shaped blocks; again with device-grouped MoE GEMMs, with
 #          the LM head in exact fp32, with TF32 Newton-Schulz, with the tensor-core flash
@@ -103,6 +104,10 @@ step_dp() {
   export OMP_NUM_THREADS=4
   # The CTest check (1/2/3 ranks, a 2-rank checkpoint resumed by 3), fp32 GEMMs: CPU tolerances.
   tests/dp/dp_equivalence.sh mpirun "$dp" $W cuda-fp32 2>&1 | tee "$LOGS/dp.log" | grep -E "dp_check:|dp_equivalence"
+  [[ ${PIPESTATUS[0]} == 0 ]] || return 1
+  # Context parallelism on the GPU (one process against a group of 2 sharing the GPU).
+  tests/dp/cp_equivalence.sh mpirun "$dp" /tmp/zaya-cp cuda-fp32 2>&1 | tee "$LOGS/cp.log" |
+    grep -E "dp_check: (trained|equivalent)|cp_equivalence"
   [[ ${PIPESTATUS[0]} == 0 ]] || return 1
   # Informational: the same run on the CPU backend, and bf16 GEMMs with 2 ranks against 1.
   $dp train $W/cpu --backend cpu && $dp compare $W/cpu $W/np1 | tee -a "$LOGS/dp.log"

@@ -118,13 +118,8 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   // Every phase's layout is checked now, not when its phase begins.
   std::vector<int64_t> layouts;  // group sizes of the phases, in phase order
   for (size_t p = 0; p < std::max<size_t>(r.phases.size(), 1); ++p) layouts.push_back(context_parallel_of(r, p));
-  for (int64_t size : layouts) {
-    if (size > 1 && opt.backend != "cpu")
-      fail("train", "context parallelism (a group size of " + std::to_string(size) +
-                        ") runs on the CPU backend only so far (--backend " + opt.backend + ")",
-           "set parallel.context_parallel = 1 (and no phase context_parallel) on the GPU");
-    set_layout(size);  // fails clearly unless it divides the ranks
-  }
+  // Its exchanges go over the job's communicator, staged through host memory on a GPU.
+  for (int64_t size : layouts) set_layout(size);  // fails clearly unless it divides the ranks
   set_layout(layouts.front());
   const bool lead = rank == 0;  // rank 0 logs, writes the run directory and exports
   TrainSummary sum;

@@ -4,10 +4,13 @@
 # parallel; 4 ranks in one group) gives the per-step losses and final weights of one process, and
 # a checkpoint saved by a context-parallel run resumes as plain data parallelism; a curriculum
 # turns context parallelism on for its long phase only.
-# Usage: [DP_STEPS=N] cp_equivalence.sh MPIEXEC zaya_dp_check WORKDIR
+# Usage: [DP_STEPS=N] [DP_TRAIN_FLAGS=--device-comm] cp_equivalence.sh MPIEXEC zaya_dp_check WORKDIR [BACKEND]
+# BACKEND (default cpu): another (cuda-fp32, the GPU or its host emulation) runs only the first
+# check, one process against one group of 2, with DP_TRAIN_FLAGS on the group.
 set -euo pipefail
-mpiexec="$1"; check="$2"; work="$3"
+mpiexec="$1"; check="$2"; work="$3"; backend="${4:-cpu}"
 steps="${DP_STEPS:-20}"; half=$((steps / 2))
+read -r -a flags <<< "${DP_TRAIN_FLAGS:-}"
 rm -rf "$work"; mkdir -p "$work"
 export OMP_NUM_THREADS=1
 mpi() { local n="$1"; shift; "$mpiexec" --oversubscribe -np "$n" "$@"; }
@@ -22,9 +25,13 @@ train_expect() {
   fi
 }
 
-"$check" train "$work/np1" --steps "$steps"
-train_expect "$steps" mpi 2 "$check" train "$work/cp2" --steps "$steps" --cp 2
+first=$("$check" train "$work/np1" --steps "$steps" --backend "$backend")
+echo "$first"
+if [[ "$first" == *"skipped: no GPU"* ]]; then echo "cp_equivalence: skipped: no GPU"; exit 0; fi
+train_expect "$steps" mpi 2 "$check" train "$work/cp2" --steps "$steps" --cp 2 --backend "$backend" \
+  ${flags[@]+"${flags[@]}"}
 compare "$work/np1" "$work/cp2"
+if [[ "$backend" != cpu ]]; then echo "cp_equivalence: OK"; exit 0; fi
 train_expect "$steps" mpi 4 "$check" train "$work/dp2cp2" --steps "$steps" --cp 2
 compare "$work/np1" "$work/dp2cp2"
 train_expect "$steps" mpi 4 "$check" train "$work/cp4" --steps "$steps" --cp 4

@@ -1,11 +1,12 @@
-// GPU backward of causal GQA attention (training: pos0 = 0, S = T), flash-style recompute in
+// GPU backward of causal GQA attention (queries at pos0 + t over S keys), flash-style recompute in
 // two kernels and no atomics:
 //   dQ kernel, one warp per query: D = rowsum(dO * O); pass 1 over keys for the row
 //     log-sum-exp; pass 2: P = exp(S - lse), dP = dO V^T, dS = P (dP - D) scale, dQ = dS K.
 //     Stores lse and D for the second kernel.
 //   dK/dV kernel, one warp per key: over the query heads of its KV group and the queries that
 //     can see it: dV += P dO, dK += dS Q.
-// fp32 throughout. Used for short chunks; kAttnGemmMinQueries or more queries go through the
+// fp32 throughout. Used for short chunks and context-parallel chunks; kAttnGemmMinQueries or more
+// queries in training's layout (pos0 = 0, S = T) go through the
 // GEMM engine (ops_attention_gemm.cu) or, when asked, the tensor-core flash backward
 // (ops_attention_flash_tc_backward.cu).
 #include "backend/cuda/cuda_backend.h"
@@ -18,15 +19,12 @@ using namespace attention_bwd;  // the kernels (ops_attention_backward_kernels.h
 
 void CudaBackend::attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) {
   if (a.B * a.T == 0) return;
-  // The kernels assume training's layout (queries at positions 0..T-1 over T keys). A
-  // context-parallel chunk (queries at pos0 over the gathered sequence) is CPU-only so far.
+  // The GEMM and flash paths assume training's layout (queries at positions 0..T-1 over T keys);
+  // a context-parallel chunk (queries at pos0 over its whole gathered sequence) takes the warp
+  // kernels, which place queries at pos0 + t.
   bool fresh = a.S == a.T;
   for (int64_t b = 0; b < a.B && fresh; ++b) fresh = a.pos0[b] == 0;
-  if (!fresh)
-    fail("cuda", "attention_backward: queries at pos0 > 0 or over S != T keys (context parallelism) are not "
-                 "implemented on the GPU backend yet",
-         "train with parallel.context_parallel = 1 on the GPU, or use --backend cpu");
-  if (a.T >= kAttnGemmMinQueries) {
+  if (fresh && a.T >= kAttnGemmMinQueries) {
     if (attention_flash_tc_applies(a, {dout, dq, dk, dv})) return attention_backward_flash_tc(a, dout, dq, dk, dv);
     return attention_backward_gemm(a, dout, dq, dk, dv);
   }

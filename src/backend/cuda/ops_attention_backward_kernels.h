@@ -100,10 +100,12 @@ __global__ void k_attention_dkdv(AttnParams p) {
   const int64_t tile_k = int64_t(kAttnWarps) * kKeysPerWarp;
   const int64_t s_lo = int64_t(blockIdx.x) * tile_k;
   const int64_t s_hi = s_lo + tile_k < p.S ? s_lo + tile_k : p.S;  // exclusive
-  // Queries that can see any key of the tile (pos0 = 0 in training).
-  const int64_t t_lo = s_lo;
+  // Queries (at positions pos0 + t) that can see any key of the tile: pos0 = 0 in training, the
+  // chunk's start for a context-parallel chunk over its whole gathered sequence.
+  const int64_t pos0 = p.pos0[b];
+  const int64_t t_lo = s_lo - pos0 > 0 ? s_lo - pos0 : 0;
   int64_t t_hi = p.T;
-  if (p.window > 0 && s_hi - 1 + p.window < t_hi) t_hi = s_hi - 1 + p.window;
+  if (p.window > 0 && s_hi - 1 + p.window - pos0 < t_hi) t_hi = s_hi - 1 + p.window - pos0;
 
   float kr[kKeysPerWarp][kAttnMaxPerLane], vr[kKeysPerWarp][kAttnMaxPerLane];
   float dk[kKeysPerWarp][kAttnMaxPerLane], dv[kKeysPerWarp][kAttnMaxPerLane];
