@@ -58,6 +58,10 @@ struct AttentionArgs {
   // As in CcaConvArgs (fresh sequences only): key s visible from query t only if
   // s >= seg_start[b*T + t]. nullptr = no resets.
   const int32_t* seg_start = nullptr;
+  // Run the forward on the backend's exact (fp32) path, as its backward recomputes it: set for
+  // context-parallel chunks, whose backward takes the fp32 path (a GPU's faster ones assume
+  // training's layout). Backends with one path ignore it.
+  bool exact = false;
 };
 
 struct MoeArgs {

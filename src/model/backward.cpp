@@ -47,7 +47,7 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
   std::vector<int64_t> pos0(static_cast<size_t>(B), 0), positions(static_cast<size_t>(N));
   if (seg_start) check_segments(seg_start, B, T);
   if (cp)
-    for (int64_t b = 0; b < B; ++b) pos0[size_t(b)] = cp->chunk_of(b) * T;
+    for (int64_t b = 0; b < B; ++b) pos0[size_t(b)] = cp->chunk_of_row(b, B / 2) * T;
   for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = pos0[size_t(n / T)] + n % T - (seg_start ? seg_start[n] : 0);
 
   // ---- forward, keeping activations ----
@@ -72,8 +72,8 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     BlockShape shape{B, T, pos0.data(), positions.data(), a.k, a.v, T, conv_state, vdel_state, seg_start};
     if (cp) {  // the caches hold each chunk's whole gathered sequence
       a.halo = s.f(B * Wb);
-      shape.k_cache = s.f(B * S * Dk);
-      shape.v_cache = s.f(B * S * Dk);
+      shape.k_cache = s.f(B / 2 * S * Dk);
+      shape.v_cache = s.f(B / 2 * S * Dk);
       shape.S = S;
       shape.cp = cp;
       kv_full[size_t(l)] = {shape.k_cache, shape.v_cache};
@@ -180,11 +180,20 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     aa.window = c.is_sliding(l) ? c.sliding_window : 0;
     aa.scale = 1.0f / std::sqrt(float(c.head_dim));
     aa.seg_start = seg_start;
-    if (cp) {
+    if (cp) {  // per slot, over the one copy of the sequences (as the forward)
+      const int64_t Bs = B / 2;
       aa.k_cache = kv_full[size_t(l)].first;
       aa.v_cache = kv_full[size_t(l)].second;
       aa.S = S;
-      be_.attention_backward(aa, datt, dq, dk_full, dv_full);
+      aa.B = Bs;
+      aa.exact = true;
+      for (int64_t slot = 0; slot < 2; ++slot) {
+        const int64_t q_off = slot * Bs * T * Dq;
+        aa.q = a.q + q_off;
+        aa.out = a.att + q_off;
+        aa.pos0 = pos0.data() + slot * Bs;
+        be_.attention_backward(aa, datt + q_off, dq + q_off, dk_full + slot * Bs * S * Dk, dv_full + slot * Bs * S * Dk);
+      }
       cp->reduce_scatter(dk_full, dk, B / 2, T, Dk);  // each key's gradient from every chunk's queries
       cp->reduce_scatter(dv_full, dv, B / 2, T, Dk);
     } else {

@@ -71,7 +71,19 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   aa.window = c.is_sliding(l) ? c.sliding_window : 0;
   aa.scale = 1.0f / std::sqrt(float(c.head_dim));
   aa.seg_start = s.seg_start;
-  be.attention(aa);
+  if (s.cp) {  // each slot's chunks attend over the one copy of their sequences
+    const int64_t Bs = s.B / 2;
+    aa.B = Bs;
+    aa.exact = true;  // the backward recomputes in fp32: the forward must match it
+    for (int64_t slot = 0; slot < 2; ++slot) {
+      aa.q = a.q + slot * Bs * s.T * Dq;
+      aa.out = a.att + slot * Bs * s.T * Dq;
+      aa.pos0 = s.pos0 + slot * Bs;
+      be.attention(aa);
+    }
+  } else {
+    be.attention(aa);
+  }
   be.linear(a.att, w.attn.o_proj, nullptr, a.h_attn, N, Dq, D);
   const ResidualScaleWeights& pa = w.post_attn_scale;
   be.residual_scale(r, a.h_attn, pa.hidden_scale, pa.hidden_bias, pa.residual_scale, pa.residual_bias, N, D);

@@ -52,9 +52,10 @@ struct BlockShape {
   float* conv_state;         // [B,P,C]
   float* vdel_state;         // [B,kv/2]
   const int32_t* seg_start = nullptr;  // [N] host, document starts (nullptr = no resets)
-  // Context parallelism (training): rows are this rank's chunks (pos0 = chunk starts), the
-  // caches are [B, S, kv] buffers the whole gathered sequence is written to, and the conv and
-  // value states receive the previous chunk's boundary rows. nullptr = ordinary sequences.
+  // Context parallelism (training): the B rows are this rank's chunks, slot-major (B/2
+  // sequences in slot 0, then in slot 1; pos0 = chunk starts), the caches are [B/2, S, kv]
+  // buffers the whole gathered sequences are written to, and the conv and value states receive
+  // the previous chunk's boundary rows. nullptr = ordinary sequences.
   ContextParallel* cp = nullptr;
 };
 

@@ -40,7 +40,7 @@ std::vector<int32_t> ContextParallel::split(const int32_t* full, int64_t B, int6
   const int64_t Tc = chunk_len(T);
   std::vector<int32_t> out(static_cast<size_t>(B * T / size_));
   for (int64_t i = 0; i < 2 * B; ++i)
-    std::memcpy(out.data() + i * Tc, full + (i / 2) * T + chunk_of(i) * Tc, size_t(Tc) * 4);
+    std::memcpy(out.data() + i * Tc, full + (i % B) * T + chunk_of_row(i, B) * Tc, size_t(Tc) * 4);
   return out;
 }
 
@@ -66,11 +66,11 @@ std::vector<float> ContextParallel::shift_rows(const std::vector<float>& rows, i
                                                int tag) {
   const int R = size_;
   auto exists = [&](int chunk) { return chunk >= 0 && chunk < 2 * R; };
-  // Per peer, the rows of every sequence in order (at most one row per sequence and peer pair:
-  // a rank's two chunks have different neighbours' owners).
+  // Per peer, the rows of every sequence in order (at most one slot per peer: a rank's two
+  // chunks have neighbours with different owners).
   std::vector<std::vector<float>> out_bufs(static_cast<size_t>(R)), in_bufs(static_cast<size_t>(R));
   for (int64_t i = 0; i < 2 * B; ++i) {
-    const int j = chunk_of(i);
+    const int j = chunk_of_row(i, B);
     if (exists(j + delta)) {
       auto& o = out_bufs[size_t(owner_of(j + delta))];
       o.insert(o.end(), rows.begin() + i * W, rows.begin() + (i + 1) * W);
@@ -89,7 +89,7 @@ std::vector<float> ContextParallel::shift_rows(const std::vector<float>& rows, i
   std::vector<float> result(rows.size(), 0.0f);
   std::vector<int64_t> taken(static_cast<size_t>(R), 0);
   for (int64_t i = 0; i < 2 * B; ++i) {
-    const int j = chunk_of(i);
+    const int j = chunk_of_row(i, B);
     if (!exists(j - delta)) continue;
     const int p = owner_of(j - delta);
     std::memcpy(result.data() + i * W, in_bufs[size_t(p)].data() + taken[size_t(p)] * W, size_t(W) * 4);
@@ -128,16 +128,14 @@ void ContextParallel::gather(const float* local, float* full, int64_t B, int64_t
     in.push_back({p, &theirs[size_t(p)]});
   }
   exchange(out, in, kTagGather);
-  std::vector<float> seq(static_cast<size_t>(T * W));
-  for (int64_t b = 0; b < B; ++b) {
+  std::vector<float> seqs(static_cast<size_t>(B * T * W));
+  for (int64_t b = 0; b < B; ++b)
     for (int j = 0; j < 2 * R; ++j) {
       const int o = owner_of(j);
       const std::vector<float>& src = o == index_ ? mine : theirs[size_t(o)];
-      std::memcpy(seq.data() + j * row, src.data() + (2 * b + slot_of(j, R)) * row, size_t(row) * 4);
+      std::memcpy(seqs.data() + (b * T * W + j * row), src.data() + (slot_of(j, R) * B + b) * row, size_t(row) * 4);
     }
-    be_.from_host(full + (2 * b) * T * W, seq.data(), T * W * 4);
-    be_.from_host(full + (2 * b + 1) * T * W, seq.data(), T * W * 4);
-  }
+  be_.from_host(full, seqs.data(), int64_t(seqs.size()) * 4);
 }
 
 void ContextParallel::reduce_scatter(const float* full, float* local, int64_t B, int64_t Tc, int64_t W) {
@@ -145,15 +143,16 @@ void ContextParallel::reduce_scatter(const float* full, float* local, int64_t B,
   const int64_t row = Tc * W, T = 2 * R * Tc;
   std::vector<float> host(static_cast<size_t>(2 * B * T * W));
   be_.to_host(host.data(), full, int64_t(host.size()) * 4);
-  // parts[p]: for every sequence, the gradient (this rank's two rows summed) of p's two chunks.
+  // parts[p]: p's two chunks of every sequence (slot-major, as p's rows), this rank's two slots'
+  // gradients summed.
   std::vector<std::vector<float>> parts(size_t(R), std::vector<float>(static_cast<size_t>(2 * B * row)));
   for (int p = 0; p < R; ++p)
-    for (int64_t b = 0; b < B; ++b)
-      for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < 2; ++s)
+      for (int64_t b = 0; b < B; ++b) {
         const int j = s == 0 ? p : 2 * R - 1 - p;
-        const float* a = host.data() + (2 * b) * T * W + j * row;
-        const float* c = a + T * W;
-        float* d = parts[size_t(p)].data() + (2 * b + s) * row;
+        const float* a = host.data() + b * T * W + j * row;  // slot 0's gradient
+        const float* c = a + B * T * W;                         // slot 1's
+        float* d = parts[size_t(p)].data() + (s * B + b) * row;
         for (int64_t e = 0; e < row; ++e) d[e] = a[e] + c[e];
       }
   std::vector<std::vector<float>> received(static_cast<size_t>(R));

@@ -119,7 +119,16 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   std::vector<int64_t> layouts;  // group sizes of the phases, in phase order
   for (size_t p = 0; p < std::max<size_t>(r.phases.size(), 1); ++p) layouts.push_back(context_parallel_of(r, p));
   // Its exchanges go over the job's communicator, staged through host memory on a GPU.
-  for (int64_t size : layouts) set_layout(size);  // fails clearly unless it divides the ranks
+  auto layout_key = [&](size_t p) {
+    return p < r.phases.size() && r.phases[p].context_parallel > 0
+               ? "phases[" + std::to_string(p) + "].context_parallel"
+               : std::string("parallel.context_parallel");
+  };
+  for (size_t p = 0; p < layouts.size(); ++p)
+    if (ranks % layouts[p] != 0)
+      fail("train", layout_key(p) + " = " + std::to_string(layouts[p]) + " does not divide the " +
+                        std::to_string(ranks) + " ranks of the job",
+           "launch a multiple of it (mpirun -np N)");
   set_layout(layouts.front());
   const bool lead = rank == 0;  // rank 0 logs, writes the run directory and exports
   TrainSummary sum;
@@ -163,6 +172,13 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     model->init_random(uint64_t(r.seed));
   }
   const ModelConfig& c = model->config();
+  // Every chunk must hold the rows the CCA convolution carries into the next one.
+  for (size_t p = 0; p < layouts.size(); ++p)
+    if (layouts[p] > 1 && data->phase(p).seq_len / (2 * layouts[p]) < c.conv_state_rows())
+      fail("train", layout_key(p) + " = " + std::to_string(layouts[p]) + " cuts sequences of " +
+                        std::to_string(data->phase(p).seq_len) + " tokens into chunks shorter than the " +
+                        std::to_string(c.conv_state_rows()) + " rows the CCA convolution carries",
+           "use longer sequences or a smaller context_parallel");
   const double base_theta_full = c.rope_hybrid.theta, base_theta_sliding = c.rope_sliding.theta;
   const ParamLayout& layout = model->layout();
   ParamCounts pc = count_params(c);

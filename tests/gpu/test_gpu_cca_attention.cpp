@@ -202,6 +202,9 @@ TEST_F(GpuCca, Attention) {
       // head_dim 128 across several key tiles with a window and document starts, and a chunk
       // of 70 queries at position 100 of a 200-slot cache (its unwritten slots hold NaN).
       {1, 300, 300, 8, 2, 128, 70, {0}, true},     {1, 70, 200, 8, 2, 128, 0, {100}, false},
+      // Context-parallel chunks with a sliding window: queries at an offset whose window starts
+      // inside the chunk before them (the dK/dV kernel's query range at an offset).
+      {1, 70, 200, 8, 2, 64, 20, {100}, false},    {2, 40, 160, 4, 2, 64, 9, {40, 120}, false},
   };
 #if defined(ZAYA_SIMT_SMALL)
   // Under the host emulation (tests/simt) the two cases of 1100 queries would take a minute of

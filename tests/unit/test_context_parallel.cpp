@@ -27,21 +27,23 @@ TEST(ContextParallel, ZigZagChunksBalanceTheCausalWork) {
     ContextParallel cp(comm, 4, *be);
     EXPECT_EQ(cp.index(), r);
     EXPECT_EQ(cp.group(), 0);
-    EXPECT_EQ(cp.chunk_of(0), expect4[r][0]);
-    EXPECT_EQ(cp.chunk_of(1), expect4[r][1]);
-    EXPECT_EQ(cp.owner_of(cp.chunk_of(0)), r);
-    EXPECT_EQ(cp.owner_of(cp.chunk_of(1)), r);
+    EXPECT_EQ(cp.chunk_of_slot(0), expect4[r][0]);
+    EXPECT_EQ(cp.chunk_of_slot(1), expect4[r][1]);
+    EXPECT_EQ(cp.owner_of(cp.chunk_of_slot(0)), r);
+    EXPECT_EQ(cp.owner_of(cp.chunk_of_slot(1)), r);
+    EXPECT_EQ(cp.chunk_of_row(2, 3), expect4[r][0]);  // rows are slot-major: 3 sequences per slot
+    EXPECT_EQ(cp.chunk_of_row(3, 3), expect4[r][1]);
     ContextParallel half(comm, 2, *be);
     EXPECT_EQ(half.group(), r / 2);
     EXPECT_EQ(half.groups(), 2);
     EXPECT_EQ(half.index(), r % 2);
   }
-  // split: rank 1 of 2 holds chunks 1 and 2 of every sequence.
+  // split: rank 1 of 2 holds chunks 1 and 2 of every sequence (slot-major rows).
   test::ThreadComm comm(group, 1);
   ContextParallel cp(comm, 2, *be);
   std::vector<int32_t> full(16);
   for (int i = 0; i < 16; ++i) full[size_t(i)] = i;
-  EXPECT_EQ(cp.split(full.data(), 2, 8), (std::vector<int32_t>{2, 3, 4, 5, 10, 11, 12, 13}));
+  EXPECT_EQ(cp.split(full.data(), 2, 8), (std::vector<int32_t>{2, 3, 10, 11, 4, 5, 12, 13}));
   EXPECT_EQ(cp.chunk_len(8), 2);
   std::string msg = test::error_of([&] { cp.chunk_len(10); });
   EXPECT_NE(msg.find("sequence length 10 is not a multiple of 2 x parallel.context_parallel (4)"), std::string::npos)
