@@ -149,7 +149,7 @@ void ContextParallel::reduce_scatter(const float* full, float* local, int64_t B,
   for (int p = 0; p < R; ++p)
     for (int s = 0; s < 2; ++s)
       for (int64_t b = 0; b < B; ++b) {
-        const int j = s == 0 ? p : 2 * R - 1 - p;
+        const int j = chunk_of(p, s, R);
         const float* a = host.data() + b * T * W + j * row;  // slot 0's gradient
         const float* c = a + B * T * W;                         // slot 1's
         float* d = parts[size_t(p)].data() + (s * B + b) * row;

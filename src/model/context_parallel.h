@@ -37,7 +37,9 @@ class ContextParallel {
   int64_t chunk_len(int64_t T) const;
   // This rank's chunks: slot 0 holds chunk c, slot 1 chunk 2R-1-c. Local rows are slot-major:
   // row i of 2B is sequence i % B in slot i / B, so each slot's rows are contiguous [B, Tc].
-  int chunk_of_slot(int slot) const { return slot == 0 ? index_ : 2 * size_ - 1 - index_; }
+  int chunk_of_slot(int slot) const { return chunk_of(index_, slot, size_); }
+  // The chunk that group index c holds in `slot` (groups of R).
+  static int chunk_of(int c, int slot, int R) { return slot == 0 ? c : 2 * R - 1 - c; }
   int chunk_of_row(int64_t row, int64_t B) const { return chunk_of_slot(int(row / B)); }
   // Owner (group index) and slot of chunk j.
   int owner_of(int chunk) const { return chunk < size_ ? chunk : 2 * size_ - 1 - chunk; }

@@ -106,6 +106,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   // Context parallelism: groups of consecutive ranks share each sequence; each group is one
   // data-parallel rank (data_rank of data_ranks) of the global data stream. The group size may
   // differ between phases (ZAYA1 used it for its 32K phase only): the layout follows the phase.
+  // Its exchanges go over the job's communicator, staged through host memory on a GPU.
   std::unique_ptr<ContextParallel> cp;
   int64_t cp_size = 0;
   int data_rank = rank, data_ranks = ranks;
@@ -118,8 +119,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   // Every phase's layout is checked now, not when its phase begins.
   std::vector<int64_t> layouts;  // group sizes of the phases, in phase order
   for (size_t p = 0; p < std::max<size_t>(r.phases.size(), 1); ++p) layouts.push_back(context_parallel_of(r, p));
-  // Its exchanges go over the job's communicator, staged through host memory on a GPU.
-  auto layout_key = [&](size_t p) {
+  auto layout_key = [&](size_t p) {  // the recipe key that sets phase p's group size
     return p < r.phases.size() && r.phases[p].context_parallel > 0
                ? "phases[" + std::to_string(p) + "].context_parallel"
                : std::string("parallel.context_parallel");
