@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "serve/completion_engine.h"
 
@@ -20,14 +21,24 @@ struct CompletionMeta {
 // {"error": {"message", "type", "param": null, "code": null}}
 nlohmann::json error_body(const std::string& message, const std::string& type);
 
-// A whole completion: id, object "text_completion", created, model,
-// choices[0] {index, text, token_ids, logprobs, finish_reason}, usage.
-nlohmann::json completion_body(const CompletionMeta& meta, const CompletionResult& result);
+// Token counts of a whole request: each prompt once, every choice's generated tokens.
+struct CompletionUsage {
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+};
 
-// One streamed chunk: the same shape with this step's text and ids and finish_reason null.
-nlohmann::json completion_chunk_body(const CompletionMeta& meta, const CompletionChunk& chunk);
-// The last streamed chunk: no text, the finish_reason, and the usage.
-nlohmann::json completion_final_chunk_body(const CompletionMeta& meta, const CompletionResult& result);
+// A whole completion: id, object "text_completion", created, model, choices [{index, text,
+// token_ids, logprobs, finish_reason}] (choice i is results[i]), usage. logprobs is null, or
+// OpenAI's {tokens, token_logprobs, top_logprobs, text_offset}.
+nlohmann::json completion_body(const CompletionMeta& meta, const std::vector<CompletionResult>& results,
+                               const CompletionUsage& usage);
+
+// One streamed chunk of choice `index`: the same shape with this step's text, ids and logprobs
+// and finish_reason null.
+nlohmann::json completion_chunk_body(const CompletionMeta& meta, int64_t index, const CompletionChunk& chunk);
+// The last streamed chunk of choice `index`: no text, its finish_reason, and (on the request's
+// very last chunk) the usage.
+nlohmann::json completion_final_chunk_body(const CompletionMeta& meta, int64_t index,
+                                           const CompletionResult& result, const CompletionUsage* usage);
 
 // GET /v1/models: {"object": "list", "data": [{"id", "object": "model", "created", "owned_by",
 // "context_length", "vocab_size"}]}

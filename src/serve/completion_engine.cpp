@@ -8,8 +8,7 @@
 #endif
 
 #include "serve/api_error.h"
-#include "serve/completion_text.h"
-#include "serve/generate.h"
+#include "serve/completion_run.h"
 
 namespace zaya {
 
@@ -100,42 +99,22 @@ void CompletionEngine::execute(Job& job) {
   CompletionResult r;
   int error_status = 0;
   std::string error_type, error_message;
-  const CompletionJob& in = job.in;
-  r.prompt_tokens = int64_t(in.prompt.size());
-  r.queue_seconds = std::chrono::duration<double>(Clock::now() - job.queued_at).count();
-  auto publish = [&job](CompletionChunk chunk) {
-    {
-      std::lock_guard lk(job.m);
-      job.chunks.push_back(std::move(chunk));
-    }
-    job.cv.notify_all();
-  };
+  const double queue_seconds = std::chrono::duration<double>(Clock::now() - job.queued_at).count();
   try {
-    r.finish_reason = "cancelled";
-    if (!job.cancelled) {
-      CompletionText text(tok_, id_tail(in.prompt, CompletionText::kContextTail), in.stop);
-      std::string reason = "length";
-      GenerateStats st = generate(model_, in.prompt, in.max_tokens, in.sampling, in.seed, [&](int32_t id) {
-        r.ids.push_back(id);
-        CompletionText::Step step = text.push(id);
-        publish({std::move(step.text), {id}});
-        if (step.stop) {
-          reason = "stop";
-          return false;
+    if (job.cancelled) {
+      r.prompt_tokens = int64_t(job.in.prompt.size());
+      r.finish_reason = "cancelled";
+    } else {
+      r = run_completion(model_, tok_, job.in, [&job, this](CompletionChunk chunk) {
+        {
+          std::lock_guard lk(job.m);
+          job.chunks.push_back(std::move(chunk));
         }
-        if (job.cancelled || stopping_) {
-          reason = "cancelled";
-          return false;
-        }
-        return true;
+        job.cv.notify_all();
+        return !job.cancelled && !stopping_;
       });
-      if (st.stopped_at_eos) reason = "stop";
-      if (std::string rest = text.finish(); !rest.empty()) publish({std::move(rest), {}});
-      r.text = text.text();
-      r.finish_reason = reason;
-      r.prefill_seconds = st.prefill_seconds;
-      r.decode_seconds = st.decode_seconds;
     }
+    r.queue_seconds = queue_seconds;
   } catch (const ApiError& e) {
     error_status = e.status();
     error_type = e.type();

@@ -13,34 +13,42 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "data/tokenizer.h"
 #include "model/model.h"
+#include "serve/logprobs.h"
 #include "serve/sampling.h"
 
 namespace zaya {
 
 struct CompletionJob {
   std::vector<int32_t> prompt;  // validated: non-empty, in the vocabulary, fits with max_tokens
-  int64_t max_tokens = 16;
+  int64_t max_tokens = 16;      // 0: no generation (an echo, or prompt scoring)
   SamplingParams sampling;
   uint64_t seed = 0;
   std::vector<std::string> stop;
+  bool echo = false;  // the text starts with the prompt's (and logprobs with its tokens')
+  int logprobs = -1;  // -1: none; else the alternatives per token (0 .. kMaxLogprobs)
 };
 
 struct CompletionChunk {
   std::string text;          // text released by this step (may be empty)
-  std::vector<int32_t> ids;  // tokens generated in this step (empty for the final flush)
+  std::vector<int32_t> ids;  // tokens generated in this step (empty for the echo and the final flush)
+  std::optional<std::vector<LogprobEntry>> logprobs;  // with job.logprobs >= 0: this step's tokens
 };
 
 struct CompletionResult {
-  std::string text;           // the chunks' texts, concatenated
-  std::vector<int32_t> ids;   // the chunks' ids, concatenated
+  std::string text;           // the chunks' texts, concatenated (the echo first)
+  std::vector<int32_t> ids;   // the generated ids
   std::string finish_reason;  // "stop" (EOS or a stop sequence), "length", or "cancelled"
   int64_t prompt_tokens = 0;
+  // With job.logprobs >= 0: one entry per echoed prompt token, then per generated token; the
+  // tokens concatenate to text (a held-back tail released at the end joins the last one).
+  std::optional<std::vector<LogprobEntry>> logprobs;
   double queue_seconds = 0, prefill_seconds = 0, decode_seconds = 0;
 };
 

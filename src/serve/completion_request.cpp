@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 namespace zaya {
 
@@ -67,26 +68,29 @@ std::vector<int32_t> parse_ids(const json& arr, const std::string& name, int64_t
   return ids;
 }
 
+PromptInput parse_one_prompt(const json& p, const std::string& name, const ModelLimits& limits) {
+  PromptInput in;
+  if (p.is_string()) {
+    in.is_text = true;
+    in.text = p.get<std::string>();
+  } else if (p.is_array()) {
+    if (p.empty()) expected(name, "a non-empty array of token ids", p);
+    in.ids = parse_ids(p, name, limits.vocab_size);
+  } else {
+    expected(name, "a string or an array of token ids", p);
+  }
+  return in;
+}
+
 void parse_prompt(const json& body, const ModelLimits& limits, CompletionRequest& r) {
   const json* p = field(body, "prompt");
   if (!p) invalid_request("prompt: required; send a string or an array of token ids");
-  std::string name = "prompt";
-  // OpenAI also takes a batch: an array of strings or of id arrays. One prompt is accepted.
+  // A batch is an array of strings or of id arrays; a flat array of integers is one prompt.
   if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
-    if (p->size() != 1)
-      invalid_request("prompt: batched prompts (" + std::to_string(p->size()) +
-                      ") are not supported; send one prompt per request");
-    p = &(*p)[0];
-    name = "prompt[0]";
-  }
-  if (p->is_string()) {
-    r.prompt_is_text = true;
-    r.prompt_text = p->get<std::string>();
-  } else if (p->is_array()) {
-    if (p->empty()) expected(name, "a non-empty array of token ids", *p);
-    r.prompt_ids = parse_ids(*p, name, limits.vocab_size);
+    for (size_t i = 0; i < p->size(); ++i)
+      r.prompts.push_back(parse_one_prompt((*p)[i], "prompt[" + std::to_string(i) + "]", limits));
   } else {
-    expected(name, "a string or an array of token ids", *p);
+    r.prompts.push_back(parse_one_prompt(*p, "prompt", limits));
   }
 }
 
@@ -134,29 +138,72 @@ void parse_stop(const json& body, CompletionRequest& r) {
   }
 }
 
+void parse_choices(const json& body, CompletionRequest& r) {
+  if (const json* v = field(body, "n"))
+    if (!get_int64(*v, &r.n) || r.n < 1 || r.n > kMaxChoices)
+      expected("n", "an integer in [1, " + std::to_string(kMaxChoices) + "]", *v);
+  const int64_t choices = int64_t(r.prompts.size()) * r.n;
+  if (choices > kMaxChoices)
+    invalid_request("prompt: " + std::to_string(r.prompts.size()) + " prompts x n = " + std::to_string(r.n) +
+                    " make " + std::to_string(choices) + " choices; at most " + std::to_string(kMaxChoices) +
+                    " are allowed per request");
+  // best_of > n would generate more and return the likeliest n: not implemented.
+  if (const json* v = field(body, "best_of")) {
+    int64_t best_of = 0;
+    if (!get_int64(*v, &best_of) || best_of != r.n)
+      invalid_request("best_of: only best_of = n (" + std::to_string(r.n) + ") is supported, got " +
+                      describe_json_value(*v));
+  }
+}
+
+void parse_logit_adjustments(const json& body, const ModelLimits& limits, CompletionRequest& r) {
+  const std::pair<const char*, float*> penalties[] = {{"presence_penalty", &r.sampling.presence_penalty},
+                                                      {"frequency_penalty", &r.sampling.frequency_penalty}};
+  for (const auto& [name, target] : penalties) {
+    const json* v = field(body, name);
+    if (!v) continue;
+    if (!v->is_number() || !(std::fabs(v->get<double>()) <= kMaxPenalty))
+      expected(name, "a number in [-2, 2]", *v);
+    *target = v->get<float>();
+  }
+  const json* bias = field(body, "logit_bias");
+  if (!bias) return;
+  if (!bias->is_object())
+    expected("logit_bias", "an object mapping token ids (as strings) to numbers", *bias);
+  for (const auto& [key, value] : bias->items()) {
+    const std::string at = "logit_bias[" + describe_json_value(key) + "]";
+    int64_t id = -1;
+    if (!key.empty() && key.size() <= 18 && key.find_first_not_of("0123456789") == std::string::npos)
+      id = std::stoll(key);
+    if (id < 0)
+      invalid_request("logit_bias: key " + describe_json_value(key) +
+                      " is not a token id (a non-negative integer)");
+    if (id >= limits.vocab_size)
+      invalid_request(at + ": token id " + key + " is outside the vocabulary [0, " +
+                      std::to_string(limits.vocab_size) + ")");
+    if (!value.is_number() || !(std::fabs(value.get<double>()) <= kMaxLogitBias))
+      expected(at, "a number in [-100, 100]", value);
+    r.sampling.logit_bias.emplace_back(int32_t(id), value.get<float>());
+  }
+}
+
+void parse_logprobs(const json& body, CompletionRequest& r) {
+  if (const json* v = field(body, "logprobs")) {
+    int64_t k = -1;
+    if (!get_int64(*v, &k) || k < 0 || k > kMaxLogprobs)
+      expected("logprobs", "an integer in [0, " + std::to_string(kMaxLogprobs) + "] (alternatives per token)",
+               *v);
+    r.logprobs = int(k);
+  }
+  r.echo = get_bool_field(body, "echo", false);
+}
+
 // Fields of OpenAI's API this server does not implement: accepted only at their defaults,
 // so that a client asking for them learns it did not get them.
 void reject_unsupported(const json& body) {
-  for (const char* name : {"n", "best_of"}) {
-    const json* v = field(body, name);
-    int64_t n = 0;
-    if (v && (!get_int64(*v, &n) || n != 1))
-      invalid_request(std::string(name) + ": only 1 is supported, got " + describe_json_value(*v));
-  }
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    const json* v = field(body, name);
-    if (v && !v->is_number()) expected(name, "a number", *v);
-    if (v && v->get<double>() != 0)
-      invalid_request(std::string(name) + ": not supported (only 0), got " + describe_json_value(*v));
-  }
-  if (const json* v = field(body, "logprobs"))
-    invalid_request("logprobs: not supported by this server, got " + describe_json_value(*v));
-  if (get_bool_field(body, "echo", false)) invalid_request("echo: true is not supported");
   if (const json* v = field(body, "suffix");
       v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
     invalid_request("suffix: not supported by this server, got " + describe_json_value(*v));
-  if (const json* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
-    invalid_request("logit_bias: not supported by this server, got " + describe_json_value(*v));
   if (const json* v = field(body, "model"); v && !v->is_string()) expected("model", "a string", *v);
 }
 
@@ -174,7 +221,8 @@ json parse_json_body(const std::string& body) {
     invalid_request("request body: expected a JSON object, got an empty body");
   try {
     return json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // A syntax error (parse_error) or a number too large for a double (out_of_range 406);
     // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 2: ...".
     std::string what = e.what();
     const size_t bracket = what.find("] ");
@@ -188,50 +236,62 @@ CompletionRequest parse_completion_request(const json& body, const ModelLimits& 
   CompletionRequest r;
   parse_prompt(body, limits, r);
   if (const json* v = field(body, "max_tokens")) {
-    if (!get_int64(*v, &r.max_tokens) || r.max_tokens <= 0) expected("max_tokens", "a positive integer", *v);
+    if (!get_int64(*v, &r.max_tokens) || r.max_tokens < 0)
+      expected("max_tokens", "an integer >= 0 (0: no generation)", *v);
     if (r.max_tokens > limits.context_length)
       invalid_request("max_tokens: " + std::to_string(r.max_tokens) + " exceeds the model's context length " +
                       std::to_string(limits.context_length));
   }
   parse_sampling(body, r);
   parse_stop(body, r);
+  parse_choices(body, r);
+  parse_logit_adjustments(body, limits, r);
+  parse_logprobs(body, r);
   r.stream = get_bool_field(body, "stream", false);
   reject_unsupported(body);
   return r;
 }
 
-std::vector<int32_t> completion_prompt_ids(const CompletionRequest& r, const Tokenizer* tokenizer,
-                                           const ModelLimits& limits) {
-  std::vector<int32_t> ids;
-  if (r.prompt_is_text) {
-    if (!tokenizer)
-      invalid_request(
-          "prompt: a text prompt needs a tokenizer and this server has none; send the prompt as an array of "
-          "token ids, or start the server with --tokenizer PATH");
-    ids = tokenizer->encode(r.prompt_text, /*add_special=*/true);
-    if (ids.empty()) invalid_request("prompt: the text encodes to no tokens");
-    for (int32_t id : ids)
-      if (id < 0 || id >= limits.vocab_size)
-        invalid_request("prompt: the tokenizer gave token id " + std::to_string(id) +
-                        ", outside the model's vocabulary [0, " + std::to_string(limits.vocab_size) +
-                        "); the server's tokenizer does not match its model");
-  } else {
-    ids = r.prompt_ids;
-  }
+std::vector<std::vector<int32_t>> completion_prompt_ids(const CompletionRequest& r,
+                                                        const Tokenizer* tokenizer,
+                                                        const ModelLimits& limits) {
   if (!r.stop.empty() && !tokenizer)
     invalid_request(
         "stop: stop sequences are matched against decoded text, and this server has no tokenizer");
-  const int64_t n = int64_t(ids.size());
-  if (n >= limits.context_length)
-    invalid_request("prompt: " + std::to_string(n) +
-                    " tokens leave no room to generate in the model's context length " +
-                    std::to_string(limits.context_length));
-  if (n + r.max_tokens > limits.context_length)
-    invalid_request("max_tokens: the prompt (" + std::to_string(n) + " tokens) + max_tokens (" +
-                    std::to_string(r.max_tokens) + ") exceeds the model's context length " +
-                    std::to_string(limits.context_length) + "; ask for at most " +
-                    std::to_string(limits.context_length - n));
-  return ids;
+  std::vector<std::vector<int32_t>> all;
+  for (size_t i = 0; i < r.prompts.size(); ++i) {
+    const PromptInput& p = r.prompts[i];
+    const std::string name = r.prompts.size() == 1 ? "prompt" : "prompt[" + std::to_string(i) + "]";
+    std::vector<int32_t> ids;
+    if (p.is_text) {
+      if (!tokenizer)
+        invalid_request(
+            name +
+            ": a text prompt needs a tokenizer and this server has none; send the prompt as an array "
+            "of token ids, or start the server with --tokenizer PATH");
+      ids = tokenizer->encode(p.text, /*add_special=*/true);
+      if (ids.empty()) invalid_request(name + ": the text encodes to no tokens");
+      for (int32_t id : ids)
+        if (id < 0 || id >= limits.vocab_size)
+          invalid_request(name + ": the tokenizer gave token id " + std::to_string(id) +
+                          ", outside the model's vocabulary [0, " + std::to_string(limits.vocab_size) +
+                          "); the server's tokenizer does not match its model");
+    } else {
+      ids = p.ids;
+    }
+    const int64_t n = int64_t(ids.size());
+    if (n > limits.context_length || (n == limits.context_length && r.max_tokens > 0))
+      invalid_request(name + ": " + std::to_string(n) + " tokens " +
+                      (n > limits.context_length ? "exceed" : "leave no room to generate in") +
+                      " the model's context length " + std::to_string(limits.context_length));
+    if (n + r.max_tokens > limits.context_length)
+      invalid_request("max_tokens: the " + name + " (" + std::to_string(n) + " tokens) + max_tokens (" +
+                      std::to_string(r.max_tokens) + ") exceeds the model's context length " +
+                      std::to_string(limits.context_length) + "; ask for at most " +
+                      std::to_string(limits.context_length - n));
+    all.push_back(std::move(ids));
+  }
+  return all;
 }
 
 TokenizeRequest parse_tokenize_request(const json& body) {

@@ -12,6 +12,7 @@
 
 #include "data/tokenizer.h"
 #include "serve/api_error.h"
+#include "serve/logprobs.h"
 #include "serve/sampling.h"
 
 namespace zaya {
@@ -22,18 +23,28 @@ struct ModelLimits {
   int64_t context_length = 0;  // prompt + generated tokens must fit
 };
 
+// One prompt of a request: text, or token ids (each in [0, vocab_size)).
+struct PromptInput {
+  bool is_text = false;
+  std::string text;          // when is_text
+  std::vector<int32_t> ids;  // otherwise
+};
+
 struct CompletionRequest {
-  bool prompt_is_text = false;
-  std::string prompt_text;          // when prompt_is_text
-  std::vector<int32_t> prompt_ids;  // otherwise; each in [0, vocab_size)
-  int64_t max_tokens = 16;
-  SamplingParams sampling{1.0f, 0, 1.0f};  // OpenAI's defaults: temperature 1, no top-k, top_p 1
+  std::vector<PromptInput> prompts;  // one, or a batch; each gets n choices
+  int64_t max_tokens = 16;           // >= 0; 0 generates nothing (an echo, or prompt scoring)
+  int64_t n = 1;                     // choices per prompt; choice j of a prompt samples with seed + j
+  SamplingParams sampling;           // OpenAI's defaults: temperature 1, no top-k, top_p 1, no adjustments
   std::optional<uint64_t> seed;            // none: the server picks one
   std::vector<std::string> stop;           // at most kMaxStop non-empty strings
   bool stream = false;
+  bool echo = false;  // the prompt leads each choice's text (and its logprobs)
+  int logprobs = -1;  // -1: none; else how many alternatives per token (0 .. kMaxLogprobs)
 };
 
 constexpr size_t kMaxStop = 4;
+constexpr int64_t kMaxChoices = 128;  // prompts x n, per request
+constexpr double kMaxPenalty = 2, kMaxLogitBias = 100;
 
 // Parses a request body as JSON; a malformed body is a 400 naming the parse error.
 nlohmann::json parse_json_body(const std::string& body);
@@ -41,12 +52,13 @@ nlohmann::json parse_json_body(const std::string& body);
 // Validates a /v1/completions body (already parsed JSON) against the model's limits.
 CompletionRequest parse_completion_request(const nlohmann::json& body, const ModelLimits& limits);
 
-// The prompt as token ids: a text prompt is encoded with the tokenizer's special tokens (as
-// `zaya generate --prompt` does). Checks what needs the tokenizer (a text prompt, stop
-// sequences), that every id is inside the model's vocabulary and that prompt + max_tokens fits
-// the context. tokenizer may be null.
-std::vector<int32_t> completion_prompt_ids(const CompletionRequest& request, const Tokenizer* tokenizer,
-                                           const ModelLimits& limits);
+// Every prompt as token ids, in order: a text prompt is encoded with the tokenizer's special
+// tokens (as `zaya generate --prompt` does). Checks what needs the tokenizer (a text prompt,
+// stop sequences), that every id is inside the model's vocabulary and that each prompt +
+// max_tokens fits the context. tokenizer may be null.
+std::vector<std::vector<int32_t>> completion_prompt_ids(const CompletionRequest& request,
+                                                        const Tokenizer* tokenizer,
+                                                        const ModelLimits& limits);
 
 struct TokenizeRequest {
   std::string text;

@@ -2,6 +2,7 @@
 #include "serve/completion_text.h"
 
 #include <algorithm>
+#include <memory>
 
 namespace zaya {
 
@@ -30,6 +31,40 @@ size_t stop_prefix_tail(const std::string& text, const std::vector<std::string>&
 
 std::vector<int32_t> id_tail(const std::vector<int32_t>& ids, size_t n) {
   return std::vector<int32_t>(ids.end() - std::ptrdiff_t(std::min(n, ids.size())), ids.end());
+}
+
+std::vector<std::string> prompt_pieces(const Tokenizer* tokenizer, const std::vector<int32_t>& ids) {
+  std::vector<std::string> pieces(ids.size());
+  if (!tokenizer) return pieces;
+  constexpr size_t kBlock = 256;
+  size_t block_start = 0;
+  auto text = std::make_unique<CompletionText>(tokenizer, std::vector<int32_t>{}, std::vector<std::string>{});
+  for (size_t i = 0; i < ids.size(); ++i) {
+    // A new block starts only where the last id released text: nothing is held back there.
+    if (i - block_start >= kBlock && !pieces[i - 1].empty()) {
+      block_start = i;
+      text = std::make_unique<CompletionText>(
+          tokenizer,
+          id_tail(std::vector<int32_t>(ids.begin(), ids.begin() + std::ptrdiff_t(i)),
+                  CompletionText::kContextTail),
+          std::vector<std::string>{});
+    }
+    pieces[i] = text->push(ids[i]).text;
+  }
+  if (!pieces.empty()) pieces.back() += text->finish();
+  return pieces;
+}
+
+std::string alternative_token_text(const Tokenizer* tokenizer, std::span<const int32_t> context, int32_t id) {
+  if (!tokenizer || id < 0 || id >= tokenizer->vocab_size()) return "token_id:" + std::to_string(id);
+  constexpr size_t kSeam = 4;
+  std::vector<int32_t> ids(context.end() - std::ptrdiff_t(std::min(kSeam, context.size())), context.end());
+  const std::string before = tokenizer->decode(ids, /*skip_special=*/false);
+  ids.push_back(id);
+  const std::string after = tokenizer->decode(ids, /*skip_special=*/false);
+  if (after.size() >= before.size() && after.compare(0, before.size(), before) == 0)
+    return after.substr(before.size());
+  return tokenizer->decode({id}, /*skip_special=*/false);
 }
 
 CompletionText::CompletionText(const Tokenizer* tokenizer, std::vector<int32_t> context,

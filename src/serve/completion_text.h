@@ -7,6 +7,7 @@
 // The streamed pieces concatenate to text() by construction. Pure: no model, no locks.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,5 +49,16 @@ class CompletionText {
 
 // The last `n` ids of `ids` (all of them when there are fewer).
 std::vector<int32_t> id_tail(const std::vector<int32_t>& ids, size_t n);
+
+// The text of a prompt as an echo shows it, one piece per id: what each id adds (special tokens
+// skipped; an incomplete UTF-8 sequence goes to the id that completes it). The pieces
+// concatenate to the prompt's decode. Decoded in blocks that carry the seam context, so the
+// cost stays linear in the prompt's length. Without a tokenizer every piece is "".
+std::vector<std::string> prompt_pieces(const Tokenizer* tokenizer, const std::vector<int32_t>& ids);
+
+// How a token is named among a position's most likely alternatives: the text `id` adds after
+// `context` (its last few ids are enough), special tokens shown by name; "token_id:<id>" when
+// there is no tokenizer or the id is outside its vocabulary.
+std::string alternative_token_text(const Tokenizer* tokenizer, std::span<const int32_t> context, int32_t id);
 
 }  // namespace zaya

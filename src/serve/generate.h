@@ -1,5 +1,7 @@
 // Autoregressive generation over the incremental decoder: prefill the prompt, then sample
-// token by token, calling back with each new token; stops at EOS or max_tokens.
+// token by token, calling back with each new token and the logits it was drawn from; stops at
+// EOS or max_tokens. Optionally reports the logits at every prompt position (prompt scoring,
+// OpenAI's `echo` with `logprobs`), prefilling in chunks so no [T, V] buffer is ever held.
 #pragma once
 #include <functional>
 #include <vector>
@@ -15,9 +17,20 @@ struct GenerateStats {
   bool stopped_at_eos = false;
 };
 
-// on_token returns false to stop early.
+// on_token(id, logits): a generated token and the model's raw logits [vocab] it was drawn from
+// (before penalties, bias, temperature, top-k and top-p). Returns false to stop early.
+using TokenFn = std::function<bool(int32_t id, const float* logits)>;
+// on_prompt_logits(p, logits): the logits [vocab] at prompt position p, for p = 0 .. n-1 in
+// order; they predict prompt token p + 1 (at the last position, the first generated token).
+using PromptLogitsFn = std::function<void(int64_t position, const float* logits)>;
+
+// Prompt positions whose logits one prefill chunk returns when on_prompt_logits is set.
+constexpr int64_t kPromptLogitsChunk = 64;
+
+// max_tokens may be 0: then only the prompt is run (and not even that without
+// on_prompt_logits).
 GenerateStats generate(Model& model, const std::vector<int32_t>& prompt, int64_t max_tokens,
-                       const SamplingParams& sampling, uint64_t seed,
-                       const std::function<bool(int32_t)>& on_token);
+                       const SamplingParams& sampling, uint64_t seed, const TokenFn& on_token,
+                       const PromptLogitsFn& on_prompt_logits = {});
 
 }  // namespace zaya

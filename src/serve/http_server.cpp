@@ -132,7 +132,8 @@ struct HttpServer::Impl {
 
   void set_up_routes();
   void completions_handler(const std::string& body, httplib::Response& res);
-  void stream(CompletionJob& job, const CompletionMeta& meta, httplib::DataSink& sink);
+  void stream(std::vector<CompletionJob>& jobs, const CompletionMeta& meta, CompletionUsage usage,
+              httplib::DataSink& sink);
   const Tokenizer& tokenizer_or_400(const char* endpoint) const;
 };
 
@@ -144,19 +145,36 @@ const Tokenizer& HttpServer::Impl::tokenizer_or_400(const char* endpoint) const 
 
 void HttpServer::Impl::completions_handler(const std::string& body, httplib::Response& res) {
   const CompletionRequest request = parse_completion_request(parse_json_body(body), limits);
-  CompletionJob job;
-  job.prompt = completion_prompt_ids(request, tok, limits);
-  job.max_tokens = request.max_tokens;
-  job.sampling = request.sampling;
-  job.seed = request.seed ? *request.seed : random_seed();
-  job.stop = request.stop;
-  t_log.prompt_tokens = int64_t(job.prompt.size());
+  const std::vector<std::vector<int32_t>> prompts = completion_prompt_ids(request, tok, limits);
+  // Choice i * n + j: prompt i, sample j (seed + j, so choice 0 is what n = 1 gives).
+  const uint64_t seed = request.seed ? *request.seed : random_seed();
+  auto jobs = std::make_shared<std::vector<CompletionJob>>();
+  CompletionUsage usage;
+  for (const std::vector<int32_t>& prompt : prompts) {
+    usage.prompt_tokens += int64_t(prompt.size());
+    for (int64_t j = 0; j < request.n; ++j) {
+      CompletionJob job;
+      job.prompt = prompt;
+      job.max_tokens = request.max_tokens;
+      job.sampling = request.sampling;
+      job.seed = seed + uint64_t(j);
+      job.stop = request.stop;
+      job.echo = request.echo;
+      job.logprobs = request.logprobs;
+      jobs->push_back(std::move(job));
+    }
+  }
+  t_log.prompt_tokens = usage.prompt_tokens;
   const CompletionMeta meta{new_completion_id(), unix_now(), opt.model_id};
   if (!request.stream) {
-    const CompletionResult r = engine.run(std::move(job));
-    t_log.generated = int64_t(r.ids.size());
-    t_log.note = r.finish_reason;
-    reply_json(res, 200, completion_body(meta, r));
+    std::vector<CompletionResult> results;
+    for (CompletionJob& job : *jobs) {
+      results.push_back(engine.run(std::move(job)));
+      usage.completion_tokens += int64_t(results.back().ids.size());
+    }
+    t_log.generated = usage.completion_tokens;
+    t_log.note = results.size() == 1 ? results[0].finish_reason : std::to_string(results.size()) + " choices";
+    reply_json(res, 200, completion_body(meta, results, usage));
     return;
   }
   // The status line goes out before generation starts: answer a full queue now, while a 503
@@ -165,27 +183,33 @@ void HttpServer::Impl::completions_handler(const std::string& body, httplib::Res
     throw ApiError(503, "unavailable_error", "the server is busy or shutting down; retry later");
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // reverse proxies: pass events through unbuffered
-  auto shared_job = std::make_shared<CompletionJob>(std::move(job));
   res.set_chunked_content_provider("text/event-stream",
-                                   [this, shared_job, meta](size_t, httplib::DataSink& sink) {
-                                     stream(*shared_job, meta, sink);
+                                   [this, jobs, meta, usage](size_t, httplib::DataSink& sink) {
+                                     stream(*jobs, meta, usage, sink);
                                      return true;
                                    });
 }
 
-// Writes one completion as Server-Sent Events: a chunk per generated token (its ids and the
-// text it released), a final chunk with finish_reason and usage, then [DONE]. A client that
-// goes away cancels the generation at the next token.
-void HttpServer::Impl::stream(CompletionJob& job, const CompletionMeta& meta, httplib::DataSink& sink) {
+// Writes a request's choices, one after the other, as Server-Sent Events: a chunk per generated
+// token (its ids, the text it released and its logprobs; an echo comes first), a final chunk
+// per choice with its finish_reason (the request's last one also carries the usage), then
+// [DONE]. A client that goes away cancels the generation at the next token.
+void HttpServer::Impl::stream(std::vector<CompletionJob>& jobs, const CompletionMeta& meta,
+                              CompletionUsage usage, httplib::DataSink& sink) {
   bool open = true;
   auto send = [&](const std::string& event) { return open = open && sink.write(event.data(), event.size()); };
   try {
-    const CompletionResult r = engine.run(std::move(job), [&](const CompletionChunk& c) {
-      return send(sse_event(completion_chunk_body(meta, c)));
-    });
-    t_log.generated = int64_t(r.ids.size());
-    t_log.note = r.finish_reason;
-    send(sse_event(completion_final_chunk_body(meta, r)));
+    t_log.generated = 0;
+    for (size_t i = 0; i < jobs.size() && open; ++i) {
+      const int64_t index = int64_t(i);
+      const CompletionResult r = engine.run(std::move(jobs[i]), [&](const CompletionChunk& c) {
+        return send(sse_event(completion_chunk_body(meta, index, c)));
+      });
+      usage.completion_tokens += int64_t(r.ids.size());
+      t_log.generated = usage.completion_tokens;
+      t_log.note = jobs.size() == 1 ? r.finish_reason : std::to_string(i + 1) + " choices";
+      send(sse_event(completion_final_chunk_body(meta, index, r, i + 1 == jobs.size() ? &usage : nullptr)));
+    }
   } catch (const ApiError& e) {
     t_log.note = e.what();
     send(sse_event(error_body(e.what(), e.type())));

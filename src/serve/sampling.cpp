@@ -1,9 +1,10 @@
-// Greedy / temperature / top-k / top-p sampling.
+// Greedy / temperature / top-k / top-p sampling and logit adjustments.
 #include "serve/sampling.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -44,6 +45,23 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
     if (r < 0) return idx[size_t(i)];
   }
   return idx[size_t(keep - 1)];
+}
+
+void adjust_logits(float* logits, int64_t vocab, const SamplingParams& p,
+                   const std::vector<int32_t>& counts) {
+  if (p.presence_penalty != 0 || p.frequency_penalty != 0) {
+    if (int64_t(counts.size()) != vocab)
+      fail("sampling", "penalties need one token count per vocabulary entry");
+    for (int64_t j = 0; j < vocab; ++j)
+      if (const int32_t c = counts[size_t(j)]; c > 0)
+        logits[j] -= p.frequency_penalty * float(c) + p.presence_penalty;
+  }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || id >= vocab)
+      fail("sampling", "logit_bias names token id " + std::to_string(id) + ", outside the vocabulary [0, " +
+                           std::to_string(vocab) + ")");
+    logits[id] += bias;
+  }
 }
 
 }  // namespace zaya

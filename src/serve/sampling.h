@@ -1,18 +1,38 @@
 // Token sampling from logits: greedy (temperature 0), temperature, top-k and top-p (nucleus),
-// driven by zaya's deterministic Rng so a seed reproduces a generation exactly.
+// driven by zaya's deterministic Rng so a seed reproduces a generation exactly; and OpenAI's
+// logit adjustments (presence and frequency penalties over the tokens generated so far, and a
+// per-token bias), applied before any of them.
 #pragma once
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "core/rng.h"
 
 namespace zaya {
 
 struct SamplingParams {
+  SamplingParams() = default;
+  SamplingParams(float temperature_, int64_t top_k_, float top_p_)
+      : temperature(temperature_), top_k(top_k_), top_p(top_p_) {}
+
   float temperature = 1.0f;  // 0 = greedy
   int64_t top_k = 0;         // 0 = off
   float top_p = 1.0f;        // 1 = off
+  // logit[j] -= frequency_penalty * count[j] + presence_penalty * (count[j] > 0), where count[j]
+  // is how often token j was generated so far in this completion (the prompt does not count).
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
+
+  bool adjusts_logits() const {
+    return presence_penalty != 0 || frequency_penalty != 0 || !logit_bias.empty();
+  }
 };
 
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, Rng& rng);
+
+// The adjustments above, in place. counts: [vocab] generated-token counts (may be empty when
+// both penalties are 0). Ids outside [0, vocab) in logit_bias are an error.
+void adjust_logits(float* logits, int64_t vocab, const SamplingParams& p, const std::vector<int32_t>& counts);
 
 }  // namespace zaya

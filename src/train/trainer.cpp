@@ -489,7 +489,10 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
           std::vector<int32_t> prompt = tok->encode(r.eval.sample_prompt, true);
           std::vector<int32_t> out_ids;
           generate(*model, prompt, r.eval.sample_tokens, SamplingParams{0.7f, 40, 0.95f}, uint64_t(r.seed),
-                   [&](int32_t t) { out_ids.push_back(t); return true; });
+                   [&](int32_t t, const float*) {
+                     out_ids.push_back(t);
+                     return true;
+                   });
           std::vector<int32_t> all = prompt;
           all.insert(all.end(), out_ids.begin(), out_ids.end());
           sum.sample = tok->decode(all, true);  // decode with the prompt: spacing at the seam stays right

@@ -10,11 +10,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +33,8 @@
 #include "serve/completion_text.h"
 #include "serve/generate.h"
 #include "serve/http_server.h"
+#include "serve/logprobs.h"
+#include "serve/sampling.h"
 
 extern char** environ;
 
@@ -156,11 +162,71 @@ class ServeHttp : public ::testing::Test {
   static std::vector<int32_t> reference(const std::vector<int32_t>& prompt, int64_t max_tokens,
                                         const SamplingParams& sp, uint64_t seed) {
     std::vector<int32_t> ids;
-    generate(*ref_, prompt, max_tokens, sp, seed, [&](int32_t id) {
+    generate(*ref_, prompt, max_tokens, sp, seed, [&](int32_t id, const float*) {
       ids.push_back(id);
       return true;
     });
     return ids;
+  }
+
+  // log-softmax of the reference model's logits over `ids` run as one fresh sequence (no decode
+  // state, no chunks): row t predicts ids[t + 1].
+  static std::vector<std::vector<double>> reference_log_softmax(const std::vector<int32_t>& ids) {
+    const int64_t V = ref_->config().vocab_size, T = int64_t(ids.size());
+    std::vector<float> logits(size_t(T * V));
+    ForwardOutputs out;
+    out.logits = logits.data();
+    ref_->forward(ids.data(), 1, T, nullptr, out);
+    std::vector<std::vector<double>> rows(size_t(T), std::vector<double>(static_cast<size_t>(V)));
+    for (int64_t t = 0; t < T; ++t) {
+      const float* l = logits.data() + t * V;
+      const double mx = *std::max_element(l, l + V);
+      double sum = 0;
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(double(l[j]) - mx);
+      for (int64_t j = 0; j < V; ++j) rows[size_t(t)][size_t(j)] = double(l[j]) - mx - std::log(sum);
+    }
+    return rows;
+  }
+
+  // A choice's logprobs against rows of reference_log_softmax: token j of the logprobs is
+  // predicted by row first_row + j (a null first entry, an echoed prompt's first token, is
+  // skipped); its alternatives are that row's likeliest entries. The tokens concatenate to the
+  // text, at their text offsets. Returns how many chosen tokens were not their row's likeliest.
+  static int check_logprobs(const json& choice, const std::vector<int32_t>& ids, int64_t first_row,
+                            const std::vector<std::vector<double>>& rows, size_t top_n) {
+    const json& lp = choice.at("logprobs");
+    EXPECT_TRUE(lp.is_object()) << choice;
+    if (!lp.is_object()) return 0;
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+      EXPECT_EQ(lp.at(key).size(), ids.size()) << key;
+    std::string joined;
+    int not_likeliest = 0;
+    for (size_t j = 0; j < ids.size() && j < lp["tokens"].size(); ++j) {
+      EXPECT_EQ(lp["text_offset"][j], joined.size()) << j;
+      joined += lp["tokens"][j].get<std::string>();
+      const int64_t row = first_row + int64_t(j);
+      if (row < 0) {
+        EXPECT_TRUE(lp["token_logprobs"][j].is_null());
+        EXPECT_TRUE(lp["top_logprobs"][j].is_null());
+        continue;
+      }
+      const std::vector<double>& r = rows.at(size_t(row));
+      EXPECT_NEAR(lp["token_logprobs"][j].get<double>(), r[size_t(ids[j])], 1e-4) << "token " << j;
+      std::vector<double> best = r;
+      std::sort(best.begin(), best.end(), std::greater<>());
+      const json& top = lp["top_logprobs"][j];
+      EXPECT_GE(top.size(), 1u);
+      EXPECT_LE(top.size(), top_n);
+      double top_max = -1e30;
+      for (const auto& [name, value] : top.items()) {
+        top_max = std::max(top_max, value.get<double>());
+        EXPECT_GE(value.get<double>(), best[top_n - 1] - 1e-4) << "alternative " << name << " at token " << j;
+      }
+      EXPECT_NEAR(top_max, best[0], 1e-4) << "token " << j;
+      not_likeliest += r[size_t(ids[j])] < best[0] - 1e-6;
+    }
+    EXPECT_EQ(joined, choice.at("text").get<std::string>());
+    return not_likeliest;
   }
 
   static std::vector<int32_t> ids_of(const json& choice) {
@@ -173,6 +239,7 @@ class ServeHttp : public ::testing::Test {
     std::string text;
     std::vector<int32_t> ids;
     json finish_reason, usage;
+    json token_logprobs = json::array();  // the chunks' logprobs.token_logprobs, concatenated
     size_t chunks = 0;
   };
   static Streamed stream(json body) {
@@ -191,6 +258,8 @@ class ServeHttp : public ::testing::Test {
       const json& choice = chunk.at("choices").at(0);
       s.text += choice.at("text").get<std::string>();
       for (int32_t id : ids_of(choice)) s.ids.push_back(id);
+      if (!choice.at("logprobs").is_null())
+        for (const json& lp : choice["logprobs"].at("token_logprobs")) s.token_logprobs.push_back(lp);
       const bool last = i + 2 == events.size();
       EXPECT_EQ(choice.at("finish_reason").is_null(), !last) << events[i];
       if (last) {
@@ -341,6 +410,173 @@ TEST_F(ServeHttp, StopSequenceCutsTheTextAndFinishesWithStop) {
   }
 }
 
+TEST_F(ServeHttp, LogprobsAreTheModelsLogSoftmaxWholeAndStreamed) {
+  const std::string prompt = "The quick brown fox";
+  // A hot temperature, so that the chosen tokens are mostly not the likeliest: the reported
+  // logprob must be the chosen token's, not the top one's.
+  json body = {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 1.5}, {"seed", 4}, {"logprobs", 3}};
+  Reply r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& choice = r.body["choices"][0];
+  const std::vector<int32_t> generated = ids_of(choice);
+  ASSERT_EQ(generated.size(), 12u) << choice;
+  std::vector<int32_t> all = tok_->encode(prompt, true);
+  const int64_t n = int64_t(all.size());
+  all.insert(all.end(), generated.begin(), generated.end());
+  EXPECT_GE(check_logprobs(choice, generated, n - 1, reference_log_softmax(all), 3), 6);
+  // Streamed, each token's chunk carries the same logprob; the text still concatenates.
+  Streamed st = stream(body);
+  EXPECT_EQ(st.ids, generated);
+  EXPECT_EQ(st.text, choice["text"]);
+  EXPECT_EQ(st.token_logprobs, choice["logprobs"]["token_logprobs"]);
+  // logprobs 0: the chosen tokens' logprobs with no alternatives.
+  body["logprobs"] = 0;
+  Reply z = post("/v1/completions", body);
+  ASSERT_EQ(z.status, 200) << z.raw;
+  EXPECT_EQ(z.body["choices"][0]["logprobs"]["token_logprobs"], choice["logprobs"]["token_logprobs"]);
+  for (const json& top : z.body["choices"][0]["logprobs"]["top_logprobs"]) EXPECT_EQ(top, json::object());
+  // Without logprobs the field is null, as OpenAI's.
+  body.erase("logprobs");
+  EXPECT_TRUE(post("/v1/completions", body).body["choices"][0].at("logprobs").is_null());
+}
+
+TEST_F(ServeHttp, EchoWithLogprobsScoresThePrompt) {
+  // Longer than two prefill chunks of logits, so the scores cross chunk boundaries.
+  std::string text;
+  while (int64_t(tok_->encode(text, true).size()) < 2 * kPromptLogitsChunk + 20)
+    text += "Mixture of experts models route each token to a few experts. ";
+  const std::vector<int32_t> prompt = tok_->encode(text, true);
+  const auto rows = reference_log_softmax(prompt);
+  Reply r =
+      post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 2}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& choice = r.body["choices"][0];
+  EXPECT_EQ(choice["text"], tok_->decode(prompt, true));
+  EXPECT_EQ(choice["token_ids"], json::array());
+  EXPECT_EQ(choice["finish_reason"], "length");
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], prompt.size());
+  check_logprobs(choice, prompt, -1, rows, 2);
+
+  // The request lm-evaluation-harness sends to score continuations: a batch of id prompts,
+  // echo, logprobs 1, one greedy token. Each choice scores its own prompt, then adds the token.
+  const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 20);
+  json batch = {
+      {"prompt", {head, kPrompt}}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 1}, {"temperature", 0}};
+  Reply b = post("/v1/completions", batch);
+  ASSERT_EQ(b.status, 200) << b.raw;
+  ASSERT_EQ(b.body["choices"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const std::vector<int32_t>& p = i == 0 ? head : kPrompt;
+    const json& c = b.body["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    const std::vector<int32_t> next = reference(p, 1, {0.0f, 0, 1.0f}, 0);
+    ASSERT_EQ(next.size(), 1u);
+    EXPECT_EQ(ids_of(c), next);
+    std::vector<int32_t> all = p;
+    all.push_back(next[0]);
+    // The greedy token is its row's likeliest: no token is "not the likeliest" but prompt ones.
+    check_logprobs(c, all, -1, reference_log_softmax(all), 1);
+    const std::string head_text = tok_->decode(p, true);
+    EXPECT_EQ(c["text"].get<std::string>().compare(0, head_text.size(), head_text), 0) << c["text"];
+  }
+  // Streamed, the echo arrives first, as one chunk with the prompt's text and no ids.
+  json one = {{"prompt", kPrompt}, {"max_tokens", 3}, {"echo", true}, {"temperature", 0}, {"stream", true}};
+  Reply s = post("/v1/completions", one);
+  ASSERT_EQ(s.status, 200) << s.raw;
+  const json first = json::parse(sse_data(s.raw).at(0));
+  EXPECT_EQ(first["choices"][0]["text"], tok_->decode(kPrompt, true));
+  EXPECT_EQ(first["choices"][0]["token_ids"], json::array());
+  one.erase("stream");
+  EXPECT_EQ(stream(one).text, post("/v1/completions", one).body["choices"][0]["text"]);
+}
+
+TEST_F(ServeHttp, BatchedPromptsAndNGiveOneChoiceEach) {
+  const std::string text = "Mixture of experts";
+  const std::vector<std::vector<int32_t>> prompts = {tok_->encode(text, true), kPrompt};
+  const SamplingParams sp{0.9f, 0, 1.0f};
+  json body = {{"prompt", {text, kPrompt}}, {"n", 2}, {"max_tokens", 8}, {"temperature", 0.9}, {"seed", 5}};
+  Reply r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["choices"].size(), 4u);
+  int64_t completion_tokens = 0;
+  std::map<int64_t, std::vector<int32_t>> expected;
+  for (size_t i = 0; i < 2; ++i)
+    for (size_t j = 0; j < 2; ++j) {
+      const json& c = r.body["choices"][i * 2 + j];
+      EXPECT_EQ(c["index"], i * 2 + j);
+      // Choice j of a prompt samples with seed + j.
+      expected[int64_t(i * 2 + j)] = reference(prompts[i], 8, sp, 5 + j);
+      EXPECT_EQ(ids_of(c), expected[int64_t(i * 2 + j)]) << "prompt " << i << " sample " << j;
+      completion_tokens += int64_t(ids_of(c).size());
+    }
+  EXPECT_NE(ids_of(r.body["choices"][0]), ids_of(r.body["choices"][1]));
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], prompts[0].size() + prompts[1].size());
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], completion_tokens);
+
+  // Streamed: each event names its choice; each choice ends with its own finish_reason, and
+  // only the request's last chunk carries the usage.
+  body["stream"] = true;
+  Reply s = post("/v1/completions", body);
+  ASSERT_EQ(s.status, 200) << s.raw;
+  std::vector<std::string> events = sse_data(s.raw);
+  ASSERT_GE(events.size(), 6u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::map<int64_t, std::vector<int32_t>> streamed;
+  std::map<int64_t, std::string> texts;
+  std::map<int64_t, int> finishes;
+  for (size_t e = 0; e + 1 < events.size(); ++e) {
+    const json chunk = json::parse(events[e]);
+    const json& c = chunk["choices"].at(0);
+    const int64_t index = c["index"];
+    for (int32_t id : ids_of(c)) streamed[index].push_back(id);
+    texts[index] += c["text"].get<std::string>();
+    finishes[index] += !c["finish_reason"].is_null();
+    EXPECT_EQ(chunk.contains("usage"), e + 2 == events.size()) << events[e];
+    if (chunk.contains("usage")) {
+      EXPECT_EQ(chunk["usage"], r.body["usage"]);
+    }
+  }
+  EXPECT_EQ(streamed, expected);
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(finishes[i], 1) << "choice " << i;
+    EXPECT_EQ(texts[i], r.body["choices"][size_t(i)]["text"]) << "choice " << i;
+  }
+}
+
+TEST_F(ServeHttp, PenaltiesAndLogitBiasChangeWhatIsSampled) {
+  const SamplingParams greedy{0.0f, 0, 1.0f};
+  const std::vector<int32_t> base = reference(kPrompt, 24, greedy, 0);
+  ASSERT_EQ(base.size(), 24u);
+  json body = {{"prompt", kPrompt}, {"max_tokens", 6}, {"temperature", 0}};
+  // A large bias makes greedy decoding pick one token every time; -100 removes the likeliest.
+  body["logit_bias"] = {{"57", 100}};
+  Reply r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(ids_of(r.body["choices"][0]), std::vector<int32_t>(6, 57));
+  body["logit_bias"] = {{std::to_string(base[0]), -100}};
+  r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_NE(ids_of(r.body["choices"][0]).at(0), base[0]);
+  // Penalties reach the sampler (their formula is checked on its own, ServeSampling): what
+  // generate() gives with them, and the greedy run's repeats are gone.
+  std::map<int32_t, int> repeats;
+  for (int32_t id : base) ++repeats[id];
+  ASSERT_LT(repeats.size(), base.size()) << "the greedy run repeats no token; pick another prompt";
+  SamplingParams penalised = greedy;
+  penalised.frequency_penalty = 2.0f;
+  penalised.presence_penalty = 2.0f;
+  body.erase("logit_bias");
+  body["max_tokens"] = 24;
+  body["frequency_penalty"] = 2;
+  body["presence_penalty"] = 2;
+  r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const std::vector<int32_t> got = ids_of(r.body["choices"][0]);
+  EXPECT_EQ(got, reference(kPrompt, 24, penalised, 0));
+  EXPECT_NE(got, base);
+}
+
 TEST_F(ServeHttp, BadRequestsAre400NamingTheField) {
   const json ok = {{"prompt", kPrompt}, {"max_tokens", 4}, {"temperature", 0}};
   auto with = [&](const char* key, const json& value) {
@@ -351,6 +587,7 @@ TEST_F(ServeHttp, BadRequestsAre400NamingTheField) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{\"prompt\": [1, 2", "request body: malformed JSON: parse error at line 1"},
       {"", "request body: expected a JSON object, got an empty body"},
+      {"{\"prompt\": [1e999]}", "request body: malformed JSON: number overflow parsing '1e999'"},
       {"[1, 2]", "request body: expected a JSON object, got [1,2]"},
       {"{}", "prompt: required"},
       {with("prompt", 5), "prompt: expected a string or an array of token ids, got 5"},
@@ -358,11 +595,12 @@ TEST_F(ServeHttp, BadRequestsAre400NamingTheField) {
       {with("prompt", {1, "x"}), "prompt[1]: expected a token id (a non-negative integer), got \"x\""},
       {with("prompt", {1, -4}), "prompt[1]: expected a token id (a non-negative integer), got -4"},
       {with("prompt", {1, 512}), "prompt[1]: token id 512 is outside the vocabulary [0, 512)"},
-      {with("prompt", {"a", "b"}), "prompt: batched prompts (2) are not supported"},
-      {with("max_tokens", -3), "max_tokens: expected a positive integer, got -3"},
-      {with("max_tokens", 0), "max_tokens: expected a positive integer, got 0"},
-      {with("max_tokens", "16"), "max_tokens: expected a positive integer, got \"16\""},
-      {with("max_tokens", 2.5), "max_tokens: expected a positive integer, got 2.5"},
+      {with("prompt", {"a", 7}), "prompt[1]: expected a string or an array of token ids, got 7"},
+      {with("prompt", {{1, 2}, json::array()}), "prompt[1]: expected a non-empty array of token ids"},
+      {with("prompt", {{1, 2}, {3, 600}}), "prompt[1][1]: token id 600 is outside the vocabulary [0, 512)"},
+      {with("max_tokens", -3), "max_tokens: expected an integer >= 0 (0: no generation), got -3"},
+      {with("max_tokens", "16"), "max_tokens: expected an integer >= 0 (0: no generation), got \"16\""},
+      {with("max_tokens", 2.5), "max_tokens: expected an integer >= 0 (0: no generation), got 2.5"},
       {with("max_tokens", 1022),
        "max_tokens: the prompt (5 tokens) + max_tokens (1022) exceeds the model's "
        "context length 1024; ask for at most 1019"},
@@ -376,10 +614,24 @@ TEST_F(ServeHttp, BadRequestsAre400NamingTheField) {
       {with("stop", {"a", ""}), "stop[1]: expected a non-empty string, got \"\""},
       {with("stop", {"a", "b", "c", "d", "e"}), "stop: at most 4 sequences are allowed, got 5"},
       {with("stream", "yes"), "stream: expected true or false, got \"yes\""},
-      {with("n", 2), "n: only 1 is supported, got 2"},
-      {with("logprobs", 1), "logprobs: not supported"},
-      {with("echo", true), "echo: true is not supported"},
-      {with("presence_penalty", 0.5), "presence_penalty: not supported (only 0), got 0.5"},
+      {with("n", 0), "n: expected an integer in [1, 128], got 0"},
+      {with("n", 1.5), "n: expected an integer in [1, 128], got 1.5"},
+      {json{{"prompt", std::vector<std::vector<int>>(3, {1, 2})}, {"n", 50}}.dump(),
+       "prompt: 3 prompts x n = 50 make 150 choices; at most 128 are allowed per request"},
+      {with("best_of", 3), "best_of: only best_of = n (1) is supported, got 3"},
+      {with("logprobs", 21), "logprobs: expected an integer in [0, 20] (alternatives per token), got 21"},
+      {with("logprobs", true), "logprobs: expected an integer in [0, 20] (alternatives per token), got true"},
+      {with("echo", "yes"), "echo: expected true or false, got \"yes\""},
+      {with("presence_penalty", 2.5), "presence_penalty: expected a number in [-2, 2], got 2.5"},
+      {with("frequency_penalty", "x"), "frequency_penalty: expected a number in [-2, 2], got \"x\""},
+      {with("logit_bias", {1, 2}),
+       "logit_bias: expected an object mapping token ids (as strings) to numbers"},
+      {with("logit_bias", {{"abc", 1}}), "logit_bias: key \"abc\" is not a token id"},
+      {with("logit_bias", {{"-1", 1}}), "logit_bias: key \"-1\" is not a token id"},
+      {with("logit_bias", {{"512", 1}}),
+       "logit_bias[\"512\"]: token id 512 is outside the vocabulary [0, 512)"},
+      {with("logit_bias", {{"5", 101}}), "logit_bias[\"5\"]: expected a number in [-100, 100], got 101"},
+      {with("suffix", "tail"), "suffix: not supported by this server, got \"tail\""},
   };
   for (const auto& [body, message] : cases) {
     Reply r = post("/v1/completions", body);
@@ -395,7 +647,7 @@ TEST_F(ServeHttp, BadRequestsAre400NamingTheField) {
   bad_stream["max_tokens"] = -1;
   Reply s = post("/v1/completions", bad_stream);
   EXPECT_EQ(s.status, 400) << s.raw;
-  EXPECT_EQ(s.body["error"]["message"], "max_tokens: expected a positive integer, got -1");
+  EXPECT_EQ(s.body["error"]["message"], "max_tokens: expected an integer >= 0 (0: no generation), got -1");
 
   // Tokenize and detokenize validate too.
   Reply t = post("/tokenize", json{{"text", 5}});
@@ -664,12 +916,41 @@ TEST(ServeText, TheSeamWithTheContextKeepsItsSpacing) {
   EXPECT_EQ(none.finish(), "");
 }
 
+TEST(ServeText, PromptPiecesConcatenateToTheDecodeAcrossBlocks) {
+  // "\xE2\x82" + "\xAC" is the euro sign split over two ids; alone, the first is invalid.
+  PieceTokenizer tok({"<p>", "Hel", "lo", " wor", "ld", "\xE2\x82", "\xAC", "!"});
+  std::mt19937 rng(3);
+  std::vector<int32_t> ids = {0};
+  while (ids.size() < 700) {
+    const int32_t id = int32_t(rng() % 8);
+    ids.push_back(id);
+    if (id == 5 && rng() % 4 != 0) ids.push_back(6);
+  }
+  const std::vector<std::string> pieces = prompt_pieces(&tok, ids);
+  ASSERT_EQ(pieces.size(), ids.size());
+  std::string joined;
+  for (const std::string& p : pieces) joined += p;
+  EXPECT_EQ(joined, tok.decode(ids, true));
+  EXPECT_EQ(pieces[1], tok.decode({ids[1]}, true)) << "an ASCII piece is its own text";
+  EXPECT_EQ(prompt_pieces(nullptr, ids), std::vector<std::string>(ids.size()));
+
+  const std::vector<int32_t> context = {0, 1};
+  EXPECT_EQ(alternative_token_text(&tok, context, 2), "lo");
+  EXPECT_EQ(alternative_token_text(&tok, context, 8), "token_id:8");
+  EXPECT_EQ(alternative_token_text(nullptr, context, 2), "token_id:2");
+}
+
 TEST(ServeRequest, DefaultsAndFields) {
   const ModelLimits limits{512, 1024};
   CompletionRequest r = parse_completion_request(json{{"prompt", {1, 2, 3}}}, limits);
-  EXPECT_FALSE(r.prompt_is_text);
-  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_FALSE(r.prompts[0].is_text);
+  EXPECT_EQ(r.prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(r.max_tokens, 16);
+  EXPECT_EQ(r.n, 1);
+  EXPECT_FALSE(r.echo);
+  EXPECT_EQ(r.logprobs, -1);
+  EXPECT_FALSE(r.sampling.adjusts_logits());
   EXPECT_EQ(r.sampling.temperature, 1.0f);
   EXPECT_EQ(r.sampling.top_k, 0);
   EXPECT_EQ(r.sampling.top_p, 1.0f);
@@ -677,10 +958,11 @@ TEST(ServeRequest, DefaultsAndFields) {
   EXPECT_FALSE(r.stream);
   r = parse_completion_request(json::parse(R"({"prompt": "hi", "max_tokens": 5, "temperature": 0, "top_k": 3,
       "top_p": 0.5, "seed": 18446744073709551615, "stop": "\n", "stream": true, "n": 1, "model": "x",
-      "user": "u", "logprobs": null, "suffix": null})"),
+      "user": "u", "logprobs": null, "suffix": null, "best_of": null, "echo": null})"),
                                limits);
-  EXPECT_TRUE(r.prompt_is_text);
-  EXPECT_EQ(r.prompt_text, "hi");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_TRUE(r.prompts[0].is_text);
+  EXPECT_EQ(r.prompts[0].text, "hi");
   EXPECT_EQ(r.max_tokens, 5);
   EXPECT_EQ(r.sampling.temperature, 0.0f);
   EXPECT_EQ(r.sampling.top_k, 3);
@@ -688,11 +970,77 @@ TEST(ServeRequest, DefaultsAndFields) {
   EXPECT_EQ(r.seed, std::optional<uint64_t>(18446744073709551615ull));
   EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
   EXPECT_TRUE(r.stream);
+  // The OpenAI fields for scoring and sampling several choices.
+  r = parse_completion_request(json::parse(R"({"prompt": ["a", [4, 5]], "n": 3, "best_of": 3, "logprobs": 5,
+      "echo": true, "max_tokens": 0, "presence_penalty": -0.5, "frequency_penalty": 1.25,
+      "logit_bias": {"7": -100, "0": 2.5}})"),
+                               limits);
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_TRUE(r.prompts[0].is_text);
+  EXPECT_EQ(r.prompts[1].ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.logprobs, 5);
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.max_tokens, 0);
+  EXPECT_EQ(r.sampling.presence_penalty, -0.5f);
+  EXPECT_EQ(r.sampling.frequency_penalty, 1.25f);
+  std::vector<std::pair<int32_t, float>> bias = r.sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{0, 2.5f}, {7, -100.0f}}));
   // Prompt + max_tokens must fit the context, with the prompt's own length known.
   r = parse_completion_request(json{{"prompt", {1, 2, 3}}, {"max_tokens", 1021}}, limits);
-  EXPECT_EQ(completion_prompt_ids(r, nullptr, limits).size(), 3u);
+  EXPECT_EQ(completion_prompt_ids(r, nullptr, limits), (std::vector<std::vector<int32_t>>{{1, 2, 3}}));
   r.max_tokens = 1022;
   EXPECT_THROW(completion_prompt_ids(r, nullptr, limits), ApiError);
+  // A prompt that fills the context can only be scored (max_tokens 0), not continued.
+  r = parse_completion_request(json{{"prompt", std::vector<int32_t>(1024, 1)}, {"max_tokens", 0}}, limits);
+  EXPECT_EQ(completion_prompt_ids(r, nullptr, limits).at(0).size(), 1024u);
+  r.max_tokens = 1;
+  try {
+    completion_prompt_ids(r, nullptr, limits);
+    ADD_FAILURE() << "a full-context prompt with max_tokens 1 was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_STREQ(e.what(),
+                 "prompt: 1024 tokens leave no room to generate in the model's context length 1024");
+  }
+  r.prompts[0].ids.push_back(1);
+  r.max_tokens = 0;
+  EXPECT_THROW(completion_prompt_ids(r, nullptr, limits), ApiError);
+}
+
+TEST(ServeSampling, AdjustLogitsFollowsOpenAIsFormula) {
+  SamplingParams p;
+  EXPECT_FALSE(p.adjusts_logits());
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.25f;
+  p.logit_bias = {{0, 3.0f}, {2, -100.0f}};
+  EXPECT_TRUE(p.adjusts_logits());
+  std::vector<float> logits = {1.0f, 2.0f, 3.0f, 4.0f};
+  adjust_logits(logits.data(), 4, p, {2, 0, 1, 3});
+  // logit - frequency * count - presence * (count > 0) + bias
+  EXPECT_EQ(logits, (std::vector<float>{1.0f - 1.0f - 0.25f + 3.0f, 2.0f, 3.0f - 0.5f - 0.25f - 100.0f,
+                                        4.0f - 1.5f - 0.25f}));
+  EXPECT_THROW(adjust_logits(logits.data(), 4, p, {}), Error);  // penalties need the counts
+  p.logit_bias = {{4, 1.0f}};
+  EXPECT_THROW(adjust_logits(logits.data(), 4, p, {0, 0, 0, 0}), Error);
+}
+
+TEST(ServeSampling, TokenLogprobIsALogSoftmaxWithItsBestAlternatives) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -50.0f};
+  double z = 0;
+  for (float l : logits) z += std::exp(double(l));
+  const TokenLogprob lp = token_logprob(logits.data(), 5, 2, 3);
+  EXPECT_NEAR(lp.logprob, 2.0 - std::log(z), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 1);  // a tie goes to the lower id
+  EXPECT_EQ(lp.top[1].first, 3);
+  EXPECT_EQ(lp.top[2].first, 2);
+  EXPECT_NEAR(lp.top[0].second, 3.0 - std::log(z), 1e-6);
+  EXPECT_NEAR(lp.top[2].second, lp.logprob, 1e-7);
+  EXPECT_EQ(token_logprob(logits.data(), 5, 4, 0).top.size(), 0u);
+  EXPECT_NEAR(token_logprob(logits.data(), 5, 4, 0).logprob, -50.0 - std::log(z), 1e-5);
+  EXPECT_EQ(token_logprob(logits.data(), 5, 0, 99).top.size(), 5u);
+  EXPECT_THROW(token_logprob(logits.data(), 5, 5, 1), Error);
 }
 
 // The real binary: prints its URL for --port 0, serves, logs each request and exits 0 on SIGTERM.
@@ -758,7 +1106,8 @@ TEST(ServeCli, PrintsItsUrlServesAndStopsOnSigterm) {
   const std::string log((std::istreambuf_iterator<char>(log_file)), std::istreambuf_iterator<char>());
   EXPECT_NE(log.find("POST /v1/completions 200 prompt_tokens=5 generated_tokens="), std::string::npos) << log;
   EXPECT_NE(log.find("POST /v1/completions 400"), std::string::npos) << log;
-  EXPECT_NE(log.find("max_tokens: expected a positive integer, got -3"), std::string::npos) << log;
+  EXPECT_NE(log.find("max_tokens: expected an integer >= 0 (0: no generation), got -3"), std::string::npos)
+      << log;
   EXPECT_NE(log.find("received SIGTERM"), std::string::npos) << log;
   fs::remove_all(dir);
 }

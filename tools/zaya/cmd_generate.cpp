@@ -51,7 +51,7 @@ void run_generate(const GenerateOptions& o) {
   std::fflush(stdout);
   SamplingParams sp{o.temperature, o.top_k, o.top_p};
   int64_t printed_ids = 0;
-  GenerateStats st = generate(*model, prompt, o.max_tokens, sp, o.seed, [&](int32_t next) {
+  GenerateStats st = generate(*model, prompt, o.max_tokens, sp, o.seed, [&](int32_t next, const float*) {
     if (text_out)
       std::printf("%s", text.push(next).text.c_str());
     else
