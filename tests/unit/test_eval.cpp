@@ -1,5 +1,6 @@
 // `zaya eval`'s library (src/eval/): windowed perplexity against log-softmax over full logits,
-// the token streams read from token files, text and shard directories, and the CLI end to end.
+// the token streams read from token files, text and shard directories, multiple-choice scores
+// against the same log-softmax, and the CLI end to end.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,7 +15,9 @@
 #include "core/rng.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_train.h"
 #include "eval/eval_data.h"
+#include "eval/multiple_choice.h"
 #include "eval/perplexity.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -187,6 +190,166 @@ TEST(EvalData, DirectoryWithoutManifestIsAnError) {
   }
 }
 
+// One id per byte (id = byte + 3) after BOS 1; EOS 2. Context + choice encodes to the two
+// encodings joined, so a choice's continuation is exactly its bytes.
+class ByteTokenizer final : public Tokenizer {
+ public:
+  explicit ByteTokenizer(int32_t bos = 1, int32_t eos = 2) : bos_(bos), eos_(eos) {}
+  std::vector<int32_t> encode(std::string_view text, bool add_special) const override {
+    std::vector<int32_t> ids;
+    if (add_special && bos_ >= 0) ids.push_back(bos_);
+    for (unsigned char c : text) ids.push_back(int32_t(c) + 3);
+    return ids;
+  }
+  std::string decode(const std::vector<int32_t>& ids, bool) const override {
+    std::string s;
+    for (int32_t id : ids)
+      if (id >= 3) s += char(id - 3);
+    return s;
+  }
+  int64_t vocab_size() const override { return 259; }
+  int32_t token_to_id(std::string_view) const override { return -1; }
+  std::string id_to_token(int32_t id) const override { return std::to_string(id); }
+  int32_t bos_id() const override { return bos_; }
+  int32_t eos_id() const override { return eos_; }
+
+ private:
+  int32_t bos_, eos_;
+};
+
+std::vector<int32_t> byte_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  for (unsigned char c : s) ids.push_back(int32_t(c) + 3);
+  return ids;
+}
+
+// sum of log p(ids[t + 1] | ids[.. t]) for t + 1 >= from, from full logits of ids run alone.
+double reference_continuation_logprob(Model& m, const std::vector<int32_t>& ids, int64_t from) {
+  const int64_t V = m.config().vocab_size, T = int64_t(ids.size()) - 1;
+  std::vector<float> logits(static_cast<size_t>(T * V));
+  ForwardOutputs out;
+  out.logits = logits.data();
+  m.forward(ids.data(), 1, T, nullptr, out);
+  double sum = 0;
+  for (int64_t t = from - 1; t < T; ++t) {
+    const float* row = &logits[size_t(t * V)];
+    double mx = row[0];
+    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, double(row[v]));
+    double z = 0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v]) - mx);
+    sum += double(row[ids[size_t(t + 1)]]) - mx - std::log(z);
+  }
+  return sum;
+}
+
+TEST(EvalChoices, ContextWhitespaceMovesToTheChoice) {
+  const ByteTokenizer tok;
+  ChoiceTokens t = tokenize_choice(tok, "The sky is ", "blue");
+  std::vector<int32_t> want = {1};
+  for (int32_t id : byte_ids("The sky is blue")) want.push_back(id);
+  EXPECT_EQ(t.ids, want);
+  EXPECT_EQ(t.context_tokens, 11);  // BOS + "The sky is"
+  EXPECT_EQ(t.choice_bytes, 5);     // " blue"
+  t = tokenize_choice(tok, "", "abc");
+  EXPECT_EQ(t.ids, (std::vector<int32_t>{1, 'a' + 3, 'b' + 3, 'c' + 3}));
+  EXPECT_EQ(t.context_tokens, 1);
+  // Without BOS an empty context starts from EOS; with neither it is an error, as is a choice
+  // that adds nothing.
+  EXPECT_EQ(tokenize_choice(ByteTokenizer(-1, 2), "", "a").ids, (std::vector<int32_t>{2, 'a' + 3}));
+  EXPECT_THROW(tokenize_choice(ByteTokenizer(-1, -1), "", "a"), Error);
+  EXPECT_THROW(tokenize_choice(tok, "context", ""), Error);
+}
+
+TEST_F(EvalPerplexity, MultipleChoiceScoresAreContinuationLogLikelihoods) {
+  const ByteTokenizer tok;
+  const int64_t window = model_->config().max_position_embeddings;
+  std::vector<ChoiceQuestion> questions = {
+      {"The capital of France is ", {"Paris", "Rome", "a very long answer indeed"}, 0},
+      {"Two plus two", {" equals four", " is five"}, 1},
+      {"", {"x", "yz", "abc", "q"}, 3},
+      // Longer than the model's context: only the context's last tokens are kept.
+      {std::string(size_t(window) + 40, 'a') + " then", {" b", " c"}, 0},
+  };
+  const MultipleChoiceResult r = evaluate_multiple_choice(*model_, tok, questions);
+  ASSERT_EQ(r.questions, 4);
+  EXPECT_EQ(r.choices, 11);
+  EXPECT_EQ(r.truncated, 2);
+  int64_t correct = 0, correct_norm = 0;
+  for (size_t qi = 0; qi < questions.size(); ++qi) {
+    const ChoiceQuestion& q = questions[qi];
+    const QuestionResult& got = r.per_question[qi];
+    ASSERT_EQ(got.choices.size(), q.choices.size());
+    int64_t best = 0, best_norm = 0;
+    std::vector<double> want(q.choices.size());
+    for (size_t ci = 0; ci < q.choices.size(); ++ci) {
+      const ChoiceTokens t = tokenize_choice(tok, q.context, q.choices[ci]);
+      const int64_t first = std::max<int64_t>(0, int64_t(t.ids.size()) - 1 - window);
+      const std::vector<int32_t> kept(t.ids.begin() + first, t.ids.end());
+      want[ci] = reference_continuation_logprob(*model_, kept, t.context_tokens - first);
+      EXPECT_NEAR(got.choices[ci].logprob, want[ci], 1e-4 * std::fabs(want[ci])) << qi << "/" << ci;
+      EXPECT_EQ(got.choices[ci].tokens, int64_t(t.ids.size()) - t.context_tokens);
+      EXPECT_EQ(got.choices[ci].bytes, t.choice_bytes);
+      if (want[ci] > want[size_t(best)]) best = int64_t(ci);
+      if (want[ci] / double(t.choice_bytes) >
+          want[size_t(best_norm)] / double(got.choices[size_t(best_norm)].bytes))
+        best_norm = int64_t(ci);
+    }
+    EXPECT_EQ(got.predicted, best) << qi;
+    EXPECT_EQ(got.predicted_norm, best_norm) << qi;
+    correct += best == q.answer;
+    correct_norm += best_norm == q.answer;
+  }
+  EXPECT_EQ(r.correct, correct);
+  EXPECT_EQ(r.correct_norm, correct_norm);
+  EXPECT_DOUBLE_EQ(r.accuracy, double(correct) / 4);
+  EXPECT_NEAR(r.accuracy_stderr, std::sqrt(r.accuracy * (1 - r.accuracy) / 3), 1e-12);
+  // The answer decides what counts as right: point every answer at the prediction.
+  for (size_t qi = 0; qi < questions.size(); ++qi) questions[qi].answer = r.per_question[qi].predicted;
+  EXPECT_EQ(evaluate_multiple_choice(*model_, tok, questions).correct, 4);
+  MultipleChoiceOptions two;
+  two.max_questions = 2;
+  EXPECT_EQ(evaluate_multiple_choice(*model_, tok, questions, two).questions, 2);
+}
+
+TEST(EvalChoices, BadFilesAreErrorsNamingTheLineAndField) {
+  const std::string dir = fresh_dir("choices");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"answer\": 0}\n\n[1]",
+       ":3: expected a JSON object"},
+      {"{\"context\": \"a\", \"choices\": [\"b\", \"c\"]", ":1: not JSON"},
+      {"{\"choices\": [\"b\", \"c\"], \"answer\": 0}", ":1: no \"context\" field (--context-field names"},
+      {"{\"context\": 5, \"choices\": [\"b\", \"c\"], \"answer\": 0}", ":1: \"context\": expected a string"},
+      {"{\"context\": \"a\", \"choices\": [\"b\"], \"answer\": 0}",
+       "\"choices\": expected an array of at least 2"},
+      {"{\"context\": \"a\", \"choices\": [\"b\", 3], \"answer\": 0}",
+       "\"choices\"[1]: expected a string, got 3"},
+      {"{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"answer\": 2}",
+       "\"answer\": expected the index of the right choice, an integer in [0, 2), got 2"},
+      {"{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"answer\": \"b\"}", "got \"b\""},
+      {"\n \n", "holds no questions"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = dir + "/q" + std::to_string(i) + ".jsonl";
+    std::ofstream(path) << cases[i].first;
+    try {
+      load_choice_questions(path);
+      ADD_FAILURE() << "accepted: " << cases[i].first;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(path), std::string::npos) << what;
+      EXPECT_NE(what.find(cases[i].second), std::string::npos) << what << "\n  want: " << cases[i].second;
+    }
+  }
+  // Renamed fields.
+  const std::string path = dir + "/renamed.jsonl";
+  std::ofstream(path) << "{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": 1}\n";
+  const std::vector<ChoiceQuestion> q = load_choice_questions(path, ChoiceFields{"ctx", "endings", "label"});
+  ASSERT_EQ(q.size(), 1u);
+  EXPECT_EQ(q[0].context, "a");
+  EXPECT_EQ(q[0].choices, (std::vector<std::string>{"b", "c"}));
+  EXPECT_EQ(q[0].answer, 1);
+}
+
 TEST(EvalCli, ScoresATokenFileAndWritesJson) {
   // The CLI's loss equals the library's on the same model and data.
   const std::string dir = fresh_dir("cli");
@@ -219,6 +382,55 @@ TEST(EvalCli, ScoresATokenFileAndWritesJson) {
                                "/model --data " + dir + "/val.bin --seq-len 100000000 > " + dir +
                                "/log2 2>&1";
   EXPECT_NE(std::system(too_long.c_str()), 0);
+}
+
+TEST(EvalCli, MultipleChoiceWritesTheLibrarysScores) {
+  const std::string dir = fresh_dir("cli_choices");
+  auto be = make_cpu_backend();
+  Model m(preset_config("zaya-tiny"), *be);
+  m.init_random(5);
+  save_model(m, dir + "/model", DType::F32);
+  {
+    std::ofstream corpus(dir + "/corpus.txt");
+    for (int r = 0; r < 50; ++r)
+      corpus << "The cat sat on the mat. A dog ran in the park. Birds fly south.\n";
+  }
+  TokenizerTrainOptions to;
+  to.vocab_size = 320;
+  to.character_coverage = 1.0;
+  train_sentencepiece({dir + "/corpus.txt"}, dir + "/model/tokenizer", to);
+  std::ofstream(dir + "/q.jsonl")
+      << "{\"context\": \"The cat sat on the\", \"choices\": [\" mat\", \" park\"], \"answer\": 0}\n"
+      << "{\"context\": \"A dog ran in the \", \"choices\": [\"mat\", \"park\", \"south\"], \"answer\": 1}\n";
+  const std::string cmd = std::string(ZAYA_BINARY_DIR) + "/bin/zaya eval --model " + dir +
+                          "/model --choices " + dir + "/q.jsonl --out " + dir + "/out.json > " + dir +
+                          "/log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/out.json"));
+  auto tok = load_tokenizer(dir + "/model/tokenizer.model");
+  const MultipleChoiceResult want =
+      evaluate_multiple_choice(m, *tok, load_choice_questions(dir + "/q.jsonl"));
+  EXPECT_EQ(j.at("questions"), 2);
+  EXPECT_EQ(j.at("choices"), 5);
+  EXPECT_DOUBLE_EQ(j.at("accuracy").get<double>(), want.accuracy);
+  EXPECT_DOUBLE_EQ(j.at("accuracy_norm").get<double>(), want.accuracy_norm);
+  ASSERT_EQ(j.at("predictions").size(), 2u);
+  for (size_t q = 0; q < 2; ++q) {
+    EXPECT_EQ(j["predictions"][q].at("predicted"), want.per_question[q].predicted);
+    for (size_t c = 0; c < want.per_question[q].choices.size(); ++c)
+      EXPECT_NEAR(j["predictions"][q]["logprobs"][c].get<double>(), want.per_question[q].choices[c].logprob,
+                  1e-6);
+  }
+  // --data and --choices together, or neither, is refused.
+  const std::string both = std::string(ZAYA_BINARY_DIR) + "/bin/zaya eval --model " + dir +
+                           "/model --choices " + dir + "/q.jsonl --data x.bin > " + dir + "/log2 2>&1";
+  EXPECT_NE(std::system(both.c_str()), 0);
+  const std::string neither =
+      std::string(ZAYA_BINARY_DIR) + "/bin/zaya eval --model " + dir + "/model > " + dir + "/log3 2>&1";
+  EXPECT_NE(std::system(neither.c_str()), 0);
+  std::ifstream log3(dir + "/log3");
+  const std::string text((std::istreambuf_iterator<char>(log3)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("give --data (held-out loss and perplexity) or --choices"), std::string::npos) << text;
 }
 
 }  // namespace
