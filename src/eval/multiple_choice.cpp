@@ -34,10 +34,9 @@ const json& required_field(const json& line, const std::string& name, const char
   return *it;
 }
 
-// Standard error of a proportion over n samples (the sample standard deviation over sqrt(n)).
-double proportion_stderr(double p, int64_t n) { return n > 1 ? std::sqrt(p * (1 - p) / double(n - 1)) : 0.0; }
-
 }  // namespace
+
+double proportion_stderr(double p, int64_t n) { return n > 1 ? std::sqrt(p * (1 - p) / double(n - 1)) : 0.0; }
 
 std::vector<ChoiceQuestion> load_choice_questions(const std::string& path, const ChoiceFields& fields) {
   std::ifstream in(path, std::ios::binary);
@@ -113,10 +112,12 @@ MultipleChoiceResult evaluate_multiple_choice(Model& model, const Tokenizer& tok
   const int64_t total = o.max_questions > 0 ? std::min<int64_t>(o.max_questions, int64_t(questions.size()))
                                             : int64_t(questions.size());
   if (total == 0) fail("eval", "no questions to score");
+  if (o.shards < 1 || o.shard < 0 || o.shard >= o.shards)
+    fail("eval", "shard " + std::to_string(o.shard) + " of " + std::to_string(o.shards) + " does not exist");
   const auto started = std::chrono::steady_clock::now();
   MultipleChoiceResult r;
   std::vector<int32_t> targets;
-  for (int64_t qi = 0; qi < total; ++qi) {
+  for (int64_t qi = o.shard; qi < total; qi += o.shards) {
     const ChoiceQuestion& q = questions[size_t(qi)];
     const std::string which = "question " + std::to_string(qi + 1);
     if (q.choices.size() < 2 || q.answer < 0 || q.answer >= int64_t(q.choices.size()))
@@ -168,8 +169,10 @@ MultipleChoiceResult evaluate_multiple_choice(Model& model, const Tokenizer& tok
     ++r.questions;
     if (o.progress) o.progress(r.questions, total, double(r.correct) / double(r.questions));
   }
-  r.accuracy = double(r.correct) / double(r.questions);
-  r.accuracy_norm = double(r.correct_norm) / double(r.questions);
+  if (r.questions > 0) {
+    r.accuracy = double(r.correct) / double(r.questions);
+    r.accuracy_norm = double(r.correct_norm) / double(r.questions);
+  }
   r.accuracy_stderr = proportion_stderr(r.accuracy, r.questions);
   r.accuracy_norm_stderr = proportion_stderr(r.accuracy_norm, r.questions);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -57,16 +57,23 @@ struct QuestionResult {
 };
 
 struct MultipleChoiceResult {
-  int64_t questions = 0, choices = 0, correct = 0, correct_norm = 0;
+  int64_t questions = 0, choices = 0, correct = 0, correct_norm = 0;  // this shard's
   double accuracy = 0, accuracy_norm = 0;
   double accuracy_stderr = 0, accuracy_norm_stderr = 0;  // sample standard error of the mean
   int64_t truncated = 0;                                 // choices whose context was cut on the left to fit
   double seconds = 0;
-  std::vector<QuestionResult> per_question;
+  std::vector<QuestionResult> per_question;  // the questions this shard scored, in order
 };
+
+// Standard error of a proportion p measured over n samples: the sample standard deviation over
+// sqrt(n) (0 for n < 2).
+double proportion_stderr(double p, int64_t n);
 
 struct MultipleChoiceOptions {
   int64_t max_questions = 0;  // 0 = all
+  // Data-parallel evaluation: this call scores questions q with q % shards == shard (of the
+  // first max_questions); the counts of all shards add up to the whole set's.
+  int64_t shard = 0, shards = 1;
   // Called after every question: questions done, questions in all, running accuracy.
   std::function<void(int64_t done, int64_t total, double accuracy)> progress;
 };

@@ -147,6 +147,8 @@ const std::vector<Field>& fields() {
       int_f("eval", "batches", ZAYA_GET(eval.batches), 1),
       str_f("eval", "sample_prompt", ZAYA_GET(eval.sample_prompt)),
       int_f("eval", "sample_tokens", ZAYA_GET(eval.sample_tokens), 0, int64_t{1} << 20),
+      str_f("eval", "choices", ZAYA_GET(eval.choices)),
+      int_f("eval", "choices_max", ZAYA_GET(eval.choices_max), 0),
 
       str_f("stability", "policy", ZAYA_GET(stability.policy), {"skip", "rollback"}),
       float_f("stability", "spike_factor", ZAYA_GET(stability.spike_factor), 1, true),
@@ -508,6 +510,11 @@ void cross_check(const Recipe& r, const std::string& source, std::vector<Problem
               std::to_string(s.warmup_steps) + " + " + std::to_string(decay) + " > " + std::to_string(s.total_steps),
           "the decay phase of a wsd schedule must start after warmup ends");
   }
+  if (!r.eval.choices.empty() && r.data.tokenizer.empty())
+    add("eval.choices", {"data.tokenizer"},
+        "expected \"\" when data.tokenizer is \"\" (the questions are text), found \"" + r.eval.choices +
+            "\"",
+        "set data.tokenizer to the model's tokenizer");
   if (r.stability.policy == "rollback" && r.checkpoint.every == 0)
     add("stability.policy", {"checkpoint.every"},
         "expected \"skip\" when checkpoint.every is 0 (a rollback needs a checkpoint), found \"rollback\"");

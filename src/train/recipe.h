@@ -114,6 +114,10 @@ struct RecipeEval {
   int64_t batches = 8;
   std::string sample_prompt = "The State of the Union";
   int64_t sample_tokens = 48;  // 0 = no sample
+  // Multiple-choice questions (eval/multiple_choice.h, JSONL) scored at every evaluation; "" =
+  // none. choices_max: at most this many of them (0 = all).
+  std::string choices;
+  int64_t choices_max = 0;
   bool operator==(const RecipeEval&) const = default;
 };
 

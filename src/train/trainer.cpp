@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "dist/comm.h"
+#include "eval/multiple_choice.h"
 #include "model/context_parallel.h"
 #include "model/model_io.h"
 #include "serve/generate.h"
@@ -163,6 +164,17 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   auto data = std::make_unique<TrainData>(r, data_rank, data_ranks, ramp);
   std::unique_ptr<Tokenizer> tok;
   if (!r.data.tokenizer.empty() && fs::exists(r.data.tokenizer)) tok = load_tokenizer(r.data.tokenizer);
+  std::vector<ChoiceQuestion> choice_questions;
+  if (!r.eval.choices.empty()) {
+    if (!tok)
+      fail("train",
+           "eval.choices needs a tokenizer, and data.tokenizer (" + r.data.tokenizer + ") is not a file");
+    try {
+      choice_questions = load_choice_questions(r.eval.choices);
+    } catch (const Error& e) {
+      fail("train", std::string("eval.choices: ") + e.what());
+    }
+  }
   if (opt.backend != "cpu") log("backend: " + be->name() + " (rank 0 on device " + std::to_string(device) + ")");
   std::unique_ptr<Model> model;
   if (!r.model.init_from.empty()) {
@@ -312,7 +324,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   const bool tty = isatty(2) && !opt.quiet && lead;
   auto t_start = clock_type::now();
   int64_t steps_this_run = 0;
-  double last_loss = NAN, last_val = NAN;
+  double last_loss = NAN, last_val = NAN, last_choice_acc = NAN, last_choice_acc_norm = NAN;
   // A run resumed at its last step trains nothing here: the last logged training loss stands.
   if (!curve.train_loss.empty()) last_loss = curve.train_loss.back();
   size_t phase = 0;
@@ -438,6 +450,20 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       rec["val_loss"] = last_val;
       curve.val_steps.push_back(double(step));
       curve.val_loss.push_back(last_val);
+      if (!choice_questions.empty()) {
+        MultipleChoiceOptions mo;
+        mo.max_questions = r.eval.choices_max;
+        mo.shard = dp.rank();
+        mo.shards = dp.ranks();
+        const MultipleChoiceResult mc = evaluate_multiple_choice(*model, *tok, choice_questions, mo);
+        double counts[3] = {double(mc.questions), double(mc.correct), double(mc.correct_norm)};
+        dp.sum(counts, 3);
+        last_choice_acc = counts[1] / counts[0];
+        last_choice_acc_norm = counts[2] / counts[0];
+        rec["choice_acc"] = last_choice_acc;
+        rec["choice_acc_norm"] = last_choice_acc_norm;
+        rec["choice_acc_stderr"] = proportion_stderr(last_choice_acc, int64_t(counts[0]));
+      }
     }
     if (metrics && r.logging.metrics) metrics->write(rec);
     curve.steps.push_back(double(step));
@@ -446,12 +472,16 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       const double elapsed = seconds_since(t_start);
       const double eta = elapsed / double(steps_this_run) * double(r.schedule.total_steps - step);
       char line[320];
-      std::snprintf(line, sizeof line,
-                    "step %lld/%lld | loss %.4f%s | lr %.2e | gnorm %.2f | %.0f tok/s | MFU %.1f%% | ETA %s%s",
-                    (long long)step, (long long)r.schedule.total_steps, loss,
-                    do_eval ? (" | val " + std::to_string(last_val).substr(0, 6)).c_str() : "", lr, gnorm, tok_s,
-                    100 * mfu, fmt_duration(eta).c_str(),
-                    data->phases() > 1 ? (" | " + data->phase(phase).name).c_str() : "");
+      std::snprintf(
+          line, sizeof line,
+          "step %lld/%lld | loss %.4f%s%s | lr %.2e | gnorm %.2f | %.0f tok/s | MFU %.1f%% | ETA %s%s",
+          (long long)step, (long long)r.schedule.total_steps, loss,
+          do_eval ? (" | val " + std::to_string(last_val).substr(0, 6)).c_str() : "",
+          do_eval && !choice_questions.empty()
+              ? (" | acc " + std::to_string(last_choice_acc).substr(0, 5)).c_str()
+              : "",
+          lr, gnorm, tok_s, 100 * mfu, fmt_duration(eta).c_str(),
+          data->phases() > 1 ? (" | " + data->phase(phase).name).c_str() : "");
       if (tty) std::fprintf(stderr, "\r\033[K%s%s", line, (step % r.logging.every == 0 || do_eval) ? "\n" : "");
       else std::fprintf(stderr, "%s\n", line);
     }
@@ -480,6 +510,8 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   }
   if (step >= r.schedule.total_steps) {
     sum.final_val_loss = std::isfinite(last_val) ? last_val : data->evaluate(*model, phase, dp);
+    sum.final_choice_accuracy = last_choice_acc;
+    sum.final_choice_accuracy_norm = last_choice_acc_norm;
     if (lead) {
       save_model(*model, r.run_dir + "/model");
       if (tok) {

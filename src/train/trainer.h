@@ -3,6 +3,7 @@
 // periodic evaluation and atomic checkpoints; resumes bit-exactly from the latest valid
 // checkpoint of the run. Writes metrics.jsonl, loss.svg and a final HF export into the run dir.
 #pragma once
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -17,6 +18,9 @@ struct TrainSummary {
   double final_train_loss = 0;
   double final_val_loss = 0;
   double unigram_baseline = 0;  // unigram cross-entropy of the validation set (nats/token)
+  // eval.choices at the last step's evaluation: accuracy, and per byte; NaN when not measured.
+  double final_choice_accuracy = std::numeric_limits<double>::quiet_NaN();
+  double final_choice_accuracy_norm = std::numeric_limits<double>::quiet_NaN();
   double final_weights_hash = 0;
   std::string sample;
   // The communicator gradients and weights went over: "single" (one process), "mpi" (host

@@ -177,7 +177,7 @@ Recipe unusual_recipe() {
   r.balancer = {0, 0.5, 0.25, "uniform", -0.0, true};
   r.checkpoint = {0, 1, "/ckpt"};
   r.logging = {1, false, false};
-  r.eval = {0, 1, "", 0};
+  r.eval = {0, 1, "", 0, "", 7};
   r.stability = {"skip", 1.0000001, 100};
   return r;
 }
@@ -198,7 +198,7 @@ TEST(Recipe, ResolvedTomlHasEveryKey) {
   for (const char* s : {"[model]", "[data]", "[batch]", "[optimizer]", "[schedule]", "[balancer]",
                         "[checkpoint]", "[logging]", "[eval]", "[stability]", "[parallel]"})
     EXPECT_HAS(text, std::string("\n") + s + "\n");
-  EXPECT_EQ(recipe_keys().size(), 50u);
+  EXPECT_EQ(recipe_keys().size(), 52u);
   for (const std::string& key : recipe_keys()) EXPECT_HAS(text, "\n" + key.substr(key.find('.') + 1) + " = ");
   EXPECT_HAS(text, "\nlr = 0.003\n");
   EXPECT_HAS(text, "\nclip_grad_norm = 1.0\n");  // floats stay floats
@@ -446,6 +446,10 @@ TEST(Recipe, InconsistentValues) {
 
   // No tokenizer: the vocabulary comes from the data and no samples are generated.
   EXPECT_NO_THROW(parse_recipe("[data]\ntokenizer = \"\"\n", "t.toml"));
+
+  // Multiple-choice questions are text: they need the tokenizer.
+  e = parse_error("[data]\ntokenizer = \"\"\n[eval]\nchoices = \"q.jsonl\"\n");
+  EXPECT_HAS(e, "'eval.choices' in recipe.toml at line 4: expected \"\" when data.tokenizer is \"\"");
 
   e = parse_error("[stability]\npolicy = \"rollback\"\n[checkpoint]\nevery = 0\n");
   EXPECT_HAS(e, "'stability.policy'");

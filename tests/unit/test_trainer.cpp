@@ -5,16 +5,20 @@
 
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
+#include "../common/synthetic_corpus.h"
 #include "ckpt/dist_checkpoint.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "data/shard_writer.h"
+#include "data/token_file.h"
+#include "data/tokenizer.h"
+#include "data/tokenizer_train.h"
+#include "eval/multiple_choice.h"
+#include "model/model_io.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
-
-#include "../common/synthetic_corpus.h"
 
 namespace zaya {
 namespace {
@@ -82,6 +86,74 @@ TEST(Trainer, LossFallsAndArtifactsAreWritten) {
   EXPECT_TRUE(fs::exists(r.run_dir + "/recipe.toml"));
   EXPECT_TRUE(fs::exists(r.run_dir + "/model/config.json"));
   EXPECT_TRUE(fs::exists(r.run_dir + "/model/model.safetensors"));
+}
+
+TEST(Trainer, MultipleChoiceAccuracyIsMeasuredAtEveryEvaluation) {
+  std::string dir = temp_dir("choices");
+  Recipe r = tiny_recipe(dir);
+  // A tokenizer for the questions: its ids must fit the model's vocabulary, which the token
+  // files set, so they declare 512 ids (the tokens themselves stay below 64).
+  for (const std::string& path : {r.data.train, r.data.val}) {
+    TokenFile f = read_token_file(path);
+    f.vocab_size = 512;
+    write_token_file(path, f);
+  }
+  {
+    std::ofstream corpus(dir + "/corpus.txt");
+    for (int i = 0; i < 50; ++i)
+      corpus << "The cat sat on the mat. A dog ran in the park. Birds fly south.\n";
+  }
+  TokenizerTrainOptions to;
+  to.vocab_size = 320;
+  to.character_coverage = 1.0;
+  train_sentencepiece({dir + "/corpus.txt"}, dir + "/tok", to);
+  r.data.tokenizer = dir + "/tok.model";
+  r.eval.sample_tokens = 0;
+  std::ofstream(dir + "/q.jsonl")
+      << "{\"context\": \"The cat sat on the\", \"choices\": [\" mat\", \" park\"], \"answer\": 0}\n"
+      << "{\"context\": \"A dog ran\", \"choices\": [\" in the park\", \" south\"], \"answer\": 0}\n"
+      << "{\"context\": \"Birds fly\", \"choices\": [\" south\", \" mat\", \" dog\"], \"answer\": 0}\n";
+  r.eval.choices = dir + "/q.jsonl";
+  r.schedule.total_steps = 6;
+  r.eval.every = 3;
+  TrainOptions opt;
+  opt.quiet = true;
+  const TrainSummary s = train(r, opt);
+  std::ifstream in(r.run_dir + "/metrics.jsonl");
+  std::string line;
+  std::vector<double> measured;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const bool eval_step = j["step"].get<int64_t>() % 3 == 0;
+    EXPECT_EQ(j.contains("choice_acc"), eval_step) << line;
+    if (!eval_step) continue;
+    measured.push_back(j["choice_acc"].get<double>());
+    const double acc = measured.back(), norm = j["choice_acc_norm"].get<double>();
+    EXPECT_NEAR(acc * 3, std::round(acc * 3), 1e-9) << "3 questions: thirds only";
+    EXPECT_NEAR(norm * 3, std::round(norm * 3), 1e-9);
+    EXPECT_NEAR(j["choice_acc_stderr"].get<double>(), proportion_stderr(acc, 3), 1e-12);
+  }
+  ASSERT_EQ(measured.size(), 2u);
+  // The last evaluation scored the final weights: the exported model scores the same.
+  auto be = make_cpu_backend();
+  auto model = load_model(r.run_dir + "/model", *be);
+  auto tok = load_tokenizer(r.data.tokenizer);
+  const MultipleChoiceResult want =
+      evaluate_multiple_choice(*model, *tok, load_choice_questions(r.eval.choices));
+  EXPECT_DOUBLE_EQ(measured.back(), want.accuracy);
+  EXPECT_DOUBLE_EQ(s.final_choice_accuracy, want.accuracy);
+  EXPECT_DOUBLE_EQ(s.final_choice_accuracy_norm, want.accuracy_norm);
+
+  // A missing file stops the run before it starts, naming the key and the file.
+  r.eval.choices = dir + "/missing.jsonl";
+  r.run_dir = dir + "/run2";
+  try {
+    train(r, opt);
+    ADD_FAILURE() << "a missing eval.choices file was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("eval.choices: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("missing.jsonl"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Trainer, ResumeIsBitExact) {
