@@ -10,12 +10,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../common/small_tokenizer.h"
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
-#include "data/tokenizer_train.h"
 #include "eval/eval_data.h"
 #include "eval/multiple_choice.h"
 #include "eval/perplexity.h"
@@ -390,15 +390,7 @@ TEST(EvalCli, MultipleChoiceWritesTheLibrarysScores) {
   Model m(preset_config("zaya-tiny"), *be);
   m.init_random(5);
   save_model(m, dir + "/model", DType::F32);
-  {
-    std::ofstream corpus(dir + "/corpus.txt");
-    for (int r = 0; r < 50; ++r)
-      corpus << "The cat sat on the mat. A dog ran in the park. Birds fly south.\n";
-  }
-  TokenizerTrainOptions to;
-  to.vocab_size = 320;
-  to.character_coverage = 1.0;
-  train_sentencepiece({dir + "/corpus.txt"}, dir + "/model/tokenizer", to);
+  test::train_small_tokenizer(dir + "/model/tokenizer");
   std::ofstream(dir + "/q.jsonl")
       << "{\"context\": \"The cat sat on the\", \"choices\": [\" mat\", \" park\"], \"answer\": 0}\n"
       << "{\"context\": \"A dog ran in the \", \"choices\": [\"mat\", \"park\", \"south\"], \"answer\": 1}\n";

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../common/small_tokenizer.h"
 #include "../common/synthetic_corpus.h"
 #include "ckpt/dist_checkpoint.h"
 #include "core/error.h"
@@ -14,7 +15,6 @@
 #include "data/shard_writer.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
-#include "data/tokenizer_train.h"
 #include "eval/multiple_choice.h"
 #include "model/model_io.h"
 #include "train/recipe.h"
@@ -98,16 +98,7 @@ TEST(Trainer, MultipleChoiceAccuracyIsMeasuredAtEveryEvaluation) {
     f.vocab_size = 512;
     write_token_file(path, f);
   }
-  {
-    std::ofstream corpus(dir + "/corpus.txt");
-    for (int i = 0; i < 50; ++i)
-      corpus << "The cat sat on the mat. A dog ran in the park. Birds fly south.\n";
-  }
-  TokenizerTrainOptions to;
-  to.vocab_size = 320;
-  to.character_coverage = 1.0;
-  train_sentencepiece({dir + "/corpus.txt"}, dir + "/tok", to);
-  r.data.tokenizer = dir + "/tok.model";
+  r.data.tokenizer = test::train_small_tokenizer(dir + "/tok");
   r.eval.sample_tokens = 0;
   std::ofstream(dir + "/q.jsonl")
       << "{\"context\": \"The cat sat on the\", \"choices\": [\" mat\", \" park\"], \"answer\": 0}\n"
