@@ -109,6 +109,31 @@ TEST(Cli, GenerateGreedyMatchesAManualDecodeLoop) {
     seq.push_back(next);
   }
   EXPECT_EQ(r.output.substr(0, expect.size()), expect) << r.output;
+
+  // With penalties: each generated token's logit drops by 1.5 x its count + 0.5 once generated.
+  r = run("generate --model " + fx +
+          " --ids 3,9,27 --max-tokens 12 --temperature 0 --frequency-penalty 1.5 --presence-penalty 0.5");
+  ASSERT_EQ(r.status, 0) << r.output;
+  seq = {3, 9, 27};
+  std::vector<int> count(static_cast<size_t>(m->config().vocab_size), 0);
+  std::string penalised;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<float> logits(static_cast<size_t>(m->config().vocab_size));
+    ForwardOutputs out;
+    out.logits = logits.data();
+    out.last_only = true;
+    m->forward(seq.data(), 1, int64_t(seq.size()), nullptr, out);
+    for (size_t j = 0; j < logits.size(); ++j)
+      if (count[j] > 0) logits[j] -= 1.5f * float(count[j]) + 0.5f;
+    int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (next == m->config().eos_token_ids[0]) break;
+    penalised += (i ? " " : "") + std::to_string(next);
+    ++count[size_t(next)];
+    seq.push_back(next);
+  }
+  EXPECT_EQ(r.output.substr(0, penalised.size()), penalised) << r.output;
+  r = run("generate --model " + fx + " --ids 3,9,27 --presence-penalty 3");
+  EXPECT_NE(r.status, 0) << r.output;
 }
 
 TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {

@@ -21,6 +21,7 @@ struct GenerateOptions {
   float temperature = 0.8f;
   int64_t top_k = 40;
   float top_p = 0.95f;
+  float presence_penalty = 0, frequency_penalty = 0;
   uint64_t seed = 0;
 };
 
@@ -50,6 +51,8 @@ void run_generate(const GenerateOptions& o) {
   if (text_out && !o.prompt.empty()) std::printf("%s", o.prompt.c_str());
   std::fflush(stdout);
   SamplingParams sp{o.temperature, o.top_k, o.top_p};
+  sp.presence_penalty = o.presence_penalty;
+  sp.frequency_penalty = o.frequency_penalty;
   int64_t printed_ids = 0;
   GenerateStats st = generate(*model, prompt, o.max_tokens, sp, o.seed, [&](int32_t next, const float*) {
     if (text_out)
@@ -80,6 +83,14 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--temperature", o.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
   cmd->add_option("--top-p", o.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
+  cmd->add_option("--presence-penalty", o.presence_penalty,
+                  "Subtracted from the logit of every token already generated (OpenAI's presence_penalty)")
+      ->capture_default_str()
+      ->check(CLI::Range(-2.0, 2.0));
+  cmd->add_option("--frequency-penalty", o.frequency_penalty,
+                  "Times a token's count so far, subtracted from its logit (OpenAI's frequency_penalty)")
+      ->capture_default_str()
+      ->check(CLI::Range(-2.0, 2.0));
   cmd->add_option("--seed", o.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--backend", o.backend, "cpu, or cuda in a GPU build")->capture_default_str();
   cmd->callback([] { run_generate(o); });
