@@ -8,6 +8,8 @@
 #          and 3 ranks sharing the GPU, a 2-rank checkpoint resumed by 3; the CPU tolerances) and
 #          context parallelism (tests/dp/cp_equivalence.sh: one process against a group of 2)
 #   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
+#   serve  `zaya serve --backend cuda` against `--backend cpu`: a batch of echo + logprobs
+#          requests (the chunked prefill that returns every position's logits, then decode)
 #   bench  bench_train (ZAYA1-base-shaped blocks; again with device-grouped MoE GEMMs, with
 #          the LM head in exact fp32, with TF32 Newton-Schulz, with the tensor-core flash
 #          attention, with bf16 Newton-Schulz iterates, and with the three opt-in kernels
@@ -123,6 +125,46 @@ step_train() {
   [[ ${PIPESTATUS[0]} == 0 ]] || return 1
   grep -E "^step [0-9]+/" "$LOGS/train.log" | tail -3
   "$BIN/zaya" generate --backend cuda --model $R/model --prompt "The" --max-tokens 24 --temperature 0 2>&1 | tail -3
+}
+step_serve() {
+  # Two servers on one random model, the CPU's and the GPU's (SERVE_OTHER=cpu checks the step
+  # itself without a GPU); the prompts' scores must agree within the bf16 tolerance (1e-2
+  # relative). Generated ids are printed, not compared: greedy picks may differ under bf16.
+  local d=/tmp/zaya-serve other=${SERVE_OTHER:-cuda} rc pids=()
+  rm -rf $d && mkdir -p $d
+  "$BIN/zaya" init --preset zaya-tiny --out $d/model --seed 5 > /dev/null || return 1
+  for be in cpu $other; do
+    "$BIN/zaya" serve --model $d/model --backend $be --port 0 > $d/url_$be.txt 2> $d/serve_$be.log &
+    pids+=($!)
+  done
+  for be in cpu $other; do
+    for _ in $(seq 300); do grep -q http $d/url_$be.txt && break; sleep 0.2; done
+  done
+  python3 - $d cpu $other <<'PY'
+import json, random, sys, urllib.request
+d, first, second = sys.argv[1:4]
+random.seed(4)
+prompts = [[random.randrange(3, 500) for _ in range(150)], [5, 6, 7]]
+body = {"prompt": prompts, "max_tokens": 8, "echo": True, "logprobs": 3, "temperature": 0}
+out = {}
+for be in (first, second):
+    url = open(f"{d}/url_{be}.txt").read().split()[-1]
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    out[be] = json.load(urllib.request.urlopen(req, timeout=300))
+worst = 0.0
+for a, b in zip(out[first]["choices"], out[second]["choices"]):
+    n = len(prompts[a["index"]])
+    for x, y in zip(a["logprobs"]["token_logprobs"][1:n], b["logprobs"]["token_logprobs"][1:n]):
+        worst = max(worst, abs(x - y) / max(1.0, abs(x)))
+    print(f"choice {a['index']}: {first} ids {a['token_ids']}, {second} ids {b['token_ids']}")
+print(f"serve {first} vs {second}: worst relative difference of the prompts' logprobs {worst:.2e} (limit 1e-2)")
+sys.exit(0 if worst <= 1e-2 else 1)
+PY
+  rc=$?
+  kill "${pids[@]}" 2> /dev/null
+  wait
+  cp $d/serve_*.log "$LOGS/" 2> /dev/null
+  return $rc
 }
 # bench_train on step_bench's config with environment settings (NAME=1 ...), logged as
 # bench_train_cuda_SUFFIX.{json,log}; a failure prints the log's end and does not stop the step.
