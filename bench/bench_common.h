@@ -29,6 +29,18 @@ inline nlohmann::json stats(const std::vector<double>& v) {
                         {"runs", v.size()}};
 }
 
+// n pseudo-random token ids in [0, vocab) from a 64-bit LCG started at `seed` (the prompts of
+// the decode and serving benchmarks); *seed is left where the stream stopped, so successive
+// calls give successive prompts.
+inline std::vector<int32_t> random_token_ids(int64_t n, int64_t vocab, uint64_t* seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t& id : ids) {
+    *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+    id = int32_t((*seed >> 33) % uint64_t(vocab));
+  }
+  return ids;
+}
+
 // GFLOP/s of an n^3 sgemm on all threads, after one warm-up run (thread pool, page faults).
 inline nlohmann::json bench_sgemm(int64_t n, int runs) {
   std::vector<float> a(size_t(n * n)), b(size_t(n * n)), c(size_t(n * n));

@@ -72,12 +72,8 @@ int main(int argc, char** argv) try {
   model.init_random(a.seed);
   be->set_weights_frozen(true);  // as zaya generate: a GPU converts each weight to bf16 once
   const int64_t V = c.vocab_size, B = a.B, P = a.P, K = a.K;
-  std::vector<int32_t> prompt(static_cast<size_t>(B * P));
   uint64_t s = a.seed;
-  for (auto& id : prompt) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    id = int32_t((s >> 33) % uint64_t(V));
-  }
+  const std::vector<int32_t> prompt = bench::random_token_ids(B * P, V, &s);
   std::fprintf(stderr, "bench_decode: %s on %s, batch %lld, prompt %lld, %lld decode steps, %d rounds\n",
                a.config_path.empty() ? a.preset.c_str() : a.config_path.c_str(), be->name().c_str(), (long long)B,
                (long long)P, (long long)K, a.rounds);

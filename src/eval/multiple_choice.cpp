@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "train/train_support.h"
 
 namespace zaya {
 
@@ -116,13 +115,18 @@ MultipleChoiceResult evaluate_multiple_choice(Model& model, const Tokenizer& tok
     fail("eval", "shard " + std::to_string(o.shard) + " of " + std::to_string(o.shards) + " does not exist");
   const auto started = std::chrono::steady_clock::now();
   MultipleChoiceResult r;
-  std::vector<int32_t> targets;
+  std::vector<int32_t> inputs, targets;
   for (int64_t qi = o.shard; qi < total; qi += o.shards) {
     const ChoiceQuestion& q = questions[size_t(qi)];
     const std::string which = "question " + std::to_string(qi + 1);
     if (q.choices.size() < 2 || q.answer < 0 || q.answer >= int64_t(q.choices.size()))
       fail("eval", which + ": needs at least 2 choices and an answer among them");
+    // Every choice of the question in one forward pass: row ci holds its inputs, right-padded
+    // to the longest row; padding comes after every counted position, so the causal model
+    // scores each row as it would alone.
     QuestionResult qr;
+    std::vector<std::vector<int32_t>> rows;
+    std::vector<std::vector<int32_t>> row_targets;
     for (size_t ci = 0; ci < q.choices.size(); ++ci) {
       ChoiceTokens t;
       try {
@@ -147,13 +151,31 @@ MultipleChoiceResult evaluate_multiple_choice(Model& model, const Tokenizer& tok
         ++r.truncated;
       }
       const int64_t T = int64_t(t.ids.size()) - 1 - first;
-      targets.assign(size_t(T), -1);
+      rows.emplace_back(t.ids.begin() + first, t.ids.begin() + first + T);
+      row_targets.emplace_back(size_t(T), -1);
       for (int64_t p = t.context_tokens - 1; p < int64_t(t.ids.size()) - 1; ++p)
-        targets[size_t(p - first)] = t.ids[size_t(p + 1)];
-      int64_t counted = 0;
-      const double loss = eval_loss_sum(model, t.ids.data() + first, targets.data(), 1, T, &counted);
-      qr.choices.push_back({-loss, counted, t.choice_bytes});
+        row_targets.back()[size_t(p - first)] = t.ids[size_t(p + 1)];
+      qr.choices.push_back({0.0, continuation, t.choice_bytes});
     }
+    const int64_t B = int64_t(rows.size());
+    int64_t T = 0;
+    for (const auto& row : rows) T = std::max(T, int64_t(row.size()));
+    inputs.assign(size_t(B * T), 0);
+    targets.assign(size_t(B * T), -1);
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy(rows[size_t(b)].begin(), rows[size_t(b)].end(), inputs.begin() + b * T);
+      std::copy(row_targets[size_t(b)].begin(), row_targets[size_t(b)].end(), targets.begin() + b * T);
+    }
+    std::vector<double> row_loss(size_t(B), 0.0);
+    double loss_sum = 0;
+    int64_t counted = 0;
+    ForwardOutputs out;
+    out.targets = targets.data();
+    out.loss_sum = &loss_sum;
+    out.loss_tokens = &counted;
+    out.row_loss_sums = row_loss.data();
+    model.forward(inputs.data(), B, T, nullptr, out);
+    for (int64_t b = 0; b < B; ++b) qr.choices[size_t(b)].logprob = -row_loss[size_t(b)];
     for (size_t ci = 1; ci < qr.choices.size(); ++ci) {
       const ChoiceScore &c = qr.choices[ci], &best = qr.choices[size_t(qr.predicted)],
                         &best_norm = qr.choices[size_t(qr.predicted_norm)];

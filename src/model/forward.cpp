@@ -45,9 +45,10 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
     fresh = std::make_unique<DecodeState>(c, be_, B, T);
     state = fresh.get();
   }
-  if (state->batch != B) fail("model", "decode state holds " + std::to_string(state->batch) +
-                                           " sequences but the input has " + std::to_string(B));
-  std::vector<int64_t> pos0(state->pos), positions(static_cast<size_t>(N));
+  if (state->batch < B)
+    fail("model", "decode state holds " + std::to_string(state->batch) + " sequences but the input has " +
+                      std::to_string(B));
+  std::vector<int64_t> pos0(state->pos.begin(), state->pos.begin() + B), positions(static_cast<size_t>(N));
   for (int64_t b = 0; b < B; ++b) {
     if (pos0[size_t(b)] + T > state->capacity)
       fail("model", "sequence " + std::to_string(b) + " would reach " + std::to_string(pos0[size_t(b)] + T) +
@@ -89,7 +90,17 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
     int32_t* d_targets = s.i(N);
     be_.from_host(d_targets, out.targets, N * 4);
     be_.rmsnorm(r, w_.final_norm, float(c.rms_norm_eps), y, N, D);
-    *out.loss_sum = be_.lm_head_loss(y, w_.lm_head, w_.lm_head_bias, d_targets, N, D, V, 0.0f, nullptr, nullptr, nullptr);
+    if (out.row_loss_sums) {
+      *out.loss_sum = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        out.row_loss_sums[b] = be_.lm_head_loss(y + b * T * D, w_.lm_head, w_.lm_head_bias, d_targets + b * T,
+                                                T, D, V, 0.0f, nullptr, nullptr, nullptr);
+        *out.loss_sum += out.row_loss_sums[b];
+      }
+    } else {
+      *out.loss_sum = be_.lm_head_loss(y, w_.lm_head, w_.lm_head_bias, d_targets, N, D, V, 0.0f, nullptr,
+                                       nullptr, nullptr);
+    }
     *out.loss_tokens = 0;
     for (int64_t n = 0; n < N; ++n) *out.loss_tokens += out.targets[n] >= 0;
   }

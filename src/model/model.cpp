@@ -11,7 +11,11 @@ namespace zaya {
 
 DecodeState::DecodeState(const ModelConfig& c, Backend& be, int64_t b, int64_t cap)
     : batch(b), capacity(cap), pos(static_cast<size_t>(b), 0), be_(be) {
-  const int64_t kv = c.kv_dim();
+  if (b <= 0 || cap <= 0)
+    fail("model", "a decode state needs at least one sequence and one position, got " + std::to_string(b) +
+                      " x " + std::to_string(cap));
+  kv_ = c.kv_dim();
+  const int64_t kv = kv_;
   conv_n_ = batch * c.conv_state_rows() * c.conv_channels();
   vdel_n_ = batch * kv / 2;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -40,6 +44,29 @@ void DecodeState::reset() {
     be_.fill(L.conv, 0.0f, conv_n_);
     be_.fill(L.vdel, 0.0f, vdel_n_);
   }
+}
+
+void DecodeState::copy_sequence(const DecodeState& from, int64_t from_seq, int64_t to_seq) {
+  ZAYA_CHECK(from_seq >= 0 && from_seq < from.batch && to_seq >= 0 && to_seq < batch,
+             "copy_sequence: sequence index out of range");
+  ZAYA_CHECK(from.layers.size() == layers.size() && from.kv_ == kv_ &&
+                 from.conv_n_ / from.batch == conv_n_ / batch && from.vdel_n_ / from.batch == vdel_n_ / batch,
+             "copy_sequence: the states belong to models of different shapes");
+  const int64_t n = from.pos[size_t(from_seq)];
+  if (n > capacity)
+    fail("model", "a sequence of " + std::to_string(n) + " tokens does not fit a decode state of " +
+                      std::to_string(capacity) + " positions");
+  if (&from == this && from_seq == to_seq) return;
+  const int64_t conv = conv_n_ / batch, vdel = vdel_n_ / batch;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const Layer& src = from.layers[l];
+    Layer& dst = layers[l];
+    be_.copy(dst.k + to_seq * capacity * kv_, src.k + from_seq * from.capacity * kv_, n * kv_);
+    be_.copy(dst.v + to_seq * capacity * kv_, src.v + from_seq * from.capacity * kv_, n * kv_);
+    be_.copy(dst.conv + to_seq * conv, src.conv + from_seq * conv, conv);
+    be_.copy(dst.vdel + to_seq * vdel, src.vdel + from_seq * vdel, vdel);
+  }
+  pos[size_t(to_seq)] = n;
 }
 
 Model::Model(const ModelConfig& c, Backend& be) : cfg_(c), layout_(build_param_layout(c)), be_(be) {

@@ -24,6 +24,11 @@ class DecodeState {
   DecodeState(const DecodeState&) = delete;
   DecodeState& operator=(const DecodeState&) = delete;
   void reset();  // all sequences back to position 0 with zero state
+  // Makes sequence to_seq here a copy of sequence from_seq of `from` (its pos tokens of keys
+  // and values, its conv and delayed-value states and its position). `from` may be this state
+  // (moving a sequence within the batch) or another one of the same model, of any batch and
+  // capacity: a prompt prefilled alone joins a decoding batch this way.
+  void copy_sequence(const DecodeState& from, int64_t from_seq, int64_t to_seq);
 
   struct Layer {
     float* k = nullptr;     // [B, S, Hkv, dh]
@@ -37,7 +42,7 @@ class DecodeState {
 
  private:
   Backend& be_;
-  int64_t conv_n_, vdel_n_;
+  int64_t kv_, conv_n_, vdel_n_;
 };
 
 struct ForwardOutputs {
@@ -52,6 +57,9 @@ struct ForwardOutputs {
   const int32_t* targets = nullptr;
   double* loss_sum = nullptr;
   int64_t* loss_tokens = nullptr;
+  // Optional with targets: host [B], each row's own sum (scoring several sequences at once;
+  // right-padding a row with uncounted targets leaves its sum unchanged, the model being causal).
+  double* row_loss_sums = nullptr;
 };
 
 // Throws a clear error unless segment_start[B*T] is a valid per-row document-start table
@@ -89,7 +97,9 @@ class Model {
   // Spec C.5 initialisation (temp = 1, balancing biases 0 / -1 for skip). Deterministic.
   void init_random(uint64_t seed);
 
-  // ids: host [B, T]. state == nullptr runs fresh sequences starting at position 0.
+  // ids: host [B, T]. state == nullptr runs fresh sequences starting at position 0; otherwise
+  // the batch continues the state's first B sequences (B <= state->batch), each from its own
+  // position, and the others are left as they are.
   // segment_start (reset_at_document_boundary, spec decision 7): host [B, T], the index within
   // its row of each token's document start; each document then runs as its own fresh sequence
   // (CCA conv, delayed value, attention and RoPE positions restart). Fresh sequences only.

@@ -1,10 +1,13 @@
-// The model behind the inference server and the one thread that runs it. The model and its
-// decode state are single, so completions are serialised: requests wait in a FIFO queue
-// (guarded by a mutex) and generate one at a time on the engine thread, which also keeps the
-// model's OpenMP team and GPU work on one thread. A request's text comes back on the caller's
-// own thread as it is released, so an HTTP handler can stream it; the caller cancels by
-// returning false from its chunk callback (its client went away), which frees the model at the
-// next token. Knows nothing about HTTP.
+// The model behind the inference server and the one thread that runs it, with continuous
+// batching: up to max_batch completions decode together, one token each per forward pass of
+// the model. A completion joins the batch between two steps: its prompt is prefilled alone, in
+// chunks that alternate with the running completions' decode steps, and its decode state is then
+// copied into the next free sequence of the batch; it leaves between two steps too. Completions
+// waiting for a place sit in a FIFO queue guarded by a mutex. The engine thread also keeps the
+// model's OpenMP team and GPU work on one thread. A completion's text comes back on the
+// caller's own thread as it is released, so an HTTP handler can stream it; the caller cancels
+// by returning false from its chunk callback (its client went away), which frees the slot at
+// the next step. Knows nothing about HTTP.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -53,8 +56,28 @@ struct CompletionResult {
 };
 
 struct EngineOptions {
-  size_t max_queue = 16;  // requests that may wait behind the running one; more get a 503
+  // Completions that may wait for a slot: a request is refused (503) when the queue holds this
+  // many. A request of several completions (prompts x n) is queued whole when there is room.
+  size_t max_queue = 16;
   int threads = 0;        // OpenMP threads for the model's ops (0 = OpenMP's default)
+  int64_t max_batch = 8;  // completions decoded together; each holds a context-long decode state
+  // Prompt positions prefilled per turn of the engine, each turn ending with one decode step of
+  // the running completions: a long prompt is prefilled in chunks of this many positions, so it
+  // slows them down rather than stopping them, and short prompts share a turn.
+  int64_t prefill_chunk = 256;
+  // Positions (prompt + generated) one completion may use, and the length of every decode state
+  // the engine holds: 0 = the model's max_position_embeddings; at most that.
+  int64_t context = 0;
+};
+
+// What the engine has done so far: completions finished (however they ended), forward passes
+// of the decoding batch, the tokens they fed, the largest batch decoded at once, and the prompt
+// chunks prefilled.
+struct EngineStats {
+  int64_t completions = 0, decode_steps = 0, decoded_tokens = 0, peak_batch = 0, prefill_chunks = 0;
+  // Now: completions in the batch or being prefilled (as of the engine's last turn), and
+  // completions waiting in the queue.
+  int64_t running = 0, waiting = 0;
 };
 
 class CompletionEngine {
@@ -65,31 +88,69 @@ class CompletionEngine {
   CompletionEngine(const CompletionEngine&) = delete;
   CompletionEngine& operator=(const CompletionEngine&) = delete;
 
+  struct Job;
+  // A queued completion. Dropping it before wait() has returned cancels the completion.
+  class Ticket {
+   public:
+    Ticket(Ticket&&) noexcept = default;
+    Ticket& operator=(Ticket&&) noexcept = default;
+    ~Ticket();
+
+   private:
+    friend class CompletionEngine;
+    explicit Ticket(std::shared_ptr<Job> job) : job_(std::move(job)) {}
+    std::shared_ptr<Job> job_;
+  };
+
   using ChunkFn = std::function<bool(const CompletionChunk&)>;
-  // Queues the job and blocks until it has run. on_chunk, when set, is called on this thread
-  // for every chunk in order; returning false cancels the job (finish_reason "cancelled").
-  // Throws ApiError: 503 when the queue is full or the engine is shutting down, 500 (with the
-  // message) when generation failed; the engine carries on with the next job either way.
+  // Queues the jobs (one request's completions, all or none) and returns at once; they may
+  // run together. Throws ApiError 503 when the queue is full or the engine is shutting down.
+  std::vector<Ticket> submit(std::vector<CompletionJob> jobs);
+  // Blocks until the ticket's completion has run and returns its result. on_chunk, when set,
+  // is called on this thread for every chunk in order (chunks made before the call wait for
+  // it); returning false cancels the completion (finish_reason "cancelled"). Throws ApiError
+  // 503 when the engine shut down first, 400 when the job does not fit the context, 500 (with
+  // the message) when generation failed; the engine carries on with the others either way.
+  CompletionResult wait(Ticket& ticket, const ChunkFn& on_chunk = {});
+  // submit() and wait() for one job.
   CompletionResult run(CompletionJob job, const ChunkFn& on_chunk = {});
 
   // Whether run() would queue a job now (a hint for answering 503 before streaming starts).
   bool accepting() const;
-  // Stops taking jobs, fails the queued ones with 503, cancels the running one at its next
+  // Stops taking jobs, fails the queued ones with 503, cancels the running ones at their next
   // token and joins the engine thread. Idempotent, safe from any thread but the engine's.
   void shutdown();
 
+  EngineStats stats() const;
+
+  int64_t context() const { return context_; }  // the positions one completion may use
+  // Bytes of the decode states the engine holds (max_batch + 1 context-long sequences).
+  int64_t decode_state_bytes() const;
+
  private:
-  struct Job;
+  struct Running;
+  struct Prefilling;
   void loop();
-  void execute(Job& job);
+  std::unique_ptr<Prefilling> begin(const std::shared_ptr<Job>& job);
+  int64_t advance_prefill(std::unique_ptr<Prefilling>& prefilling, std::vector<Running>& running,
+                          int64_t max_positions);
+  void decode_step(std::vector<Running>& running);
+  void deliver(Job& job, CompletionResult result);
+  void deliver_error(Job& job, int status, const std::string& type, const std::string& message);
+  void count_completion();
 
   Model& model_;
   const Tokenizer* tok_;
   EngineOptions opt_;
+  int64_t context_;
+  std::unique_ptr<DecodeState> batch_, single_;  // the decoding batch; one prompt's prefill
+  std::vector<float> logits_;                    // [max_batch, vocab]
+  std::vector<float> prefill_logits_;            // [vocab]: the prompt's last position
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
   std::atomic<bool> stopping_{false};
+  EngineStats stats_;  // guarded by mu_
   std::mutex join_mu_;
   std::thread thread_;
 };

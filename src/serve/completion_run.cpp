@@ -1,10 +1,8 @@
 // One completion, echo and logprobs included (see completion_run.h).
 #include "serve/completion_run.h"
 
+#include <chrono>
 #include <utility>
-
-#include "serve/completion_text.h"
-#include "serve/generate.h"
 
 namespace zaya {
 
@@ -28,90 +26,125 @@ std::string token_name(const Tokenizer* tokenizer, const std::string& text, int3
 
 }  // namespace
 
-CompletionResult run_completion(Model& model, const Tokenizer* tok, const CompletionJob& in,
-                                const std::function<bool(CompletionChunk)>& emit) {
-  const int64_t V = model.config().vocab_size;
-  const bool with_logprobs = in.logprobs >= 0;
-  CompletionResult r;
-  r.prompt_tokens = int64_t(in.prompt.size());
-  std::vector<int32_t> seen = in.prompt;  // prompt + generated: the context that names alternatives
-  std::vector<LogprobEntry> entries;      // the echo's, then the generated tokens'
-
+CompletionRun::CompletionRun(const ModelConfig& config, const Tokenizer* tok, const CompletionJob& job,
+                             EmitFn emit)
+    : cfg_(config),
+      tok_(tok),
+      job_(job),
+      emit_(std::move(emit)),
+      sampler_(job.sampling, config.vocab_size, job.seed),
+      text_(tok, id_tail(job.prompt, CompletionText::kContextTail), job.stop),
+      seen_(job.prompt),
+      echo_sent_(!job.echo),
+      prompt_logits_wanted_(job.echo && job.logprobs >= 0) {
+  r_.prompt_tokens = int64_t(job.prompt.size());
   // The echo: the prompt's text piece by piece; its logprobs arrive with the prefill.
-  std::string echo_text;
-  if (in.echo) {
-    const std::vector<std::string> pieces = prompt_pieces(tok, in.prompt);
+  if (job.echo) {
+    const std::vector<std::string> pieces = prompt_pieces(tok, job.prompt);
     for (size_t i = 0; i < pieces.size(); ++i) {
-      if (with_logprobs)
-        entries.push_back({token_name(tok, pieces[i], in.prompt[i]), int64_t(echo_text.size()), std::nullopt,
-                           std::nullopt});
-      echo_text += pieces[i];
+      if (job.logprobs >= 0)
+        entries_.push_back({token_name(tok, pieces[i], job.prompt[i]), int64_t(echo_text_.size()),
+                            std::nullopt, std::nullopt});
+      echo_text_ += pieces[i];
     }
   }
-  PromptLogitsFn on_prompt_logits;
-  if (in.echo && with_logprobs)
-    on_prompt_logits = [&](int64_t p, const float* logits) {
-      if (p + 1 >= r.prompt_tokens) return;  // the last position predicts the first generated token
-      const TokenLogprob lp = token_logprob(logits, V, in.prompt[size_t(p + 1)], in.logprobs);
-      LogprobEntry& e = entries[size_t(p + 1)];
-      e.logprob = lp.logprob;
-      e.top = named_alternatives(tok, std::span<const int32_t>(in.prompt.data(), size_t(p + 1)), lp);
-    };
-  bool echo_sent = !in.echo;
-  auto send_echo = [&] {
-    if (echo_sent) return true;
-    echo_sent = true;
-    CompletionChunk c{echo_text, {}, std::nullopt};
-    if (with_logprobs) c.logprobs = entries;
-    return emit(std::move(c));
-  };
+  offset_ = int64_t(echo_text_.size());
+}
 
-  CompletionText text(tok, id_tail(in.prompt, CompletionText::kContextTail), in.stop);
-  int64_t offset = int64_t(echo_text.size());
-  std::string reason = "length";
-  GenerateStats st = generate(
-      model, in.prompt, in.max_tokens, in.sampling, in.seed,
-      [&](int32_t id, const float* logits) {
-        if (!send_echo()) {
-          reason = "cancelled";
-          return false;
-        }
-        r.ids.push_back(id);
-        CompletionText::Step step = text.push(id);
-        CompletionChunk c{step.text, {id}, std::nullopt};
-        if (with_logprobs) {
-          const TokenLogprob lp = token_logprob(logits, V, id, in.logprobs);
-          entries.push_back(
-              {token_name(tok, step.text, id), offset, lp.logprob, named_alternatives(tok, seen, lp)});
-          c.logprobs = std::vector<LogprobEntry>{entries.back()};
-        }
-        offset += int64_t(step.text.size());
-        seen.push_back(id);
-        const bool keep = emit(std::move(c));
-        if (step.stop) {
-          reason = "stop";
-          return false;
-        }
-        if (!keep) {
-          reason = "cancelled";
-          return false;
-        }
-        return true;
-      },
-      on_prompt_logits);
-  if (st.stopped_at_eos) reason = "stop";
-  send_echo();  // when nothing was generated
-  if (std::string rest = text.finish(); !rest.empty()) {
-    if (with_logprobs && tok && !r.ids.empty()) entries.back().token += rest;
-    CompletionChunk c{std::move(rest), {}, std::nullopt};
-    if (with_logprobs) c.logprobs = std::vector<LogprobEntry>{};
-    emit(std::move(c));
+PromptLogitsFn CompletionRun::prompt_logits() {
+  if (!prompt_logits_wanted_) return {};
+  return [this](int64_t p, const float* logits) {
+    if (p + 1 >= r_.prompt_tokens) return;  // the last position predicts the first generated token
+    const TokenLogprob lp = token_logprob(logits, cfg_.vocab_size, job_.prompt[size_t(p + 1)], job_.logprobs);
+    LogprobEntry& e = entries_[size_t(p + 1)];
+    e.logprob = lp.logprob;
+    e.top = named_alternatives(tok_, std::span<const int32_t>(job_.prompt.data(), size_t(p + 1)), lp);
+  };
+}
+
+bool CompletionRun::send_echo() {
+  if (echo_sent_) return true;
+  echo_sent_ = true;
+  CompletionChunk c{echo_text_, {}, std::nullopt};
+  if (job_.logprobs >= 0) c.logprobs = entries_;
+  return emit_(std::move(c));
+}
+
+int32_t CompletionRun::step(const float* logits) {
+  if (ended_ || int64_t(r_.ids.size()) >= job_.max_tokens) {
+    ended_ = true;
+    return -1;
   }
-  r.text = echo_text + text.text();
-  r.finish_reason = reason;
-  if (with_logprobs) r.logprobs = std::move(entries);
-  r.prefill_seconds = st.prefill_seconds;
-  r.decode_seconds = st.decode_seconds;
+  const int32_t id = sampler_.next(logits);
+  for (int64_t e : cfg_.eos_token_ids)
+    if (id == e) {
+      reason_ = "stop";
+      ended_ = true;
+      return -1;
+    }
+  if (!send_echo()) {
+    reason_ = "cancelled";
+    ended_ = true;
+    return -1;
+  }
+  r_.ids.push_back(id);
+  CompletionText::Step step = text_.push(id);
+  CompletionChunk c{step.text, {id}, std::nullopt};
+  if (job_.logprobs >= 0) {
+    const TokenLogprob lp = token_logprob(logits, cfg_.vocab_size, id, job_.logprobs);
+    entries_.push_back(
+        {token_name(tok_, step.text, id), offset_, lp.logprob, named_alternatives(tok_, seen_, lp)});
+    c.logprobs = std::vector<LogprobEntry>{entries_.back()};
+  }
+  offset_ += int64_t(step.text.size());
+  seen_.push_back(id);
+  const bool keep = emit_(std::move(c));
+  if (step.stop)
+    reason_ = "stop";
+  else if (!keep)
+    reason_ = "cancelled";
+  ended_ = step.stop || !keep || int64_t(r_.ids.size()) == job_.max_tokens;
+  return ended_ ? -1 : id;
+}
+
+CompletionResult CompletionRun::finish() {
+  send_echo();  // when nothing was generated
+  if (std::string rest = text_.finish(); !rest.empty()) {
+    if (job_.logprobs >= 0 && tok_ && !r_.ids.empty()) entries_.back().token += rest;
+    CompletionChunk c{std::move(rest), {}, std::nullopt};
+    if (job_.logprobs >= 0) c.logprobs = std::vector<LogprobEntry>{};
+    emit_(std::move(c));
+  }
+  r_.text = echo_text_ + text_.text();
+  r_.finish_reason = reason_;
+  if (job_.logprobs >= 0) r_.logprobs = std::move(entries_);
+  return std::move(r_);
+}
+
+CompletionResult run_completion(Model& model, const Tokenizer* tok, const CompletionJob& job,
+                                const EmitFn& emit) {
+  using Clock = std::chrono::steady_clock;
+  const ModelConfig& c = model.config();
+  CompletionRun run(c, tok, job, emit);
+  double prefill_seconds = 0, decode_seconds = 0;
+  if (run.needs_model()) {
+    const int64_t n = int64_t(job.prompt.size());
+    DecodeState state(c, model.backend(), 1, n + job.max_tokens);
+    std::vector<float> logits(size_t(c.vocab_size));
+    const auto t0 = Clock::now();
+    prefill(model, job.prompt, state, logits.data(), run.prompt_logits());
+    const auto t1 = Clock::now();
+    ForwardOutputs last;
+    last.logits = logits.data();
+    last.last_only = true;
+    for (int32_t next = run.step(logits.data()); next >= 0; next = run.step(logits.data()))
+      model.forward(&next, 1, 1, &state, last);
+    prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+    decode_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+  }
+  CompletionResult r = run.finish();
+  r.prefill_seconds = prefill_seconds;
+  r.decode_seconds = decode_seconds;
   return r;
 }
 

@@ -8,6 +8,46 @@
 
 namespace zaya {
 
+PromptPrefill::PromptPrefill(Model& model, const std::vector<int32_t>& prompt, DecodeState& state,
+                             float* last_logits, PromptLogitsFn on_prompt_logits)
+    : model_(model),
+      prompt_(prompt),
+      state_(state),
+      last_logits_(last_logits),
+      on_prompt_logits_(std::move(on_prompt_logits)) {
+  ZAYA_CHECK(!prompt.empty() && state.pos[0] == 0, "prefill needs a prompt and a fresh sequence");
+  if (on_prompt_logits_)
+    rows_.resize(size_t(std::min(int64_t(prompt.size()), kPromptLogitsChunk) * model.config().vocab_size));
+}
+
+void PromptPrefill::run(int64_t max_positions) {
+  const int64_t V = model_.config().vocab_size,
+                end = std::min(int64_t(prompt_.size()), next_ + max_positions);
+  while (next_ < end) {
+    if (!on_prompt_logits_) {
+      ForwardOutputs last;
+      last.logits = last_logits_;
+      last.last_only = true;
+      model_.forward(prompt_.data() + next_, 1, end - next_, &state_, last);
+      next_ = end;
+      return;
+    }
+    const int64_t T = std::min(kPromptLogitsChunk, end - next_);
+    ForwardOutputs all;
+    all.logits = rows_.data();
+    model_.forward(prompt_.data() + next_, 1, T, &state_, all);
+    for (int64_t t = 0; t < T; ++t) on_prompt_logits_(next_ + t, rows_.data() + t * V);
+    std::copy_n(rows_.data() + (T - 1) * V, V, last_logits_);
+    next_ += T;
+  }
+}
+
+void prefill(Model& model, const std::vector<int32_t>& prompt, DecodeState& state, float* last_logits,
+             const PromptLogitsFn& on_prompt_logits) {
+  PromptPrefill p(model, prompt, state, last_logits, on_prompt_logits);
+  p.run(int64_t(prompt.size()));
+}
+
 GenerateStats generate(Model& model, const std::vector<int32_t>& prompt, int64_t max_tokens,
                        const SamplingParams& sampling, uint64_t seed, const TokenFn& on_token,
                        const PromptLogitsFn& on_prompt_logits) {
@@ -29,37 +69,15 @@ GenerateStats generate(Model& model, const std::vector<int32_t>& prompt, int64_t
   last.logits = logits.data();
   last.last_only = true;
   auto t0 = clock::now();
-  if (on_prompt_logits) {
-    std::vector<float> rows(static_cast<size_t>(std::min(n, kPromptLogitsChunk) * V));
-    ForwardOutputs all;
-    all.logits = rows.data();
-    for (int64_t p0 = 0; p0 < n; p0 += kPromptLogitsChunk) {
-      const int64_t T = std::min(kPromptLogitsChunk, n - p0);
-      model.forward(prompt.data() + p0, 1, T, &state, all);
-      for (int64_t t = 0; t < T; ++t) on_prompt_logits(p0 + t, rows.data() + t * V);
-    }
-    std::copy_n(rows.data() + ((n - 1) % kPromptLogitsChunk) * V, V, logits.data());
-  } else {
-    model.forward(prompt.data(), 1, n, &state, last);
-  }
+  prefill(model, prompt, state, logits.data(), on_prompt_logits);
   st.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-  Rng rng(seed);
-  const bool adjust = sampling.adjusts_logits();
-  std::vector<float> adjusted(adjust ? size_t(V) : 0);
-  std::vector<int32_t> counts(adjust ? size_t(V) : 0);
+  TokenSampler sampler(sampling, V, seed);
   auto t1 = clock::now();
   for (int64_t i = 0; i < max_tokens; ++i) {
-    const float* dist = logits.data();
-    if (adjust) {
-      adjusted = logits;
-      adjust_logits(adjusted.data(), V, sampling, counts);
-      dist = adjusted.data();
-    }
-    int32_t next = sample_token(dist, V, sampling, rng);
+    int32_t next = sampler.next(logits.data());
     for (int64_t e : c.eos_token_ids) st.stopped_at_eos |= next == e;
     if (st.stopped_at_eos) break;
     ++st.generated;
-    if (adjust) ++counts[size_t(next)];
     if (!on_token(next, logits.data()) || i + 1 == max_tokens) break;
     model.forward(&next, 1, 1, &state, last);
     ++st.decode_steps;

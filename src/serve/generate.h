@@ -27,6 +27,33 @@ using PromptLogitsFn = std::function<void(int64_t position, const float* logits)
 // Prompt positions whose logits one prefill chunk returns when on_prompt_logits is set.
 constexpr int64_t kPromptLogitsChunk = 64;
 
+// A prompt's prefill, in pieces: each run() feeds the next positions of the prompt into
+// sequence 0 of `state` (batch 1, fresh, with room for the prompt), so a server can interleave a
+// long prompt with other completions' decoding. Once done(), last_logits [vocab] holds the last
+// position's logits. With on_prompt_logits, every position's logits are reported too, in order,
+// from forward passes of at most kPromptLogitsChunk positions.
+class PromptPrefill {
+ public:
+  PromptPrefill(Model& model, const std::vector<int32_t>& prompt, DecodeState& state, float* last_logits,
+                PromptLogitsFn on_prompt_logits = {});
+  void run(int64_t max_positions);  // the next min(max_positions, remaining) positions
+  bool done() const { return next_ == int64_t(prompt_.size()); }
+  int64_t remaining() const { return int64_t(prompt_.size()) - next_; }
+
+ private:
+  Model& model_;
+  const std::vector<int32_t>& prompt_;
+  DecodeState& state_;
+  float* last_logits_;
+  PromptLogitsFn on_prompt_logits_;
+  std::vector<float> rows_;  // [kPromptLogitsChunk, vocab] with on_prompt_logits
+  int64_t next_ = 0;         // prompt positions run so far
+};
+
+// The whole prompt at once (PromptPrefill run to the end).
+void prefill(Model& model, const std::vector<int32_t>& prompt, DecodeState& state, float* last_logits,
+             const PromptLogitsFn& on_prompt_logits = {});
+
 // max_tokens may be 0: then only the prompt is run (and not even that without
 // on_prompt_logits).
 GenerateStats generate(Model& model, const std::vector<int32_t>& prompt, int64_t max_tokens,

@@ -95,8 +95,10 @@ struct HttpServer::Impl {
   Impl(Model& m, const Tokenizer* t, ServerOptions o)
       : tok(t),
         opt(std::move(o)),
-        limits{m.config().vocab_size, m.config().max_position_embeddings},
-        engine(m, t, EngineOptions{opt.max_queue, opt.compute_threads}),
+        engine(
+            m, t,
+            EngineOptions{opt.max_queue, opt.compute_threads, opt.max_batch, opt.prefill_chunk, opt.context}),
+        limits{m.config().vocab_size, engine.context()},
         created(unix_now()) {
     std::random_device rd;
     rng.seed((uint64_t(rd()) << 32) ^ rd());
@@ -105,8 +107,8 @@ struct HttpServer::Impl {
 
   const Tokenizer* tok;
   ServerOptions opt;
+  CompletionEngine engine;  // before limits, which take its context
   ModelLimits limits;
-  CompletionEngine engine;
   httplib::Server svr;
   std::thread listener;
   int port = -1;
@@ -167,9 +169,10 @@ void HttpServer::Impl::completions_handler(const std::string& body, httplib::Res
   t_log.prompt_tokens = usage.prompt_tokens;
   const CompletionMeta meta{new_completion_id(), unix_now(), opt.model_id};
   if (!request.stream) {
+    std::vector<CompletionEngine::Ticket> tickets = engine.submit(std::move(*jobs));  // decoded together
     std::vector<CompletionResult> results;
-    for (CompletionJob& job : *jobs) {
-      results.push_back(engine.run(std::move(job)));
+    for (CompletionEngine::Ticket& ticket : tickets) {
+      results.push_back(engine.wait(ticket));
       usage.completion_tokens += int64_t(results.back().ids.size());
     }
     t_log.generated = usage.completion_tokens;
@@ -193,22 +196,25 @@ void HttpServer::Impl::completions_handler(const std::string& body, httplib::Res
 // Writes a request's choices, one after the other, as Server-Sent Events: a chunk per generated
 // token (its ids, the text it released and its logprobs; an echo comes first), a final chunk
 // per choice with its finish_reason (the request's last one also carries the usage), then
-// [DONE]. A client that goes away cancels the generation at the next token.
+// [DONE]. The choices are decoded together; a later one's chunks wait until the ones before it
+// are written. A client that goes away cancels every choice at its next token.
 void HttpServer::Impl::stream(std::vector<CompletionJob>& jobs, const CompletionMeta& meta,
                               CompletionUsage usage, httplib::DataSink& sink) {
   bool open = true;
   auto send = [&](const std::string& event) { return open = open && sink.write(event.data(), event.size()); };
   try {
     t_log.generated = 0;
-    for (size_t i = 0; i < jobs.size() && open; ++i) {
+    const size_t choices = jobs.size();
+    std::vector<CompletionEngine::Ticket> tickets = engine.submit(std::move(jobs));
+    for (size_t i = 0; i < choices && open; ++i) {
       const int64_t index = int64_t(i);
-      const CompletionResult r = engine.run(std::move(jobs[i]), [&](const CompletionChunk& c) {
+      const CompletionResult r = engine.wait(tickets[i], [&](const CompletionChunk& c) {
         return send(sse_event(completion_chunk_body(meta, index, c)));
       });
       usage.completion_tokens += int64_t(r.ids.size());
       t_log.generated = usage.completion_tokens;
-      t_log.note = jobs.size() == 1 ? r.finish_reason : std::to_string(i + 1) + " choices";
-      send(sse_event(completion_final_chunk_body(meta, index, r, i + 1 == jobs.size() ? &usage : nullptr)));
+      t_log.note = choices == 1 ? r.finish_reason : std::to_string(i + 1) + " choices";
+      send(sse_event(completion_final_chunk_body(meta, index, r, i + 1 == choices ? &usage : nullptr)));
     }
   } catch (const ApiError& e) {
     t_log.note = e.what();
@@ -230,8 +236,13 @@ void HttpServer::Impl::set_up_routes() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
-  svr.Get("/health", guarded([](const httplib::Request&, httplib::Response& res) {
-            reply_json(res, 200, {{"status", "ok"}});
+  svr.Get("/health", guarded([this](const httplib::Request&, httplib::Response& res) {
+            const EngineStats st = engine.stats();
+            reply_json(res, 200,
+                       {{"status", "ok"},
+                        {"running", st.running},
+                        {"waiting", st.waiting},
+                        {"completions", st.completions}});
           }));
 
   svr.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
@@ -369,6 +380,10 @@ void HttpServer::start() {
 }
 
 int HttpServer::port() const { return impl_->port; }
+
+int64_t HttpServer::decode_state_bytes() const { return impl_->engine.decode_state_bytes(); }
+
+EngineStats HttpServer::engine_stats() const { return impl_->engine.stats(); }
 
 std::string HttpServer::url() const {
   const std::string& h = impl_->opt.host;

@@ -10,6 +10,7 @@
 
 #include "data/tokenizer.h"
 #include "model/model.h"
+#include "serve/completion_engine.h"
 
 namespace zaya {
 
@@ -21,6 +22,9 @@ struct ServerOptions {
   // for the model: keep max_queue well below http_threads so /health still gets an answer.
   int http_threads = 32;
   size_t max_queue = 16;                     // completions that may wait for the model; more get a 503
+  int64_t max_batch = 8;                     // completions decoded together (continuous batching)
+  int64_t prefill_chunk = 256;               // prompt positions prefilled between two decode steps
+  int64_t context = 0;                       // positions per completion served (0: the model's)
   int compute_threads = 0;                   // OpenMP threads for the model (0 = OpenMP's default)
   size_t max_body_bytes = size_t(16) << 20;  // larger request bodies get a 413
   bool log_requests = true;                  // one line per request on the zaya log (stderr)
@@ -41,6 +45,9 @@ class HttpServer {
   int port() const;         // the bound port, after start()
   std::string url() const;  // "http://host:port"
   bool running() const;     // accepting connections
+  // Bytes of decode state (KV caches, conv and value states) the engine holds for its batch.
+  int64_t decode_state_bytes() const;
+  EngineStats engine_stats() const;  // what the completion engine has done so far
   // Stops accepting, cancels the running generation, fails queued ones with 503 and waits
   // for every handler to finish. Idempotent; safe from any thread but a handler's.
   void stop();

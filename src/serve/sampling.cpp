@@ -47,6 +47,23 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
   return idx[size_t(keep - 1)];
 }
 
+TokenSampler::TokenSampler(const SamplingParams& params, int64_t vocab, uint64_t seed)
+    : params_(params), vocab_(vocab), rng_(seed) {
+  if (params.adjusts_logits()) {
+    adjusted_.resize(size_t(vocab));
+    counts_.assign(size_t(vocab), 0);
+  }
+}
+
+int32_t TokenSampler::next(const float* logits) {
+  if (adjusted_.empty()) return sample_token(logits, vocab_, params_, rng_);
+  std::copy_n(logits, vocab_, adjusted_.begin());
+  adjust_logits(adjusted_.data(), vocab_, params_, counts_);
+  const int32_t id = sample_token(adjusted_.data(), vocab_, params_, rng_);
+  ++counts_[size_t(id)];
+  return id;
+}
+
 void adjust_logits(float* logits, int64_t vocab, const SamplingParams& p,
                    const std::vector<int32_t>& counts) {
   if (p.presence_penalty != 0 || p.frequency_penalty != 0) {

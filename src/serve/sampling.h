@@ -31,6 +31,25 @@ struct SamplingParams {
 
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p, Rng& rng);
 
+// One completion's sampler: its own Rng (seeded once), the counts of the tokens it has drawn
+// (for the penalties) and a scratch copy for the adjusted logits. next() draws token after
+// token; the same seed and logits give the same tokens wherever the sequence runs (alone or
+// in a batch).
+class TokenSampler {
+ public:
+  TokenSampler(const SamplingParams& params, int64_t vocab, uint64_t seed);
+  // Applies the adjustments to a copy of logits [vocab] (left untouched), samples, and counts
+  // the token as generated.
+  int32_t next(const float* logits);
+
+ private:
+  SamplingParams params_;
+  int64_t vocab_;
+  Rng rng_;
+  std::vector<float> adjusted_;
+  std::vector<int32_t> counts_;
+};
+
 // The adjustments above, in place. counts: [vocab] generated-token counts (may be empty when
 // both penalties are 0). Ids outside [0, vocab) in logit_bias are an error.
 void adjust_logits(float* logits, int64_t vocab, const SamplingParams& p, const std::vector<int32_t>& counts);

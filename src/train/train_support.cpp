@@ -24,7 +24,38 @@ double measure_sgemm_gflops() {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rep > 0) rates.push_back(2.0 * n * n * double(n) / s / 1e9);  // first run warms up
   }
-  return median_of(rates);
+  return *std::max_element(rates.begin(), rates.end());
+}
+
+MatmulPeak::MatmulPeak(std::function<double()> measure) : measure_(std::move(measure)), gflops_(measure_()) {
+  if (!(gflops_ > 0))
+    fail("train", "the measured matmul peak is " + std::to_string(gflops_) + " GFLOP/s; expected > 0");
+}
+
+double MatmulPeak::utilisation(double flops_per_second, std::string* warning) {
+  double mfu = flops_per_second / (gflops_ * 1e9);
+  if (mfu <= 1.0 || warned_) return mfu;
+  char text[256];
+  if (!rechecked_) {
+    rechecked_ = true;
+    const double before = gflops_, again = measure_();
+    gflops_ = std::max(gflops_, again);
+    mfu = flops_per_second / (gflops_ * 1e9);
+    std::snprintf(text, sizeof text,
+                  "MFU passed 100%% against the start-up matmul peak of %.1f GFLOP/s (measured while the "
+                  "machine was busy?); re-measured %.1f GFLOP/s, now quoting MFU against %.1f",
+                  before, again, gflops_);
+    *warning = text;
+    if (mfu <= 1.0) return mfu;
+  }
+  warned_ = true;
+  std::snprintf(
+      text, sizeof text,
+      "MFU is %.0f%% even against the re-measured peak of %.1f GFLOP/s: the machine ran faster than "
+      "its measured peak (turbo, or load during both measurements); treat MFU as approximate",
+      100 * mfu, gflops_);
+  *warning = warning->empty() ? std::string(text) : *warning + "; " + text;
+  return mfu;
 }
 
 double training_flops_per_token(const ModelConfig& c, int64_t T) {

@@ -3,10 +3,10 @@
 // metrics as JSON, a weights hash for exact-resume checks, and reloading a metrics file.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "model/model.h"
 #include "train/balancer.h"
@@ -14,8 +14,29 @@
 
 namespace zaya {
 
-// Median GFLOP/s of a 2048^3 sgemm on all threads (a fraction of a second).
+// Best GFLOP/s of a few 2048^3 sgemms on all threads (a fraction of a second). The best, not
+// the median: other work on the machine only ever slows a run down, so the fastest run is the
+// closest to what the machine can do.
 double measure_sgemm_gflops();
+
+// The matmul peak (GFLOP/s per process) that MFU is quoted against: the backend's own figure,
+// or a measured sgemm. A peak measured while the machine was busy reads low and would report
+// MFU above 100%; the first time that happens the peak is measured again, the higher figure is
+// kept, and a warning says what changed.
+class MatmulPeak {
+ public:
+  explicit MatmulPeak(std::function<double()> measure);
+  double gflops() const { return gflops_; }
+  // Model FLOP utilisation of one process running at flops_per_second. When the figure first
+  // passes 1, re-measures and, if it still passes 1, says so once: then the FLOP count or the
+  // peak is wrong, and the warning names both. *warning is set only when there is news.
+  double utilisation(double flops_per_second, std::string* warning);
+
+ private:
+  std::function<double()> measure_;
+  double gflops_ = 0;
+  bool rechecked_ = false, warned_ = false;
+};
 // Matmul FLOPs to train one token (forward + backward = 3x forward): 6 x active matmul
 // parameters (attention projections, router, one expert, LM head) + causal attention.
 double training_flops_per_token(const ModelConfig& c, int64_t seq_len);

@@ -308,11 +308,14 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   }
 
   // ---- throughput accounting ----
-  const double backend_peak = be->matmul_peak_gflops();
-  const double peak_gflops = backend_peak > 0 ? backend_peak : measure_sgemm_gflops();
-  log(std::string(backend_peak > 0 ? "measured " + be->name() + " matmul peak " : "measured sgemm peak ") +
-      std::to_string(int(peak_gflops)) + " GFLOP/s per process; " +
-      std::to_string(int(training_flops_per_token(c, data->phase(0).seq_len) / 1e6)) + " MFLOP per trained token");
+  const bool backend_has_peak = be->matmul_peak_gflops() > 0;
+  MatmulPeak peak([&be, backend_has_peak] {
+    return backend_has_peak ? be->matmul_peak_gflops() : measure_sgemm_gflops();
+  });
+  log(std::string(backend_has_peak ? "measured " + be->name() + " matmul peak " : "measured sgemm peak ") +
+      std::to_string(int(peak.gflops())) + " GFLOP/s per process; " +
+      std::to_string(int(training_flops_per_token(c, data->phase(0).seq_len) / 1e6)) +
+      " MFLOP per trained token");
 
   std::unique_ptr<MetricsLog> metrics;
   if (lead) metrics = std::make_unique<MetricsLog>(r.run_dir + "/metrics.jsonl", resumed);
@@ -431,7 +434,9 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     const double dt = seconds_since(t_step);
     const double tok_s = double(step_tokens) / dt;
     const int64_t T = data->phase(phase).seq_len;
-    const double mfu = training_flops_per_token(c, T) * tok_s / (peak_gflops * 1e9 * ranks);
+    std::string peak_news;
+    const double mfu = peak.utilisation(training_flops_per_token(c, T) * tok_s / ranks, &peak_news);
+    if (!peak_news.empty() && lead) log::warn(peak_news);
     rec["step"] = step;
     rec["loss"] = loss;
     rec["lr"] = lr;

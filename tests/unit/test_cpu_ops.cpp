@@ -18,9 +18,12 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 std::vector<float> poisoned(size_t n) { return std::vector<float>(n, kNaN); }
 
+// Shapes cover one row (sgemv), a few rows (the few-rows kernel of batched decode: 4-row blocks,
+// a tail, threaded when large), just past it, and a full GEMM.
 TEST(CpuOps, LinearMatchesReference) {
   CpuBackend be;
-  for (auto [M, K, N] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 64, 48}, {7, 33, 5}, {130, 96, 200}}) {
+  for (auto [M, K, N] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 64, 48}, {7, 33, 5}, {4, 512, 160}, {16, 520, 130}, {17, 64, 9}, {130, 96, 200}}) {
     auto x = random_vector(static_cast<size_t>(M * K), 1), w = random_vector(static_cast<size_t>(N * K), 2), bias = random_vector(static_cast<size_t>(N), 3);
     auto y = poisoned(static_cast<size_t>(M * N)), ref = poisoned(static_cast<size_t>(M * N));
     be.linear(x.data(), w.data(), bias.data(), y.data(), M, K, N, false, 0);

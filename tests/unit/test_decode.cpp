@@ -93,6 +93,79 @@ TEST_P(DecodeFixture, BatchedSequencesAreIndependent) {
   }
 }
 
+// The server's continuous batching: sequences prefilled alone, joined into one batch state at
+// different positions (copy_sequence), then decoded together token by token; one sequence
+// leaves and another moves into its slot. Every logit row must match a full forward of that
+// sequence, and a slot past the decoded batch must be left alone.
+TEST_P(DecodeFixture, SequencesAtDifferentPositionsDecodeTogether) {
+  const std::string dir = test::source_path("tests/fixtures/" + GetParam());
+  auto be = make_cpu_backend();
+  auto model = load_model(dir, *be);
+  const ModelConfig& c = model->config();
+  std::ifstream f(dir + "/ids.json");
+  auto rows = nlohmann::json::parse(f).get<std::vector<std::vector<int32_t>>>();
+  const int64_t T = int64_t(rows[0].size()), V = c.vocab_size;
+  std::vector<int32_t> all;
+  for (auto& r : rows) all.insert(all.end(), r.begin(), r.end());
+  const ChunkedRun full = run_chunked(*model, all, int64_t(rows.size()), T, {T});
+  auto full_row = [&](size_t row, int64_t p) { return full.logits.data() + (int64_t(row) * T + p) * V; };
+
+  struct Seq {
+    size_t row;
+    int64_t pos;  // tokens consumed
+  };
+  // Three sequences on rows 0, 1, 0 with prompts of different lengths.
+  std::vector<Seq> seqs = {{0, T / 2}, {1 % rows.size(), T / 2 - 3}, {0, T / 2 + 2}};
+  DecodeState batch(c, *be, 4, T);
+  std::vector<float> lg(size_t(4 * V));
+  ForwardOutputs last;
+  last.logits = lg.data();
+  last.last_only = true;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    DecodeState alone(c, *be, 1, seqs[i].pos + 5);  // another capacity than the batch's
+    model->forward(rows[seqs[i].row].data(), 1, seqs[i].pos, &alone, last);
+    batch.copy_sequence(alone, 0, int64_t(i));
+    EXPECT_EQ(batch.pos[i], seqs[i].pos);
+  }
+  auto decode_step = [&](const char* when) {
+    std::vector<int32_t> next;
+    for (const Seq& s : seqs) next.push_back(rows[s.row][size_t(s.pos)]);
+    model->forward(next.data(), int64_t(seqs.size()), 1, &batch, last);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      EXPECT_LT(test::max_rel_err(lg.data() + int64_t(i) * V, full_row(seqs[i].row, seqs[i].pos), size_t(V)),
+                1e-5)
+          << when << ": sequence in slot " << i << " at position " << seqs[i].pos;
+      ++seqs[i].pos;
+      EXPECT_EQ(batch.pos[i], seqs[i].pos);
+    }
+  };
+  decode_step("three together");
+  decode_step("three together, second step");
+  // Sequence 0 finishes; the last one moves into its slot, and the batch shrinks to two.
+  batch.copy_sequence(batch, 2, 0);
+  seqs[0] = seqs[2];
+  seqs.pop_back();
+  EXPECT_EQ(batch.pos[0], seqs[0].pos);
+  while (seqs[0].pos < T && seqs[1].pos < T) decode_step("two together after a move");
+  EXPECT_EQ(batch.pos[3], 0) << "a slot past the decoded batch must not move";
+}
+
+TEST(DecodeState, CopySequenceChecksShapesAndCapacity) {
+  auto be = make_cpu_backend();
+  Model tiny(preset_config("zaya-tiny"), *be);
+  DecodeState big(tiny.config(), *be, 1, 8), small(tiny.config(), *be, 2, 4);
+  big.pos[0] = 6;
+  try {
+    small.copy_sequence(big, 0, 1);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("6 tokens does not fit a decode state of 4"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(small.copy_sequence(big, 0, 2), Error);
+  EXPECT_THROW(DecodeState(tiny.config(), *be, 0, 4), Error);
+}
+
 std::vector<std::string> cases() {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(test::source_path("tests/fixtures")))

@@ -1,8 +1,9 @@
 // `zaya serve`: the HTTP inference server in-process on a free port (a tiny random model and a
 // small SentencePiece tokenizer trained here), driven with httplib::Client and checked against
-// generate() called directly; the engine's queue; and the real binary started, queried and
-// stopped with SIGTERM. The pieces without HTTP (completion text, request validation, logit
-// adjustments, logprobs) are test_serve_parts.cpp.
+// generate() called directly; and the real binary started, queried and stopped with SIGTERM.
+// The engine on its own (queue, continuous batching, chunked prefill) is test_serve_engine.cpp;
+// the pieces without HTTP (completion text, request validation, logit adjustments, logprobs)
+// are test_serve_parts.cpp.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -24,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/tiny_serve_model.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_train.h"
@@ -31,6 +34,7 @@
 #include "model/model_io.h"
 #include "serve/completion_engine.h"
 #include "serve/completion_request.h"
+#include "serve/completion_run.h"
 #include "serve/completion_text.h"
 #include "serve/generate.h"
 #include "serve/http_server.h"
@@ -45,13 +49,8 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-constexpr uint64_t kModelSeed = 11;
-
-std::unique_ptr<Model> tiny_model(Backend& be) {
-  auto m = std::make_unique<Model>(preset_config("zaya-tiny"), be);
-  m->init_random(kModelSeed);
-  return m;
-}
+using test::kPrompt;
+using test::tiny_model;
 
 fs::path make_temp_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("zaya_serve_" + std::to_string(::getpid()) + "_" + name);
@@ -281,12 +280,16 @@ class ServeHttp : public ::testing::Test {
   static inline HttpServer* server_ = nullptr;
 };
 
-const std::vector<int32_t> kPrompt = {2, 57, 190, 33, 241};
-
 TEST_F(ServeHttp, HealthAndModels) {
   Reply h = get("/health");
   EXPECT_EQ(h.status, 200);
-  EXPECT_EQ(h.body, json({{"status", "ok"}}));
+  EXPECT_EQ(h.body.at("status"), "ok");
+  EXPECT_EQ(h.body.at("running"), 0);
+  EXPECT_EQ(h.body.at("waiting"), 0);
+  // The engine's count of finished completions goes up by one per completion.
+  const int64_t before = h.body.at("completions").get<int64_t>();
+  ASSERT_EQ(post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 2}}).status, 200);
+  EXPECT_EQ(get("/health").body.at("completions").get<int64_t>(), before + 1);
   Reply m = get("/v1/models");
   ASSERT_EQ(m.status, 200) << m.raw;
   EXPECT_EQ(m.body.at("object"), "list");
@@ -799,55 +802,6 @@ TEST(ServeHttpStart, ABusyPortIsAClearError) {
   }
 }
 
-// The engine serialises completions: while one runs, max_queue more may wait; the next gets a
-// 503 at once. Shutdown cancels the running one and fails the waiting ones with 503.
-TEST(ServeEngine, AFullQueueIsA503AndShutdownEndsEverything) {
-  auto be = make_cpu_backend();
-  auto model = tiny_model(*be);
-  CompletionEngine engine(*model, nullptr, EngineOptions{1, 0});
-  const int64_t long_run = model->config().max_position_embeddings - int64_t(kPrompt.size());
-  auto job = [&](int64_t max_tokens) {
-    CompletionJob j;
-    j.prompt = kPrompt;
-    j.max_tokens = max_tokens;
-    j.sampling = {1.0f, 0, 1.0f};
-    j.seed = 5;
-    return j;
-  };
-  std::thread waiting, stopper;
-  std::string waiting_error;
-  bool first_chunk = true;
-  int full_status = 0;
-  CompletionResult running = engine.run(job(long_run), [&](const CompletionChunk&) {
-    if (!first_chunk) return true;
-    first_chunk = false;
-    // The long job is running: queue one behind it, then one too many.
-    waiting = std::thread([&] {
-      try {
-        engine.run(job(4));
-      } catch (const ApiError& e) {
-        waiting_error = std::to_string(e.status()) + " " + e.what();
-      }
-    });
-    while (engine.accepting()) std::this_thread::yield();
-    try {
-      engine.run(job(4));
-    } catch (const ApiError& e) {
-      full_status = e.status();
-      EXPECT_NE(std::string(e.what()).find("the server is busy"), std::string::npos) << e.what();
-    }
-    stopper = std::thread([&] { engine.shutdown(); });
-    return true;
-  });
-  waiting.join();
-  stopper.join();
-  EXPECT_EQ(full_status, 503);
-  EXPECT_EQ(waiting_error, "503 the server is shutting down");
-  EXPECT_EQ(running.finish_reason, "cancelled");
-  EXPECT_LT(int64_t(running.ids.size()), long_run);
-  EXPECT_THROW(engine.run(job(1)), ApiError);
-}
-
 // The real binary: prints its URL for --port 0, serves, logs each request and exits 0 on SIGTERM.
 TEST(ServeCli, PrintsItsUrlServesAndStopsOnSigterm) {
   const fs::path dir = make_temp_dir("cli");
@@ -865,7 +819,9 @@ TEST(ServeCli, PrintsItsUrlServesAndStopsOnSigterm) {
   const std::string log_path = (dir / "stderr.log").string();
   posix_spawn_file_actions_addopen(&fa, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   const std::string binary = std::string(ZAYA_BINARY_DIR) + "/bin/zaya", model_dir = (dir / "model").string();
-  std::vector<std::string> args = {binary, "serve", "--model", model_dir, "--port", "0", "--threads", "1"};
+  std::vector<std::string> args = {binary,      "serve", "--model", model_dir, "--port",          "0",
+                                   "--threads", "1",     "--batch", "3",       "--prefill-chunk", "2",
+                                   "--context", "100"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -896,6 +852,11 @@ TEST(ServeCli, PrintsItsUrlServesAndStopsOnSigterm) {
   auto models = c.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "model");
+  EXPECT_EQ(json::parse(models->body)["data"][0]["context_length"], 100);  // --context
+  auto too_long =
+      c.Post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 96}}.dump(), "application/json");
+  ASSERT_TRUE(too_long);
+  EXPECT_EQ(too_long->status, 400) << too_long->body;
   kill(pid, SIGTERM);
   int status = -1;
   for (int i = 0; i < 300 && waitpid(pid, &status, WNOHANG) == 0; ++i)
@@ -914,6 +875,13 @@ TEST(ServeCli, PrintsItsUrlServesAndStopsOnSigterm) {
   EXPECT_NE(log.find("max_tokens: expected an integer >= 0 (0: no generation), got -3"), std::string::npos)
       << log;
   EXPECT_NE(log.find("received SIGTERM"), std::string::npos) << log;
+  EXPECT_NE(log.find("decoding up to 3 completions together"), std::string::npos) << log;
+  // One completion of 3 tokens (the bad request never reached the engine): the first token comes
+  // from the prefill of its 5-token prompt (3 chunks of at most 2), two from decode steps.
+  EXPECT_NE(log.find("stopped after 1 completion; 2 tokens decoded in 2 steps (mean batch 1.00); prompts "
+                     "prefilled in 3 chunks"),
+            std::string::npos)
+      << log;
   fs::remove_all(dir);
 }
 

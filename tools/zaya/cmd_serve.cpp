@@ -24,6 +24,7 @@ struct ServeCliOptions {
   std::string model_dir, tokenizer, host = "127.0.0.1", backend = "cpu";
   int port = 8080, threads = 0, http_threads = 32;
   size_t max_queue = 16;
+  int64_t batch = 8, prefill_chunk = 256, context = 0;
 };
 
 // The id clients see: the model directory's name ("runs/x/model/" -> "model").
@@ -64,10 +65,21 @@ void run_serve(const ServeCliOptions& o) {
   so.http_threads = o.http_threads;
   so.max_queue = o.max_queue;
   so.compute_threads = o.threads;
+  so.max_batch = o.batch;
+  so.prefill_chunk = o.prefill_chunk;
+  so.context = o.context;
   HttpServer server(*model, tok.get(), so);
   server.start();
+  char batch_line[200];
+  std::snprintf(
+      batch_line, sizeof batch_line,
+      "decoding up to %lld completions together; their decode states take %.1f MiB (--batch and --context "
+      "lower it)",
+      (long long)o.batch, double(server.decode_state_bytes()) / double(1 << 20));
+  log::info(batch_line);
   log::info("serving '" + so.model_id + "' (vocab " + std::to_string(c.vocab_size) + ", context " +
-            std::to_string(c.max_position_embeddings) + ", backend " + o.backend + ", " +
+            std::to_string(o.context > 0 ? o.context : c.max_position_embeddings) + ", backend " + o.backend +
+            ", " +
             (tok ? "tokenizer with " + std::to_string(tok->vocab_size()) + " tokens"
                  : "no tokenizer: token-id prompts only") +
             ")");
@@ -90,7 +102,16 @@ void run_serve(const ServeCliOptions& o) {
     if (sigwait(&stop_signals, &again) == 0) std::_Exit(128 + again);
   }).detach();
   server.stop();
-  log::info("stopped");
+  const EngineStats st = server.engine_stats();
+  char done[200];
+  std::snprintf(
+      done, sizeof done,
+      "stopped after %lld completion%s; %lld tokens decoded in %lld steps (mean batch %.2f); prompts "
+      "prefilled in %lld chunks",
+      (long long)st.completions, st.completions == 1 ? "" : "s", (long long)st.decoded_tokens,
+      (long long)st.decode_steps, st.decode_steps ? double(st.decoded_tokens) / double(st.decode_steps) : 0.0,
+      (long long)st.prefill_chunks);
+  log::info(done);
 }
 
 }  // namespace
@@ -112,6 +133,20 @@ void add_serve(CLI::App& app) {
                   "Connections handled at once (each open connection holds one)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option(
+         "--batch", o.batch,
+         "Completions decoded together (continuous batching); each holds a context-long decode state")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1024)));
+  cmd->add_option("--prefill-chunk", o.prefill_chunk,
+                  "Prompt positions prefilled between two decode steps of the running completions")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--context", o.context,
+                  "Positions (prompt + generated) per completion; 0 = the model's max_position_embeddings. "
+                  "Every decode state is this long")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-queue", o.max_queue, "Completions that may wait for the model; more get HTTP 503")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -2,12 +2,13 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <cstdlib>
 #include <cstring>
 
-#include "core/error.h"
 #include "backend/cuda/cuda_factory.h"  // plain C++: the GPU backend's options and entry points
+#include "core/error.h"
 
 namespace zaya {
 
@@ -29,12 +30,61 @@ void CpuBackend::fill(float* dst, float value, int64_t n) {
 void CpuBackend::to_host(void* host, const void* src, int64_t bytes) { std::memcpy(host, src, size_t(bytes)); }
 void CpuBackend::from_host(void* dst, const void* host, int64_t bytes) { std::memcpy(dst, host, size_t(bytes)); }
 
+namespace {
+
+// C[M, N] = alpha * A[M, K] . B[N, K]^T + beta * C for a handful of rows (a batch of decoding
+// sequences, a lightly loaded expert): each row of B (a weight row) is read once, from memory,
+// for every row of A, four rows at a time. A general sgemm would repack all of B first, which
+// for so few rows costs more than the product itself.
+constexpr int64_t kFewRows = 16;
+
+void few_rows_gemm_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  auto store = [&](int64_t m, int64_t n, float dot) {
+    float& c = C[m * ldc + n];
+    c = alpha * dot + (beta == 0.0f ? 0.0f : beta * c);
+  };
+#pragma omp parallel for schedule(static) if (N * K >= (int64_t(1) << 16) && !omp_in_parallel())
+  for (int64_t n = 0; n < N; ++n) {
+    const float* b = B + n * ldb;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+      const float *a0 = A + m * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+      float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+      for (int64_t k = 0; k < K; ++k) {
+        s0 += a0[k] * b[k];
+        s1 += a1[k] * b[k];
+        s2 += a2[k] * b[k];
+        s3 += a3[k] * b[k];
+      }
+      store(m, n, s0);
+      store(m + 1, n, s1);
+      store(m + 2, n, s2);
+      store(m + 3, n, s3);
+    }
+    for (; m < M; ++m) {
+      const float* a = A + m * lda;
+      float s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t k = 0; k < K; ++k) s += a[k] * b[k];
+      store(m, n, s);
+    }
+  }
+}
+
+}  // namespace
+
 void cpu_gemm(bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (M == 1) {  // one row (decode): a matrix-vector product streams B without repacking it
     cblas_sgemv(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans, int(trans_b ? N : K), int(trans_b ? K : N), alpha,
                 B, int(ldb), A, 1, beta, C, 1);
+    return;
+  }
+  if (trans_b && M <= kFewRows) {
+    few_rows_gemm_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha, A,
@@ -46,6 +96,15 @@ void cpu_gemm_tn(int64_t M, int64_t N, int64_t K, float alpha, const float* A, i
   if (M == 0 || N == 0) return;
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta,
               C, int(ldc));
+}
+
+void run_team(bool parallel, const std::function<void()>& body) {
+  if (!parallel) {
+    body();
+    return;
+  }
+#pragma omp parallel
+  body();
 }
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }

@@ -1,6 +1,7 @@
 // The CPU backend: OpenMP threads, CBLAS GEMMs (OpenBLAS by default), AVX2-friendly loops.
 // Op implementations are split by family across ops_*.cpp.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -84,6 +85,15 @@ void cpu_gemm(bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const 
 // C[M,N] = alpha * A^T * B + beta * C for A stored [K,M] and B stored [K,N] (weight gradients).
 void cpu_gemm_tn(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                  int64_t ldb, float beta, float* C, int64_t ldc);
+// Runs body() on every thread of a new OpenMP team when `parallel`, else once on this thread with
+// no OpenMP region around it; `omp for` loops inside body share out their iterations either way
+// (alone on this thread without a team). Use it, never `#pragma omp parallel if (cond)`, around
+// code that calls BLAS: a region made inactive by its if clause still nests what runs in it, and
+// OpenBLAS, which only asks omp_in_parallel() (false there), then starts a nested team of its
+// own, whose threads libgomp creates afresh on every call instead of reusing its pool (decode
+// spent a quarter of its time creating threads).
+void run_team(bool parallel, const std::function<void()>& body);
+
 // The MoE routing plan: per-class row ranges offsets[e]..offsets[e+1] (class E = skip, last)
 // of a stable permutation that groups tokens by their selected class.
 struct MoePlan {

@@ -24,8 +24,7 @@ void CpuBackend::attention(const AttentionArgs& a) {
   for (int64_t b = 0; b < a.B; ++b) max_keys = std::max(max_keys, a.pos0[b] + a.T);
   const bool threaded = a.B * a.T * a.Hq * max_keys * dh > (int64_t(1) << 20);
 
-#pragma omp parallel if (threaded)
-  {
+  run_team(threaded, [&] {
     std::vector<float> scores(static_cast<size_t>(kQueryBlock * kKeyBlock)), acc(static_cast<size_t>(kQueryBlock * dh));
     std::vector<float> row_max(static_cast<size_t>(kQueryBlock)), row_sum(static_cast<size_t>(kQueryBlock));
 #pragma omp for schedule(dynamic)
@@ -82,7 +81,7 @@ void CpuBackend::attention(const AttentionArgs& a) {
         for (int64_t d = 0; d < dh; ++d) o[d] = acc[size_t(i * dh + d)] * inv;
       }
     }
-  }
+  });
 }
 
 }  // namespace zaya

@@ -22,8 +22,7 @@ void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, f
   const int64_t dh = a.dh, rep = a.Hq / a.Hkv, T = a.T, qs = a.Hq * dh, kvs = a.Hkv * dh;
   std::memset(dk, 0, size_t(a.B * a.S * kvs) * 4);
   std::memset(dv, 0, size_t(a.B * a.S * kvs) * 4);
-#pragma omp parallel if (a.B * T * a.S * a.Hq * dh > (int64_t(1) << 20))
-  {
+  run_team(a.B * T * a.S * a.Hq * dh > (int64_t(1) << 20), [&] {
     std::vector<float> S(static_cast<size_t>(kQB * kKB)), dP(static_cast<size_t>(kQB * kKB));
     std::vector<float> lse(static_cast<size_t>(kQB)), Drow(static_cast<size_t>(kQB));
 #pragma omp for schedule(dynamic)
@@ -91,7 +90,7 @@ void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, f
           }
         }
     }
-  }
+  });
 }
 
 }  // namespace zaya

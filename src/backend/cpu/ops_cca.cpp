@@ -41,22 +41,28 @@ void CpuBackend::cca_conv(const CcaConvArgs& a) {
     }
     // Grouped: z(t)[head g] = b + sum_j y(t+j)[g] . Wj[g]^T, one GEMM per head and tap.
     if (direct) {
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t c = 0; c < C; ++c) {
+#pragma omp parallel for if (T * C * G * a.t1 > 65536)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t t = 0; t < T; ++t) {
           const float* w = a.w_grp + c * G * a.t1;
           const float* yg = y.data() + t * C + (c / G) * G;
           float acc = a.b_grp[c];
-          for (int64_t ci = 0; ci < G; ++ci)
-            for (int64_t j = 0; j < a.t1; ++j) acc += w[ci * a.t1 + j] * yg[j * C + ci];
+          for (int64_t j = 0; j < a.t1; ++j) {
+            const float* yj = yg + j * C;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t ci = 0; ci < G; ++ci) acc += w[ci * a.t1 + j] * yj[ci];
+          }
           z[t * C + c] = acc;
         }
     } else {
       for (int64_t t = 0; t < T; ++t) std::memcpy(z + t * C, a.b_grp, size_t(C) * 4);
-#pragma omp parallel for if (T * C * G > (int64_t(1) << 18))
-      for (int64_t g = 0; g < heads; ++g)
-        for (int64_t j = 0; j < a.t1; ++j)
-          cpu_gemm(true, T, G, G, 1.0f, y.data() + j * C + g * G, C, wtap.data() + (j * C + g * G) * G, G, 1.0f,
-                   z + g * G, C);
+      run_team(T * C * G > (int64_t(1) << 18), [&] {
+#pragma omp for
+        for (int64_t g = 0; g < heads; ++g)
+          for (int64_t j = 0; j < a.t1; ++j)
+            cpu_gemm(true, T, G, G, 1.0f, y.data() + j * C + g * G, C, wtap.data() + (j * C + g * G) * G, G,
+                     1.0f, z + g * G, C);
+      });
     }
     // New state: the last P raw rows.
     std::memcpy(state, ext.data() + T * C, size_t(P * C) * 4);

@@ -35,13 +35,15 @@ void CpuBackend::moe(const MoeArgs& a) {
   // Experts run in parallel, one per thread (each GEMM single-threaded inside the region):
   // experts hold few rows each, so splitting every small GEMM across threads costs more.
   const bool par_experts = routed * D > 65536;
-#pragma omp parallel for schedule(dynamic) if (par_experts)
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
-    if (rows == 0) continue;
-    cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data() + r0 * D, D, a.gate_up + e * 2 * I * D, D, 0.0f,
-             hidden.data() + r0 * 2 * I, 2 * I);
-  }
+  run_team(par_experts, [&] {
+#pragma omp for schedule(dynamic)
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
+      if (rows == 0) continue;
+      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data() + r0 * D, D, a.gate_up + e * 2 * I * D, D, 0.0f,
+               hidden.data() + r0 * 2 * I, 2 * I);
+    }
+  });
 #pragma omp parallel for if (routed * I > 65536)
   for (int64_t i = 0; i < routed; ++i) {
     const float* gate = hidden.data() + i * 2 * I;
@@ -49,12 +51,15 @@ void CpuBackend::moe(const MoeArgs& a) {
     float* o = act.data() + i * I;
     for (int64_t j = 0; j < I; ++j) o[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
   }
-#pragma omp parallel for schedule(dynamic) if (par_experts)
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
-    if (rows == 0) continue;
-    cpu_gemm(true, rows, D, I, 1.0f, act.data() + r0 * I, I, a.down + e * D * I, I, 0.0f, ys.data() + r0 * D, D);
-  }
+  run_team(par_experts, [&] {
+#pragma omp for schedule(dynamic)
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
+      if (rows == 0) continue;
+      cpu_gemm(true, rows, D, I, 1.0f, act.data() + r0 * I, I, a.down + e * D * I, I, 0.0f,
+               ys.data() + r0 * D, D);
+    }
+  });
   // Scatter every row: routed tokens get weight*expert(x); skip tokens 0 or weight*x.
 #pragma omp parallel for if (N * D > 65536)
   for (int64_t i = 0; i < N; ++i) {

@@ -28,34 +28,40 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
     for (int64_t d = 0; d < D; ++d) dys[size_t(i * D + d)] = a.weight[n] * dout[n * D + d];
   }
   // Experts are independent (each owns its rows and its weight gradients): one per thread.
-#pragma omp parallel for schedule(dynamic) if (routed * D > 65536)
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
-    if (rows == 0) continue;
-    const float* GU = a.gate_up + e * 2 * I * D;
-    const float* DN = a.down + e * D * I;
-    cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data() + r0 * D, D, GU, D, 0.0f, hid.data() + r0 * 2 * I, 2 * I);
-    for (int64_t i = r0; i < r0 + rows; ++i)
-      for (int64_t j = 0; j < I; ++j) {
-        const float g = hid[size_t(i * 2 * I + j)], u = hid[size_t(i * 2 * I + I + j)];
-        act[size_t(i * I + j)] = g / (1.0f + std::exp(-g)) * u;
-      }
-    cpu_gemm(true, rows, D, I, 1.0f, act.data() + r0 * I, I, DN, I, 0.0f, ys.data() + r0 * D, D);
-    if (ddown) cpu_gemm_tn(D, I, rows, 1.0f, dys.data() + r0 * D, D, act.data() + r0 * I, I, 1.0f, ddown + e * D * I, I);
-    cpu_gemm(false, rows, I, D, 1.0f, dys.data() + r0 * D, D, DN, I, 0.0f, dact.data() + r0 * I, I);
-    for (int64_t i = r0; i < r0 + rows; ++i)
-      for (int64_t j = 0; j < I; ++j) {
-        const float g = hid[size_t(i * 2 * I + j)], u = hid[size_t(i * 2 * I + I + j)];
-        const float sg = 1.0f / (1.0f + std::exp(-g));
-        const float da = dact[size_t(i * I + j)];
-        dhid[size_t(i * 2 * I + j)] = da * u * sg * (1.0f + g * (1.0f - sg));
-        dhid[size_t(i * 2 * I + I + j)] = da * g * sg;
-      }
-    if (dgate_up)
-      cpu_gemm_tn(2 * I, D, rows, 1.0f, dhid.data() + r0 * 2 * I, 2 * I, xs.data() + r0 * D, D, 1.0f,
-                  dgate_up + e * 2 * I * D, D);
-    cpu_gemm(false, rows, D, 2 * I, 1.0f, dhid.data() + r0 * 2 * I, 2 * I, GU, D, 0.0f, dxs.data() + r0 * D, D);
-  }
+  run_team(routed * D > 65536, [&] {
+#pragma omp for schedule(dynamic)
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
+      if (rows == 0) continue;
+      const float* GU = a.gate_up + e * 2 * I * D;
+      const float* DN = a.down + e * D * I;
+      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data() + r0 * D, D, GU, D, 0.0f, hid.data() + r0 * 2 * I,
+               2 * I);
+      for (int64_t i = r0; i < r0 + rows; ++i)
+        for (int64_t j = 0; j < I; ++j) {
+          const float g = hid[size_t(i * 2 * I + j)], u = hid[size_t(i * 2 * I + I + j)];
+          act[size_t(i * I + j)] = g / (1.0f + std::exp(-g)) * u;
+        }
+      cpu_gemm(true, rows, D, I, 1.0f, act.data() + r0 * I, I, DN, I, 0.0f, ys.data() + r0 * D, D);
+      if (ddown)
+        cpu_gemm_tn(D, I, rows, 1.0f, dys.data() + r0 * D, D, act.data() + r0 * I, I, 1.0f, ddown + e * D * I,
+                    I);
+      cpu_gemm(false, rows, I, D, 1.0f, dys.data() + r0 * D, D, DN, I, 0.0f, dact.data() + r0 * I, I);
+      for (int64_t i = r0; i < r0 + rows; ++i)
+        for (int64_t j = 0; j < I; ++j) {
+          const float g = hid[size_t(i * 2 * I + j)], u = hid[size_t(i * 2 * I + I + j)];
+          const float sg = 1.0f / (1.0f + std::exp(-g));
+          const float da = dact[size_t(i * I + j)];
+          dhid[size_t(i * 2 * I + j)] = da * u * sg * (1.0f + g * (1.0f - sg));
+          dhid[size_t(i * 2 * I + I + j)] = da * g * sg;
+        }
+      if (dgate_up)
+        cpu_gemm_tn(2 * I, D, rows, 1.0f, dhid.data() + r0 * 2 * I, 2 * I, xs.data() + r0 * D, D, 1.0f,
+                    dgate_up + e * 2 * I * D, D);
+      cpu_gemm(false, rows, D, 2 * I, 1.0f, dhid.data() + r0 * 2 * I, 2 * I, GU, D, 0.0f, dxs.data() + r0 * D,
+               D);
+    }
+  });
 #pragma omp parallel for if (N * D > 65536)
   for (int64_t i = 0; i < N; ++i) {
     const int64_t n = perm[size_t(i)];
