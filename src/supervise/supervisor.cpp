@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "supervise/heartbeat.h"
+#include "supervise/process_state.h"
 
 extern char** environ;
 
@@ -246,6 +247,11 @@ class HangDetector {
       const bool slow_phase = r.phase == "start" || r.phase == "final";
       const double limit = slow_phase ? o_.startup_timeout_s : o_.heartbeat_timeout_s;
       const double quiet = seconds_between(it->second.when, now);
+      // A rank that has begun to exit (killed while a thread finishes an fsync, say) is not hung:
+      // it gets one more heartbeat timeout to end, so that its exit status reports what happened.
+      if (quiet > limit && quiet <= limit + o_.heartbeat_timeout_s && r.host == own_host() &&
+          process_is_exiting(r.pid))
+        continue;
       if (quiet > limit)
         return "rank " + std::to_string(rank) + " (pid " + std::to_string(r.pid) + " on " + r.host +
                ") has not beaten for " + format_seconds(quiet) + " s (last beat: \"" + r.phase +

@@ -9,7 +9,9 @@
 //   * the job hangs: a rank's heartbeat (heartbeat.h) has not changed for heartbeat_timeout_s
 //     (startup_timeout_s before its first beat and while it loads or exports). Whatever the
 //     cause (a stuck collective, I/O, a stopped process), the job's whole process group gets
-//     SIGTERM, then SIGKILL after kill_grace_s.
+//     SIGTERM, then SIGKILL after kill_grace_s. A quiet rank on this host whose process has
+//     begun to exit (process_state.h) gets one more heartbeat_timeout_s to end first, so a rank
+//     killed while a thread finished an fsync is reported as killed, not as hung.
 // With a preflight command (`zaya doctor`: GEMM burn-in and an all-reduce on every rank), each
 // attempt starts only after the health check passes.
 // Policy: restart after restart_delay_s, at most max_restarts times; give up when

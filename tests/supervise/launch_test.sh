@@ -47,7 +47,7 @@ events() { grep -c "\"event\":\"$2\"" "$1/supervisor.jsonl" || true; }
 
 # ---- 1. one process: a crash, then a hang ----
 "$zaya" train "${recipe[@]}" --set run_dir="$work/ref1" > "$work/ref1.log" 2>&1
-"$zaya" launch "${recipe[@]}" --set run_dir="$work/ft1" --heartbeat-timeout 5 --restart-delay 0.2 --kill-grace 2 \
+"$zaya" launch "${recipe[@]}" --set run_dir="$work/ft1" --heartbeat-timeout 10 --restart-delay 0.2 --kill-grace 2 \
   > "$work/ft1.log" 2>&1 &
 launcher=$!
 pid=$(wait_for "$work/ft1" 0 100 none); kill -9 "$pid"; note "killed the job (pid $pid) with kill -9"

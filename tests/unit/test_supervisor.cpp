@@ -16,6 +16,7 @@
 #include "dist/comm.h"
 #include "supervise/health_check.h"
 #include "supervise/heartbeat.h"
+#include "supervise/process_state.h"
 #include "supervise/supervisor.h"
 
 namespace zaya {
@@ -221,6 +222,46 @@ TEST(Supervisor, HungJobIsKilledWithItsProcessGroupAndRestarted) {
   EXPECT_FALSE(process_alive(sleeper)) << "the hung job's child survived";
   EXPECT_EQ(event_names(dir + "/events.jsonl"),
             (std::vector<std::string>{"start", "hang", "restart", "start", "finished"}));
+}
+
+TEST(Supervisor, RankThatIsAlreadyExitingIsNotCalledHung) {
+  // A rank killed while one of its threads finishes an fsync beats no more and cannot be reaped
+  // for a while. Its stand-in (exiting_job): the main thread ends after one beat, and a second
+  // thread ends the process with status 3 after 2 s, past the 1.5 s heartbeat timeout.
+  const std::string dir = fresh_dir("exiting");
+  SupervisorOptions o = shell_job(
+      dir, std::string("if [ -e $D/once ]; then exit 0; fi; touch $D/once; exec ") + ZAYA_EXITING_JOB + " 2");
+  o.heartbeat_timeout_s = 1.5;
+  const SupervisorResult r = supervise(o);
+  EXPECT_EQ(r.outcome, "finished");
+  EXPECT_EQ(r.attempts, 2);
+  EXPECT_NE(r.last_failure.find("exited with status 3"), std::string::npos) << r.last_failure;
+  EXPECT_EQ(event_names(dir + "/events.jsonl"),
+            (std::vector<std::string>{"start", "failure", "restart", "start", "finished"}));
+}
+
+TEST(Supervisor, RankThatTakesTooLongToExitIsCalledHung) {
+  // The grace for an exiting rank is one more heartbeat timeout, not forever.
+  const std::string dir = fresh_dir("exiting_slowly");
+  SupervisorOptions o =
+      shell_job(dir, std::string("if [ -e $D/once ]; then exit 0; fi; touch $D/once; exec ") +
+                         ZAYA_EXITING_JOB + " 30");
+  o.heartbeat_timeout_s = 0.3;
+  const auto t0 = std::chrono::steady_clock::now();
+  const SupervisorResult r = supervise(o);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.outcome, "finished");
+  EXPECT_NE(r.last_failure.find("has not beaten for"), std::string::npos) << r.last_failure;
+  EXPECT_LT(took, 20.0);
+  EXPECT_EQ(event_names(dir + "/events.jsonl"),
+            (std::vector<std::string>{"start", "hang", "restart", "start", "finished"}));
+}
+
+TEST(ProcessState, RunningAndMissingProcessesAreNotExiting) {
+  EXPECT_FALSE(process_is_exiting(::getpid()));
+  EXPECT_FALSE(process_is_exiting(0));
+  EXPECT_FALSE(process_is_exiting(-5));
+  EXPECT_FALSE(process_is_exiting(4194304 + 17));  // above Linux's largest pid
 }
 
 TEST(Supervisor, JobWithoutAnyHeartbeatHitsTheStartupTimeout) {
