@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/rope_table.h"
 
 namespace zaya {
 
@@ -72,6 +73,7 @@ class CpuBackend final : public Backend {
   void from_host(void* dst, const void* host, int64_t bytes) override;
 
  private:
+  RopeTable rope_;  // cca_qk's rotary cosines and sines (one backend serves one thread at a time)
   // Packed documents (CcaConvArgs::seg_start), ops_cca_segments.cpp.
   void cca_conv_segmented(const CcaConvArgs& a);
   void cca_conv_backward_segmented(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,

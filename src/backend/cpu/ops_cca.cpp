@@ -1,6 +1,7 @@
 // CPU ops for Compressed Convolutional Attention (spec A.5–A.6): the two-stage causal conv
 // over the raw q‖k stream with carried state, the mean paths + QK-norm + key temperature +
 // partial NeoX RoPE, the current/delayed value heads, and KV-cache writes.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -72,8 +73,7 @@ void CpuBackend::cca_conv(const CcaConvArgs& a) {
 void CpuBackend::cca_qk(const CcaQkArgs& a) {
   const int64_t Hq = a.Hq, Hkv = a.Hkv, dh = a.dh, rep = Hq / Hkv, C = (Hq + Hkv) * dh, Dq = Hq * dh;
   const int64_t half = a.rotary_dim / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = std::pow(a.theta, -2.0 * double(i) / double(a.rotary_dim));
+  rope_.cover(a.theta, a.rotary_dim, a.positions, a.N);
   const float scale = std::sqrt(float(dh));
 
   auto normalise_rotate = [&](float* x, float mult, const float* cs, const float* sn) {
@@ -90,19 +90,15 @@ void CpuBackend::cca_qk(const CcaQkArgs& a) {
 
 #pragma omp parallel if (a.N * (Hq + Hkv) * dh > 32768)
   {
-    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+    std::vector<float> cs_scratch(static_cast<size_t>(half)), sn_scratch(static_cast<size_t>(half));
 #pragma omp for
     for (int64_t n = 0; n < a.N; ++n) {
       const float* z = a.z + n * C;
       const float* u = a.u + n * C;
       float* q = a.q + n * Dq;
       float* k = a.k + n * Hkv * dh;
-      double pos = double(a.positions[n]);
-      for (int64_t i = 0; i < half; ++i) {
-        double ang = pos * inv_freq[size_t(i)];
-        cs[size_t(i)] = float(std::cos(ang));
-        sn[size_t(i)] = float(std::sin(ang));
-      }
+      const float *cs = nullptr, *sn = nullptr;
+      rope_.row(a.positions[n], cs_scratch.data(), sn_scratch.data(), &cs, &sn);
       for (int64_t g = 0; g < Hkv; ++g) {
         const float* ug = u + Dq + g * dh;
         float* kg = k + g * dh;
@@ -118,9 +114,9 @@ void CpuBackend::cca_qk(const CcaQkArgs& a) {
           }
         }
         for (int64_t i = 0; i < dh; ++i) kg[i] = z[Dq + g * dh + i] + kg[i] / float(rep);
-        normalise_rotate(kg, a.temp[g], cs.data(), sn.data());
+        normalise_rotate(kg, a.temp[g], cs, sn);
       }
-      for (int64_t h = 0; h < Hq; ++h) normalise_rotate(q + h * dh, 1.0f, cs.data(), sn.data());
+      for (int64_t h = 0; h < Hq; ++h) normalise_rotate(q + h * dh, 1.0f, cs, sn);
     }
   }
 }

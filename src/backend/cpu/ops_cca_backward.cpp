@@ -1,6 +1,7 @@
 // CPU backward of the CCA ops: the two causal convolutions (as transposed GEMMs per head and
 // tap), the mean paths + QK-norm + temperature + RoPE (recomputed per token), and the value
 // shift. Training runs fresh sequences, so the carried conv/value state is zero.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -71,8 +72,7 @@ void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const floa
                                  float* dtemp) {
   const int64_t Hq = a.Hq, Hkv = a.Hkv, dh = a.dh, rep = Hq / Hkv, C = (Hq + Hkv) * dh, Dq = Hq * dh;
   const int64_t half = a.rotary_dim / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = std::pow(a.theta, -2.0 * double(i) / double(a.rotary_dim));
+  rope_.cover(a.theta, a.rotary_dim, a.positions, a.N);
   const double sdh = std::sqrt(double(dh));
   // Per-token dtemp contributions, summed in token order afterwards (reproducible).
   std::vector<double> dtemp_tok(static_cast<size_t>(a.N * Hkv), 0.0);
@@ -106,7 +106,8 @@ void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const floa
 
 #pragma omp parallel if (a.N * C > 32768)
   {
-    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half)), v(static_cast<size_t>(dh));
+    std::vector<float> cs_scratch(static_cast<size_t>(half)), sn_scratch(static_cast<size_t>(half)),
+        v(static_cast<size_t>(dh));
     std::vector<double> dv(static_cast<size_t>(dh));
 #pragma omp for
     for (int64_t n = 0; n < a.N; ++n) {
@@ -114,16 +115,12 @@ void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const floa
       const float* u = a.u + n * C;
       float* dzn = dz + n * C;
       float* dun = du + n * C;
-      const double pos = double(a.positions[n]);
-      for (int64_t i = 0; i < half; ++i) {
-        const double ang = pos * inv_freq[size_t(i)];
-        cs[size_t(i)] = float(std::cos(ang));
-        sn[size_t(i)] = float(std::sin(ang));
-      }
+      const float *cs = nullptr, *sn = nullptr;
+      rope_.row(a.positions[n], cs_scratch.data(), sn_scratch.data(), &cs, &sn);
       for (int64_t h = 0; h < Hq; ++h) {
         const int64_t g = h / rep;
         for (int64_t i = 0; i < dh; ++i) v[size_t(i)] = z[h * dh + i] + 0.5f * (u[h * dh + i] + u[Dq + g * dh + i]);
-        back(v.data(), dq + (n * Hq + h) * dh, 1.0, cs.data(), sn.data(), dv.data());
+        back(v.data(), dq + (n * Hq + h) * dh, 1.0, cs, sn, dv.data());
         for (int64_t i = 0; i < dh; ++i) {
           dzn[h * dh + i] = float(dv[size_t(i)]);
           dun[h * dh + i] += float(0.5 * dv[size_t(i)]);
@@ -136,7 +133,7 @@ void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const floa
           for (int64_t r = 0; r < rep; ++r) mq += u[(g * rep + r) * dh + i];
           v[size_t(i)] = z[Dq + g * dh + i] + 0.5f * mq / float(rep) + 0.5f * u[Dq + g * dh + i];
         }
-        dtemp_tok[size_t(n * Hkv + g)] = back(v.data(), dk + (n * Hkv + g) * dh, a.temp[g], cs.data(), sn.data(), dv.data());
+        dtemp_tok[size_t(n * Hkv + g)] = back(v.data(), dk + (n * Hkv + g) * dh, a.temp[g], cs, sn, dv.data());
         for (int64_t i = 0; i < dh; ++i) {
           dzn[Dq + g * dh + i] = float(dv[size_t(i)]);
           dun[Dq + g * dh + i] += float(0.5 * dv[size_t(i)]);
