@@ -12,18 +12,14 @@
 #include "core/error.h"
 #include "supervise/supervisor.h"
 #include "train/recipe.h"
+#include "train_options.h"
 
 namespace zaya::cli {
 
 namespace {
 
 struct LaunchOptions {
-  // forwarded to `zaya train`
-  std::string recipe_path, backend = "cpu";
-  std::vector<std::string> overrides;
-  int64_t bucket_mb = 32;
-  double comm_timeout = 600;
-  bool device_comm = false;
+  TrainCliOptions train;  // forwarded to `zaya train`
   // the job's processes
   int np = 1;
   std::string hostfile, mpirun = "mpirun";
@@ -65,19 +61,16 @@ std::string format_number(double v) {
 std::vector<std::string> preflight_command(const LaunchOptions& o) {
   std::vector<std::string> cmd = zaya_on_every_rank(o);
   cmd.insert(cmd.end(),
-             {"doctor", "--backend", o.backend, "--burn-in", format_number(o.preflight_burn_in),
-              "--comm-timeout", format_number(o.comm_timeout > 0 ? std::min(o.comm_timeout, 300.0) : 300)});
+             {"doctor", "--backend", o.train.backend, "--burn-in", format_number(o.preflight_burn_in), "--comm-timeout",
+              format_number(o.train.comm_timeout > 0 ? std::min(o.train.comm_timeout, 300.0) : 300)});
   return cmd;
 }
 
 std::vector<std::string> job_command(const LaunchOptions& o) {
   std::vector<std::string> cmd = zaya_on_every_rank(o);
   cmd.push_back("train");
-  if (!o.recipe_path.empty()) cmd.insert(cmd.end(), {"--recipe", o.recipe_path});
-  for (const std::string& s : o.overrides) cmd.insert(cmd.end(), {"--set", s});
-  cmd.insert(cmd.end(), {"--backend", o.backend, "--bucket-mb", std::to_string(o.bucket_mb), "--comm-timeout",
-                         format_number(o.comm_timeout)});
-  if (o.device_comm) cmd.push_back("--device-comm");
+  const std::vector<std::string> train = train_arguments(o.train);
+  cmd.insert(cmd.end(), train.begin(), train.end());
   return cmd;
 }
 
@@ -90,7 +83,7 @@ void run_launch(const LaunchOptions& o) {
          "add --np N (N > 1) or --hostfile");
   // The recipe is resolved here too, so that a bad key or value fails at once instead of in a
   // restart loop, and so that the run directory is known.
-  const Recipe r = resolve_recipe(o.recipe_path, o.overrides);
+  const Recipe r = resolve_recipe(o.train.recipe_path, o.train.overrides);
   SupervisorOptions so;
   so.command = job_command(o);
   if (o.preflight) so.preflight_command = preflight_command(o);
@@ -140,16 +133,7 @@ void add_launch(CLI::App& app) {
       "launch",
       "Train under the fault-tolerance supervisor: restart from the latest checkpoint on failures and hangs");
   static LaunchOptions o;
-  cmd->add_option("--recipe", o.recipe_path, "TOML recipe (default: the built-in recipe)");
-  cmd->add_option("--set", o.overrides, "Override a recipe key: --set optimizer.lr=1e-3 (repeatable)");
-  cmd->add_option("--backend", o.backend, "cpu, or cuda in a GPU build")->capture_default_str();
-  cmd->add_flag("--device-comm", o.device_comm, "GPU data parallel over NCCL (see zaya train --help)");
-  cmd->add_option("--bucket-mb", o.bucket_mb, "Data parallel: gradient bucket size in MiB")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
-  cmd->add_option("--comm-timeout", o.comm_timeout,
-                  "Data parallel: watchdog seconds per collective (0 = off)")
-      ->capture_default_str();
+  add_train_options(cmd, o.train);
   cmd->add_option("--np", o.np, "Ranks: more than 1 runs the job under mpirun")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

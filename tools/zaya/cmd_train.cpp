@@ -18,33 +18,19 @@
 #include "model/model_io.h"
 #include "supervise/heartbeat.h"
 #include "train/trainer.h"
+#include "train_options.h"
 
 namespace zaya::cli {
 
 void add_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a ZAYA model (no arguments: the built-in default recipe)");
-  static std::string recipe_path;
-  static std::vector<std::string> overrides;
-  static int64_t stop_after = -1, bucket_mb = 32;
-  static double comm_timeout = 600;
-  static std::string backend = "cpu";
-  static bool device_comm = false;
-  cmd->add_option("--recipe", recipe_path, "TOML recipe (default: the built-in recipe)");
-  cmd->add_option("--set", overrides, "Override a recipe key: --set optimizer.lr=1e-3 (repeatable)");
+  static TrainCliOptions o;
+  static int64_t stop_after = -1;
+  add_train_options(cmd, o);
   cmd->add_option("--stop-after", stop_after, "Stop after N steps of this process (checkpointed; rerun to resume)");
-  cmd->add_option("--bucket-mb", bucket_mb, "Data parallel: gradient reduce-scatter bucket size in MiB")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
-  cmd->add_option("--comm-timeout", comm_timeout,
-                  "Data parallel: watchdog seconds per collective (0 = off; ZAYA_COMM_TIMEOUT overrides)")
-      ->capture_default_str();
-  cmd->add_option("--backend", backend, "cpu, or cuda in a GPU build (rank r uses GPU local rank r)")
-      ->capture_default_str();
-  cmd->add_flag("--device-comm", device_comm,
-                "GPU data parallel: reduce gradients over NCCL on the device instead of through host memory (MPI)");
   cmd->callback([] {
     CommOptions co;
-    co.timeout_s = comm_timeout;
+    co.timeout_s = o.comm_timeout;
     std::unique_ptr<Comm> comm = make_comm(co);
     // Ranks sharing a node split its cores, unless OMP_NUM_THREADS says otherwise.
     if (comm->local_size() > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -53,14 +39,14 @@ void add_train(CLI::App& app) {
     }
     TrainSummary s;
     try {
-      Recipe r = resolve_recipe(recipe_path, overrides);
+      Recipe r = resolve_recipe(o.recipe_path, o.overrides);
       TrainOptions opt;
       opt.stop_after_steps = stop_after;
       opt.comm = comm.get();
-      opt.bucket_bytes = bucket_mb << 20;
-      opt.backend = backend;
-      opt.device_comm = device_comm;
-      opt.comm_timeout_s = comm_timeout;
+      opt.bucket_bytes = o.bucket_mb << 20;
+      opt.backend = o.backend;
+      opt.device_comm = o.device_comm;
+      opt.comm_timeout_s = o.comm_timeout;
       if (const char* hb = std::getenv(kHeartbeatDirEnv)) opt.heartbeat_dir = hb;
       s = train(r, opt);
     } catch (const Error& e) {
