@@ -1,7 +1,7 @@
 // Data-parallel equivalence check, run under mpirun (tests/dp/dp_equivalence.sh):
 //
 //   zaya_dp_check train DIR [--steps N] [--stop-after N] [--backend NAME] [--device-comm] [--cp N]
-//                           [--phased [--phase-cp N]]
+//                           [--phased [--phase-cp N]] [--choices]
 //                                              trains the fixed tiny recipe into DIR/run with
 //                                              however many ranks it was launched with (on the
 //                                              GPU: --backend cuda-fp32, scripts/gpu_device_checks.sh;
@@ -9,7 +9,11 @@
 //                                              NCCL, as `zaya train --device-comm`; --cp N:
 //                                              context parallelism in groups of N ranks;
 //                                              --phased: a two-phase curriculum on shards whose
-//                                              second phase has context_parallel --phase-cp)
+//                                              second phase has context_parallel --phase-cp;
+//                                              --choices: [eval] choices scores 7 questions at
+//                                              every evaluation, split over the ranks, and rank 0
+//                                              checks the last accuracy against one process
+//                                              scoring the exported model)
 //   zaya_dp_check compare DIR_A DIR_B [--steps N] [--weight-tol X]
 //                                              same per-step losses (rel diff < 1e-5) and the
 //                                              same final parameters within rounding (per tensor
@@ -33,14 +37,18 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "backend/backend.h"
 #include "ckpt/dist_checkpoint.h"
 #include "core/error.h"
+#include "data/token_file.h"
+#include "data/tokenizer.h"
 #include "dist/comm.h"
+#include "eval/multiple_choice.h"
+#include "model/model_io.h"
 #include "model/params.h"
 #include "train/trainer.h"
 #ifdef ZAYA_CUDA
@@ -50,6 +58,7 @@
 #include "simt_register.h"  // zaya_simt_dp_check: the GPU paths on the host emulation of the GPU
 #endif
 
+#include "../common/small_tokenizer.h"
 #include "../common/synthetic_corpus.h"
 
 namespace fs = std::filesystem;
@@ -101,38 +110,90 @@ std::vector<double> losses(const std::string& run_dir) {
   return out;
 }
 
-int train_cmd(const std::string& dir, int64_t steps, int64_t stop_after, const std::string& backend, bool device_comm,
-              int64_t context_parallel, bool phased, int64_t phase_cp) {
-  if (backend.rfind("cuda", 0) == 0 && !gpu_present()) {
+struct TrainFlags {
+  int64_t steps = 20, stop_after = -1, context_parallel = 1, phase_cp = 0;
+  std::string backend = "cpu";
+  bool device_comm = false, phased = false, choices = false;
+};
+
+// --choices: a small SentencePiece tokenizer (its ids need a 512-id vocabulary, which the token
+// files then declare) and 7 questions in its words: 3 + 2 + 2 per rank on 3 ranks, 4 + 3 on 2.
+void write_choice_files(const std::string& dir) {
+  for (const std::string& path : {dir + "/train.bin", dir + "/val.bin"}) {
+    TokenFile f = read_token_file(path);
+    f.vocab_size = 512;
+    write_token_file(path, f);
+  }
+  test::train_small_tokenizer(dir + "/tok");
+  std::ofstream out(dir + "/questions.jsonl");
+  const char* lines[] = {
+      R"({"context": "The cat sat on the", "choices": [" mat", " park"], "answer": 0})",
+      R"({"context": "A dog ran in the", "choices": [" park", " mat", " south"], "answer": 0})",
+      R"({"context": "Birds fly", "choices": [" south", " mat"], "answer": 0})",
+      R"({"context": "The dog sat on", "choices": [" the mat", " south"], "answer": 0})",
+      R"({"context": "A cat ran", "choices": [" in the park", " fly"], "answer": 1})",
+      R"({"context": "Birds sat on the", "choices": [" dog", " mat", " cat"], "answer": 1})",
+      R"({"context": "The", "choices": [" cat", " birds"], "answer": 0})"};
+  for (const char* line : lines) out << line << '\n';
+}
+
+// The accuracy the ranks measured together at the last step against rank 0 scoring every
+// question alone with the exported model (the same weights): the counts of the ranks' shards
+// must add up to exactly the whole set's.
+int check_choices(const Recipe& r, const TrainSummary& s, const std::string& backend) {
+  auto be = make_backend(backend);
+  auto model = load_model(r.run_dir + "/model", *be);
+  auto tok = load_tokenizer(r.data.tokenizer);
+  const MultipleChoiceResult whole =
+      evaluate_multiple_choice(*model, *tok, load_choice_questions(r.eval.choices));
+  std::printf(
+      "dp_check: multiple choice: the ranks measured accuracy %.6f (per byte %.6f); one process scores the "
+      "final model %.6f (%.6f) over %lld questions\n",
+      s.final_choice_accuracy, s.final_choice_accuracy_norm, whole.accuracy, whole.accuracy_norm,
+      (long long)whole.questions);
+  return whole.accuracy == s.final_choice_accuracy && whole.accuracy_norm == s.final_choice_accuracy_norm ? 0
+                                                                                                          : 1;
+}
+
+int train_cmd(const std::string& dir, const TrainFlags& f) {
+  if (f.backend.rfind("cuda", 0) == 0 && !gpu_present()) {
     std::printf("dp_check: skipped: no GPU\n");
     return 0;
   }
   auto comm = make_comm(CommOptions{});
-  if (comm->rank() == 0 && !fs::exists(dir + "/train.bin")) {
-    fs::create_directories(dir);
-    test::write_synthetic_corpus(dir + "/train.bin", 20000, 1);
-    test::write_synthetic_corpus(dir + "/val.bin", 4000, 2);
-    if (phased) test::write_synthetic_shard_datasets(dir);
+  if (comm->rank() == 0) {
+    if (!fs::exists(dir + "/train.bin")) {
+      fs::create_directories(dir);
+      test::write_synthetic_corpus(dir + "/train.bin", 20000, 1);
+      test::write_synthetic_corpus(dir + "/val.bin", 4000, 2);
+      if (f.phased) test::write_synthetic_shard_datasets(dir);
+    }
+    if (f.choices && !fs::exists(dir + "/questions.jsonl")) write_choice_files(dir);
   }
   comm->barrier()->wait();
   TrainOptions opt;
   opt.quiet = true;
   opt.comm = comm.get();
-  opt.stop_after_steps = stop_after;
+  opt.stop_after_steps = f.stop_after;
   opt.bucket_bytes = 64 << 10;  // several buckets even for the tiny model
-  opt.backend = backend;
-  opt.device_comm = device_comm;
-  Recipe r = phased ? phased_recipe(dir, steps, phase_cp) : recipe(dir, steps);
-  r.parallel.context_parallel = context_parallel;
+  opt.backend = f.backend;
+  opt.device_comm = f.device_comm;
+  Recipe r = f.phased ? phased_recipe(dir, f.steps, f.phase_cp) : recipe(dir, f.steps);
+  r.parallel.context_parallel = f.context_parallel;
+  if (f.choices) {
+    r.data.tokenizer = dir + "/tok.model";
+    r.eval.choices = dir + "/questions.jsonl";
+  }
   TrainSummary s = train(r, opt);
   if (comm->rank() == 0)
     std::printf("dp_check: trained %lld steps (%lld context parallel) with %d ranks over %s, final loss %.6f\n",
                 (long long)s.steps, (long long)s.context_parallel_steps, comm->size(), s.data_comm.c_str(),
                 s.final_train_loss);
-  if (device_comm && comm->size() > 1 && s.data_comm != "nccl") {
+  if (f.device_comm && comm->size() > 1 && s.data_comm != "nccl") {
     std::printf("dp_check: --device-comm was asked for, but the gradients went over '%s'\n", s.data_comm.c_str());
     return 1;
   }
+  if (f.choices && f.stop_after < 0 && comm->rank() == 0) return check_choices(r, s, f.backend);
   return 0;
 }
 
@@ -205,25 +266,26 @@ int main(int argc, char** argv) {
         break;
       }
     if (a.size() >= 2 && a[0] == "train") {
-      int64_t stop = -1;
-      std::string backend = "cpu";
-      bool device_comm = false;
-      int64_t context_parallel = 1, phase_cp = 0;
-      bool phased = false;
+      TrainFlags f;
+      f.steps = steps;
       for (size_t i = 2; i < a.size(); ++i) {
-        if (a[i] == "--device-comm" || a[i] == "--phased") {
-          (a[i] == "--phased" ? phased : device_comm) = true;
+        if (a[i] == "--device-comm" || a[i] == "--phased" || a[i] == "--choices") {
+          (a[i] == "--phased" ? f.phased : a[i] == "--choices" ? f.choices : f.device_comm) = true;
           continue;
         }
         if (i + 1 >= a.size()) throw Error("dp_check", "option " + a[i] + " needs a value");
-        if (a[i] == "--stop-after") stop = std::stoll(a[i + 1]);
-        else if (a[i] == "--backend") backend = a[i + 1];
-        else if (a[i] == "--cp") context_parallel = std::stoll(a[i + 1]);
-        else if (a[i] == "--phase-cp") phase_cp = std::stoll(a[i + 1]);
+        if (a[i] == "--stop-after")
+          f.stop_after = std::stoll(a[i + 1]);
+        else if (a[i] == "--backend")
+          f.backend = a[i + 1];
+        else if (a[i] == "--cp")
+          f.context_parallel = std::stoll(a[i + 1]);
+        else if (a[i] == "--phase-cp")
+          f.phase_cp = std::stoll(a[i + 1]);
         else throw Error("dp_check", "unknown option " + a[i]);
         ++i;
       }
-      return train_cmd(a[1], steps, stop, backend, device_comm, context_parallel, phased, phase_cp);
+      return train_cmd(a[1], f);
     }
     // --weight-tol X (default 3e-5; see the header)
     double weight_tol = 3e-5;
@@ -233,7 +295,8 @@ int main(int argc, char** argv) {
     }
     if (a.size() == 3 && a[0] == "compare") return compare_cmd(a[1], a[2], steps, weight_tol);
     std::fprintf(stderr,
-                 "usage: zaya_dp_check train DIR [--steps N] [--stop-after N] [--backend NAME] [--device-comm] [--cp N] [--phased [--phase-cp N]] | compare DIR_A "
+                 "usage: zaya_dp_check train DIR [--steps N] [--stop-after N] [--backend NAME] "
+                 "[--device-comm] [--cp N] [--phased [--phase-cp N]] [--choices] | compare DIR_A "
                  "DIR_B [--steps N] [--weight-tol X]\n");
     return 2;
   } catch (const Error& e) {

@@ -2,7 +2,8 @@
 # Data-parallel equivalence (issue: MPI data parallel, deliverables 4 and 6): the same 20-step
 # run with 1, 2 and 3 ranks gives the same per-step losses and final weights, and a run
 # checkpointed by 2 ranks at step 10 and resumed by 3 ranks continues identically (DP_STEPS=N: N
-# steps, resumed at N/2).
+# steps, resumed at N/2). Every run also scores multiple-choice questions at each evaluation, split
+# over the ranks; the accuracy they measure together must equal one process scoring the final model.
 # Usage: [DP_STEPS=N] [DP_TRAIN_FLAGS=--device-comm] dp_equivalence.sh MPIEXEC zaya_dp_check WORKDIR [BACKEND]
 # BACKEND (default cpu): cuda-fp32 runs the same check on the GPU (every rank on the node's GPUs,
 # sharing them when there are fewer; fp32 GEMMs, so the CPU tolerances apply); without a GPU it
@@ -16,7 +17,7 @@ read -r -a flags <<< "${DP_TRAIN_FLAGS:-}"
 rm -rf "$work"; mkdir -p "$work"
 export OMP_NUM_THREADS=1
 mpi() { local n="$1"; shift; "$mpiexec" --oversubscribe -np "$n" "$@"; }
-args=(--steps "$steps" --backend "$backend" ${flags[@]+"${flags[@]}"})
+args=(--steps "$steps" --backend "$backend" --choices ${flags[@]+"${flags[@]}"})
 compare() { "$check" compare "$1" "$2" --steps "$steps"; }
 
 first=$("$check" train "$work/np1" "${args[@]}")

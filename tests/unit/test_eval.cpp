@@ -311,6 +311,47 @@ TEST_F(EvalPerplexity, MultipleChoiceScoresAreContinuationLogLikelihoods) {
   EXPECT_EQ(evaluate_multiple_choice(*model_, tok, questions, two).questions, 2);
 }
 
+TEST_F(EvalPerplexity, MultipleChoiceShardsScoreEveryQuestionOnce) {
+  // Data-parallel evaluation (the trainer's [eval] choices): shard s of 3 scores questions s,
+  // s + 3, ...; each scores as in the whole run, and the shards' counts add up to the whole's.
+  const ByteTokenizer tok;
+  std::vector<ChoiceQuestion> questions;
+  for (int i = 0; i < 7; ++i)
+    questions.push_back({"question " + std::to_string(i) + ":", {" a", " bb", " ccc", " d"}, i % 4});
+  const MultipleChoiceResult whole = evaluate_multiple_choice(*model_, tok, questions);
+  ASSERT_EQ(whole.questions, 7);
+  int64_t scored = 0, choices = 0, correct = 0, correct_norm = 0;
+  for (int64_t shard = 0; shard < 3; ++shard) {
+    MultipleChoiceOptions o;
+    o.shard = shard;
+    o.shards = 3;
+    const MultipleChoiceResult part = evaluate_multiple_choice(*model_, tok, questions, o);
+    ASSERT_EQ(part.questions, shard == 0 ? 3 : 2) << shard;
+    ASSERT_EQ(part.per_question.size(), size_t(part.questions));
+    for (int64_t k = 0; k < part.questions; ++k) {
+      const QuestionResult& got = part.per_question[size_t(k)];
+      const QuestionResult& want = whole.per_question[size_t(shard + 3 * k)];
+      EXPECT_EQ(got.predicted, want.predicted) << shard << "/" << k;
+      EXPECT_EQ(got.predicted_norm, want.predicted_norm) << shard << "/" << k;
+      ASSERT_EQ(got.choices.size(), want.choices.size());
+      for (size_t c = 0; c < got.choices.size(); ++c)
+        EXPECT_DOUBLE_EQ(got.choices[c].logprob, want.choices[c].logprob) << shard << "/" << k << "/" << c;
+    }
+    scored += part.questions;
+    choices += part.choices;
+    correct += part.correct;
+    correct_norm += part.correct_norm;
+  }
+  EXPECT_EQ(scored, whole.questions);
+  EXPECT_EQ(choices, whole.choices);
+  EXPECT_EQ(correct, whole.correct);
+  EXPECT_EQ(correct_norm, whole.correct_norm);
+  MultipleChoiceOptions missing;
+  missing.shard = 3;
+  missing.shards = 3;
+  EXPECT_THROW(evaluate_multiple_choice(*model_, tok, questions, missing), Error);
+}
+
 TEST(EvalChoices, BadFilesAreErrorsNamingTheLineAndField) {
   const std::string dir = fresh_dir("choices");
   const std::vector<std::pair<std::string, std::string>> cases = {
