@@ -217,6 +217,7 @@ std::unique_ptr<CompletionEngine::Prefilling> CompletionEngine::begin(const std:
       return nullptr;
     }
     r.run = std::make_unique<CompletionRun>(model_.config(), tok_, in, [job, this](CompletionChunk chunk) {
+      chunk.produced_at = Clock::now();
       {
         std::lock_guard lk(job->m);
         job->chunks.push_back(std::move(chunk));

@@ -10,6 +10,7 @@
 // the next step. Knows nothing about HTTP.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -42,6 +43,9 @@ struct CompletionChunk {
   std::string text;          // text released by this step (may be empty)
   std::vector<int32_t> ids;  // tokens generated in this step (empty for the echo and the final flush)
   std::optional<std::vector<LogprobEntry>> logprobs;  // with job.logprobs >= 0: this step's tokens
+  // When the engine produced it (its waiter may see it later): chunks of different completions
+  // compare in the engine's own order. Unset (the clock's epoch) outside the engine.
+  std::chrono::steady_clock::time_point produced_at{};
 };
 
 struct CompletionResult {

@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../common/tiny_serve_model.h"
@@ -190,28 +193,31 @@ TEST(ServeEngine, ALongPromptIsPrefilledBetweenDecodeSteps) {
   const int64_t chunks = (240 + 7) / 8;
 
   std::vector<CompletionEngine::Ticket> first = engine.submit({running_job});
-  std::atomic<int64_t> running_tokens{0}, seen_at_long_first_token{-1};
-  std::atomic<bool> long_submitted{false};
+  // (when the engine produced them, tokens) of the running completion's chunks
+  std::vector<std::pair<std::chrono::steady_clock::time_point, int64_t>> running_chunks;
+  std::optional<std::chrono::steady_clock::time_point> long_first_token;
   std::thread long_thread;
   CompletionResult long_result;
   const CompletionResult running_result = engine.wait(first[0], [&](const CompletionChunk& c) {
-    running_tokens += int64_t(c.ids.size());
-    if (!long_submitted.exchange(true))
+    running_chunks.emplace_back(c.produced_at, int64_t(c.ids.size()));
+    if (running_chunks.size() == 1)
       long_thread = std::thread([&] {
         std::vector<CompletionEngine::Ticket> t = engine.submit({long_job});
         long_result = engine.wait(t[0], [&](const CompletionChunk& lc) {
-          if (!lc.ids.empty() && seen_at_long_first_token < 0)
-            seen_at_long_first_token = running_tokens.load();
+          if (!lc.ids.empty() && !long_first_token) long_first_token = lc.produced_at;
           return true;
         });
       });
     return true;
   });
   long_thread.join();
-  // The chunks of the long prompt alternate with decode steps of the running completion, so it
-  // had gained at least one token per chunk before the long prompt's first token (its chunks
-  // reach this thread a little behind the engine, hence the margin).
-  EXPECT_GE(seen_at_long_first_token.load(), chunks / 2) << chunks << " chunks";
+  ASSERT_TRUE(long_first_token.has_value());
+  // The chunks of the long prompt alternate with decode steps of the running completion, so, in
+  // the engine's order, it had gained a token per chunk before the long prompt's first token.
+  int64_t before_long_first_token = 0;
+  for (const auto& [produced_at, tokens] : running_chunks)
+    if (produced_at < *long_first_token) before_long_first_token += tokens;
+  EXPECT_GE(before_long_first_token, chunks) << chunks << " chunks";
   EXPECT_EQ(engine.stats().prefill_chunks, 1 + chunks);
   auto quiet = [](const CompletionChunk&) { return true; };
   EXPECT_EQ(running_result.ids, run_completion(*model, nullptr, running_job, quiet).ids);
