@@ -31,7 +31,8 @@ TEST(RopeTable, RowsEqualTheAnglesComputedOnTheSpot) {
   table.cover(1e4, 16, positions.data(), int64_t(positions.size()));
   for (int64_t p : {0, 1, 5, 1023, 1500, 2047}) expect_row(table, p, 1e4, 16);
   // Past the table, far past its cap, and negative: computed into the scratch rows.
-  for (int64_t p : {int64_t(4096), RopeTable::kMaxCachedPosition + 7, int64_t(-3)}) expect_row(table, p, 1e4, 16);
+  for (int64_t p : {int64_t(4096), RopeTable::kMaxCachedPosition + 7, int64_t(-3)})
+    expect_row(table, p, 1e4, 16);
   // A larger position grows the table; another theta or rotary dimension starts it over.
   const int64_t later = 70000;
   table.cover(1e4, 16, &later, 1);

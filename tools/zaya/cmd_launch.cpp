@@ -61,7 +61,8 @@ std::string format_number(double v) {
 std::vector<std::string> preflight_command(const LaunchOptions& o) {
   std::vector<std::string> cmd = zaya_on_every_rank(o);
   cmd.insert(cmd.end(),
-             {"doctor", "--backend", o.train.backend, "--burn-in", format_number(o.preflight_burn_in), "--comm-timeout",
+             {"doctor", "--backend", o.train.backend, "--burn-in", format_number(o.preflight_burn_in),
+              "--comm-timeout",
               format_number(o.train.comm_timeout > 0 ? std::min(o.train.comm_timeout, 300.0) : 300)});
   return cmd;
 }

@@ -2,14 +2,14 @@
 // built-in default recipe (a small ZAYA model on the State of the Union demo corpus). Under
 // `mpirun -np N` every process is one data-parallel rank (ZeRO-1 over MPI).
 // `zaya export --checkpoint DIR --out HFDIR`: a training checkpoint to an HF model directory.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
-
-#include <omp.h>
 #include <filesystem>
+#include <thread>
 
 #include "ckpt/dist_checkpoint.h"
 #include "commands.h"
@@ -27,7 +27,8 @@ void add_train(CLI::App& app) {
   static TrainCliOptions o;
   static int64_t stop_after = -1;
   add_train_options(cmd, o);
-  cmd->add_option("--stop-after", stop_after, "Stop after N steps of this process (checkpointed; rerun to resume)");
+  cmd->add_option("--stop-after", stop_after,
+                  "Stop after N steps of this process (checkpointed; rerun to resume)");
   cmd->callback([] {
     CommOptions co;
     co.timeout_s = o.comm_timeout;

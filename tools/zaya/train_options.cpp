@@ -10,8 +10,9 @@ void add_train_options(CLI::App* cmd, TrainCliOptions& o) {
   cmd->add_option("--set", o.overrides, "Override a recipe key: --set optimizer.lr=1e-3 (repeatable)");
   cmd->add_option("--backend", o.backend, "cpu, or cuda in a GPU build (rank r uses GPU local rank r)")
       ->capture_default_str();
-  cmd->add_flag("--device-comm", o.device_comm,
-                "GPU data parallel: reduce gradients over NCCL on the device instead of through host memory (MPI)");
+  cmd->add_flag(
+      "--device-comm", o.device_comm,
+      "GPU data parallel: reduce gradients over NCCL on the device instead of through host memory (MPI)");
   cmd->add_option("--bucket-mb", o.bucket_mb, "Data parallel: gradient reduce-scatter bucket size in MiB")
       ->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
@@ -27,8 +28,8 @@ std::vector<std::string> train_arguments(const TrainCliOptions& o) {
   for (const std::string& s : o.overrides) args.insert(args.end(), {"--set", s});
   char timeout[32];
   std::snprintf(timeout, sizeof timeout, "%g", o.comm_timeout);
-  args.insert(args.end(),
-              {"--backend", o.backend, "--bucket-mb", std::to_string(o.bucket_mb), "--comm-timeout", timeout});
+  args.insert(args.end(), {"--backend", o.backend, "--bucket-mb", std::to_string(o.bucket_mb),
+                           "--comm-timeout", timeout});
   if (o.device_comm) args.push_back("--device-comm");
   return args;
 }

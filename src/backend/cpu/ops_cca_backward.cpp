@@ -133,7 +133,8 @@ void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const floa
           for (int64_t r = 0; r < rep; ++r) mq += u[(g * rep + r) * dh + i];
           v[size_t(i)] = z[Dq + g * dh + i] + 0.5f * mq / float(rep) + 0.5f * u[Dq + g * dh + i];
         }
-        dtemp_tok[size_t(n * Hkv + g)] = back(v.data(), dk + (n * Hkv + g) * dh, a.temp[g], cs, sn, dv.data());
+        dtemp_tok[size_t(n * Hkv + g)] =
+            back(v.data(), dk + (n * Hkv + g) * dh, a.temp[g], cs, sn, dv.data());
         for (int64_t i = 0; i < dh; ++i) {
           dzn[Dq + g * dh + i] = float(dv[size_t(i)]);
           dun[Dq + g * dh + i] += float(0.5 * dv[size_t(i)]);
