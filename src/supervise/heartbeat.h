@@ -9,7 +9,9 @@
 // torn record. The supervisor judges staleness by when it saw a record change (its own clock),
 // not by the "time" field, so clocks of different nodes need not agree.
 // Phases: "start" (entered train(); loading, resuming), "step" (a step finished), "eval",
-// "checkpoint" (a save begins), "final" (exporting the model and a sample), "done".
+// "checkpoint" (a save begins: it may wait for the previous save to reach the disk; "step" is beaten
+// again once the rest is handed to the background writer), "final" (exporting the model and a
+// sample), "done".
 #pragma once
 #include <cstdint>
 #include <string>

@@ -244,8 +244,8 @@ class HangDetector {
       }
       const HeartbeatRecord& r = it->second.record;
       if (r.phase == "done") continue;
-      const bool slow_phase = r.phase == "start" || r.phase == "final";
-      const double limit = slow_phase ? o_.startup_timeout_s : o_.heartbeat_timeout_s;
+      const PhaseLimit limit_of_phase = phase_limit(r.phase);
+      const double limit = limit_of_phase.seconds;
       const double quiet = seconds_between(it->second.when, now);
       // A rank that has begun to exit (killed while a thread finishes an fsync, say) is not hung:
       // it gets one more heartbeat timeout to end, so that its exit status reports what happened.
@@ -255,13 +255,24 @@ class HangDetector {
       if (quiet > limit)
         return "rank " + std::to_string(rank) + " (pid " + std::to_string(r.pid) + " on " + r.host +
                ") has not beaten for " + format_seconds(quiet) + " s (last beat: \"" + r.phase +
-               "\" at step " + std::to_string(r.step) + "; " +
-               (slow_phase ? "--startup-timeout " : "--heartbeat-timeout ") + format_seconds(limit) + ")";
+               "\" at step " + std::to_string(r.step) + "; " + limit_of_phase.option + " " +
+               format_seconds(limit) + ")";
     }
     return "";
   }
 
   const std::vector<HeartbeatRecord>& records() const { return records_; }
+
+  // How long a rank may stay quiet in a phase, and the option that sets it.
+  struct PhaseLimit {
+    double seconds;
+    std::string option;
+  };
+  PhaseLimit phase_limit(const std::string& phase) const {
+    if (phase == "start" || phase == "final") return {o_.startup_timeout_s, "--startup-timeout"};
+    if (phase == "checkpoint") return {o_.checkpoint_timeout_s, "--checkpoint-timeout"};
+    return {o_.heartbeat_timeout_s, "--heartbeat-timeout"};
+  }
   int64_t last_step() const {
     int64_t s = -1;
     for (const auto& [rank, seen] : seen_) s = std::max(s, seen.record.step);

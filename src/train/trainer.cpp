@@ -281,6 +281,8 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     if (!cursor.empty()) meta["loader_cursor"] = cursor;
     heartbeat.beat("checkpoint", step, r.schedule.total_steps);
     DistSaveStats st = writer.begin_save(ckpt_dir, step, owned_pieces(state), meta);
+    // The rest of the save runs in the background: training, and its heartbeat timeout, resume.
+    heartbeat.beat("step", step, r.schedule.total_steps);
     log("checkpoint step " + std::to_string(step) + " (" + why + "): " + std::to_string(st.bytes >> 20) +
         " MiB per rank staged in " + std::to_string(st.begin_seconds).substr(0, 5) + " s, writing in the background");
   };
@@ -404,6 +406,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       log("step " + std::to_string(step) + ": bad step (loss " + std::to_string(loss) + ", median " +
           std::to_string(median) + ", grad norm " + std::to_string(gnorm) + "): update skipped");
       if (r.stability.policy == "rollback" && bad_streak >= r.stability.max_bad_steps) {
+        heartbeat.beat("checkpoint", step, r.schedule.total_steps);
         writer.finish();
         if (auto ck = load_latest_dist_checkpoint(ckpt_dir, comm, lo)) {
           restore(*ck, false);

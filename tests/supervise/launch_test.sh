@@ -8,6 +8,8 @@
 #      status 86); again the model equals an uninterrupted 2-rank run's;
 #   3. a job that can never start is given up after 3 attempts, with exit status 1;
 #   4. SIGTERM to the supervisor stops the job and is not followed by a restart.
+# The faults land between checkpoints (checkpoint.every = 25; steps 110 and 160), and the timeouts
+# leave room for a slow fsync on a busy machine: checkpoint timing is tested in test_supervisor.cpp.
 # Usage: launch_test.sh ZAYA MPIEXEC WORKDIR
 set -euo pipefail
 zaya="$(realpath "$1")"; mpiexec="$2"; work="$(realpath -m "$3")"
@@ -47,11 +49,11 @@ events() { grep -c "\"event\":\"$2\"" "$1/supervisor.jsonl" || true; }
 
 # ---- 1. one process: a crash, then a hang ----
 "$zaya" train "${recipe[@]}" --set run_dir="$work/ref1" > "$work/ref1.log" 2>&1
-"$zaya" launch "${recipe[@]}" --set run_dir="$work/ft1" --heartbeat-timeout 10 --restart-delay 0.2 --kill-grace 2 \
-  > "$work/ft1.log" 2>&1 &
+"$zaya" launch "${recipe[@]}" --set run_dir="$work/ft1" --heartbeat-timeout 10 --checkpoint-timeout 300 \
+  --restart-delay 0.2 --kill-grace 2 > "$work/ft1.log" 2>&1 &
 launcher=$!
-pid=$(wait_for "$work/ft1" 0 100 none); kill -9 "$pid"; note "killed the job (pid $pid) with kill -9"
-pid=$(wait_for "$work/ft1" 0 150 "$pid"); kill -STOP "$pid"; note "stopped the job (pid $pid) with SIGSTOP"
+pid=$(wait_for "$work/ft1" 0 110 none); kill -9 "$pid"; note "killed the job (pid $pid) with kill -9"
+pid=$(wait_for "$work/ft1" 0 160 "$pid"); kill -STOP "$pid"; note "stopped the job (pid $pid) with SIGSTOP"
 wait "$launcher" || { cat "$work/ft1.log"; die "zaya launch exited $? (one process)"; }
 [[ $(events "$work/ft1" failure) -eq 1 && $(events "$work/ft1" hang) -eq 1 && $(events "$work/ft1" finished) -eq 1 ]] ||
   { cat "$work/ft1/supervisor.jsonl"; die "expected one failure, one hang and a finish"; }
@@ -64,11 +66,11 @@ note "one process: recovered from a crash and a hang; the model equals the unint
 mpi=("$mpiexec" --oversubscribe -np 2)
 "${mpi[@]}" "$zaya" train "${recipe[@]}" --set run_dir="$work/ref2" > "$work/ref2.log" 2>&1
 "$zaya" launch "${recipe[@]}" --set run_dir="$work/ft2" --np 2 --mpirun="$mpiexec" --mpirun-arg=--oversubscribe \
-  --comm-timeout 10 --heartbeat-timeout 60 --restart-delay 0.2 --kill-grace 2 --preflight --preflight-burn-in 0.2 \
+  --comm-timeout 30 --heartbeat-timeout 90 --restart-delay 0.2 --kill-grace 2 --preflight --preflight-burn-in 0.2 \
   > "$work/ft2.log" 2>&1 &
 launcher=$!
-pid=$(wait_for "$work/ft2" 1 100 none); kill -9 "$pid"; note "killed rank 1 (pid $pid) with kill -9"
-pid=$(wait_for "$work/ft2" 1 150 "$pid"); kill -STOP "$pid"; note "stopped rank 1 (pid $pid) with SIGSTOP"
+pid=$(wait_for "$work/ft2" 1 110 none); kill -9 "$pid"; note "killed rank 1 (pid $pid) with kill -9"
+pid=$(wait_for "$work/ft2" 1 160 "$pid"); kill -STOP "$pid"; note "stopped rank 1 (pid $pid) with SIGSTOP"
 wait "$launcher" || { cat "$work/ft2.log"; die "zaya launch exited $? (two ranks)"; }
 [[ $(events "$work/ft2" failure) -eq 2 && $(events "$work/ft2" hang) -eq 0 && $(events "$work/ft2" finished) -eq 1 ]] ||
   { cat "$work/ft2/supervisor.jsonl"; die "expected two failures and a finish"; }

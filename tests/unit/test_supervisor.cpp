@@ -286,6 +286,34 @@ TEST(Supervisor, SlowPhasesGetTheStartupTimeout) {
   EXPECT_EQ(r.attempts, 1);
 }
 
+TEST(Supervisor, CheckpointPhaseGetsTheCheckpointTimeout) {
+  // A save may wait for the previous save's fsync; only the checkpoint timeout applies to it.
+  const std::string dir = fresh_dir("slowckpt");
+  SupervisorOptions o =
+      shell_job(dir, beat("step", 1) + beat("checkpoint", 1) + "sleep 1.5; " + beat("step", 2) + "exit 0");
+  o.heartbeat_timeout_s = 0.3;
+  o.startup_timeout_s = 0.3;
+  o.checkpoint_timeout_s = 10;
+  o.max_attempts_without_progress = 1;
+  const SupervisorResult r = supervise(o);
+  EXPECT_EQ(r.outcome, "finished") << r.last_failure;
+  EXPECT_EQ(r.attempts, 1);
+}
+
+TEST(Supervisor, CheckpointPhasePastItsTimeoutIsAHang) {
+  const std::string dir = fresh_dir("stuckckpt");
+  SupervisorOptions o = shell_job(dir, beat("step", 1) + beat("checkpoint", 1) + "exec sleep 60");
+  o.heartbeat_timeout_s = 30;
+  o.checkpoint_timeout_s = 0.5;
+  o.max_attempts_without_progress = 1;
+  const SupervisorResult r = supervise(o);
+  EXPECT_EQ(r.outcome, "gave_up");
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_NE(r.last_failure.find("last beat: \"checkpoint\" at step 1; --checkpoint-timeout 0.5"),
+            std::string::npos)
+      << r.last_failure;
+}
+
 TEST(Supervisor, StopSignalStopsTheJobWithoutRestart) {
   const std::string dir = fresh_dir("sigterm");
   SupervisorOptions o = shell_job(dir, "sleep 60 & echo $! > $D/sleeper; wait");

@@ -26,7 +26,8 @@ struct LaunchOptions {
   std::vector<std::string> mpirun_args;
   // the supervisor
   int max_restarts = 10, max_attempts_without_progress = 3;
-  double heartbeat_timeout = 900, startup_timeout = 1800, restart_delay = 5, kill_grace = 10;
+  double heartbeat_timeout = 900, startup_timeout = 1800, checkpoint_timeout = 1800, restart_delay = 5,
+         kill_grace = 10;
   bool preflight = false;
   double preflight_burn_in = 2;
 };
@@ -96,6 +97,7 @@ void run_launch(const LaunchOptions& o) {
   so.max_attempts_without_progress = o.max_attempts_without_progress;
   so.heartbeat_timeout_s = o.heartbeat_timeout;
   so.startup_timeout_s = o.startup_timeout;
+  so.checkpoint_timeout_s = o.checkpoint_timeout;
   so.restart_delay_s = o.restart_delay;
   so.kill_grace_s = o.kill_grace;
   auto shown = [](const std::vector<std::string>& argv) {
@@ -107,9 +109,11 @@ void run_launch(const LaunchOptions& o) {
   if (o.preflight)
     std::fprintf(stderr, "zaya launch: health check before every attempt: %s\n",
                  shown(so.preflight_command).c_str());
-  std::fprintf(stderr,
-               "zaya launch: run %s; heartbeat timeout %.0f s, startup timeout %.0f s, at most %d restarts\n",
-               r.run_dir.c_str(), o.heartbeat_timeout, o.startup_timeout, o.max_restarts);
+  std::fprintf(
+      stderr,
+      "zaya launch: run %s; heartbeat timeout %.0f s, startup timeout %.0f s, checkpoint timeout %.0f s, "
+      "at most %d restarts\n",
+      r.run_dir.c_str(), o.heartbeat_timeout, o.startup_timeout, o.checkpoint_timeout, o.max_restarts);
   if (r.checkpoint.every <= 0)
     std::fprintf(stderr,
                  "zaya launch: warning: checkpoint.every = 0, so a restart goes back to step 0 "
@@ -156,6 +160,11 @@ void add_launch(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--startup-timeout", o.startup_timeout,
                   "Seconds allowed for starting (loading, resuming) and for the final export")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--checkpoint-timeout", o.checkpoint_timeout,
+                  "Seconds a rank may spend starting a checkpoint (waiting for the previous one to reach the "
+                  "disk, staging this one) before the job counts as hung")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--restart-delay", o.restart_delay, "Seconds to wait before a restart")
