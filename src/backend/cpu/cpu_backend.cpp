@@ -7,10 +7,13 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cpu/host_allocator.h"
 #include "backend/cuda/cuda_factory.h"  // plain C++: the GPU backend's options and entry points
 #include "core/error.h"
 
 namespace zaya {
+
+CpuBackend::CpuBackend() { keep_large_blocks_in_heap(); }
 
 float* CpuBackend::alloc(int64_t n) {
   size_t bytes = (size_t(n < 1 ? 1 : n) * sizeof(float) + 63) / 64 * 64;

@@ -11,6 +11,7 @@ namespace zaya {
 
 class CpuBackend final : public Backend {
  public:
+  CpuBackend();  // keeps large freed blocks in the heap for reuse (host_allocator.h)
   std::string name() const override { return "cpu"; }
   float* alloc(int64_t n) override;
   void free(void* p) override;

@@ -158,12 +158,18 @@ double CpuBackend::lm_head_loss(const float* y, const float* w, const float* bia
       }
       float mx = l[0];
       for (int64_t v = 1; v < V; ++v) mx = std::max(mx, l[v]);
+      const float target_logit = l[t];
+      // One exponential per logit, kept in place: the softmax is exp(l - max) / sum (the sum
+      // accumulated in double).
       double sum = 0;
-      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(l[v] - mx));
-      const double lse = std::log(sum) + mx;
-      row_loss[size_t(r)] = lse - l[t];
+      for (int64_t v = 0; v < V; ++v) {
+        l[v] = std::exp(l[v] - mx);
+        sum += double(l[v]);
+      }
+      row_loss[size_t(r)] = std::log(sum) + double(mx) - double(target_logit);
       if (!dy) continue;
-      for (int64_t v = 0; v < V; ++v) l[v] = float(std::exp(double(l[v]) - lse)) * scale;
+      const float p_scale = float(double(scale) / sum);
+      for (int64_t v = 0; v < V; ++v) l[v] *= p_scale;
       l[t] -= scale;
     }
     for (double x : row_loss) total += x;  // fixed order: reproducible
