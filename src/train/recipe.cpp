@@ -380,7 +380,10 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
   std::optional<std::string> best;
   size_t best_d = limit + 1;
   for (const std::string& c : candidates) {
-    size_t d = edit_distance(word, c);
+    // The distance is at least the difference in length: past the limit, it is not computed
+    // (a key of a thousand characters would otherwise cost a million steps per candidate).
+    const size_t length_gap = c.size() > word.size() ? c.size() - word.size() : word.size() - c.size();
+    size_t d = length_gap > limit ? length_gap : edit_distance(word, c);
     // "warmup" for "warmup_steps", "beta1" for "adam_beta1": a part of at least 4 characters
     // counts as close (but a real typo nearer than `limit` still wins).
     if (word.size() >= 4 && lower(c).find(lower(word)) != std::string::npos) d = std::min(d, limit);
