@@ -9,9 +9,10 @@
 // torn record. The supervisor judges staleness by when it saw a record change (its own clock),
 // not by the "time" field, so clocks of different nodes need not agree.
 // Phases: "start" (entered train(); loading, resuming), "step" (a step finished), "eval",
-// "checkpoint" (a save begins: it may wait for the previous save to reach the disk; "step" is beaten
-// again once the rest is handed to the background writer), "final" (exporting the model and a
-// sample), "done".
+// "checkpoint" (around the parts of a save that block training and may wait on the disk: its
+// start, which first waits for the previous save, and the commit of a written save; also before
+// a rollback reloads the last checkpoint; "step" follows each), "final" (exporting the model and
+// a sample), "done".
 #pragma once
 #include <cstdint>
 #include <string>

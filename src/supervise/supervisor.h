@@ -8,7 +8,8 @@
 //     different collectives);
 //   * the job hangs: a rank's heartbeat (heartbeat.h) has not changed for heartbeat_timeout_s
 //     (startup_timeout_s before its first beat and while it loads or exports;
-//     checkpoint_timeout_s while it waits for a checkpoint to be written). Whatever the
+//     checkpoint_timeout_s while a checkpoint blocks it: the start of a save, the commit, a
+//     rollback's reload). Whatever the
 //     cause (a stuck collective, I/O, a stopped process), the job's whole process group gets
 //     SIGTERM, then SIGKILL after kill_grace_s. A quiet rank on this host whose process has
 //     begun to exit (process_state.h) gets one more heartbeat_timeout_s to end first, so a rank
@@ -42,8 +43,8 @@ struct SupervisorOptions {
   int max_attempts_without_progress = 3;
   double heartbeat_timeout_s = 600;
   double startup_timeout_s = 1800;
-  // Limit for the "checkpoint" phase: a save can wait for the previous one's files to reach the
-  // disk, and fsync on shared or busy storage can take far longer than a training step.
+  // Limit for the "checkpoint" phase (heartbeat.h): a save can wait for the previous one's files
+  // to reach the disk, and fsync on shared or busy storage can take far longer than a step.
   double checkpoint_timeout_s = 1800;
   double restart_delay_s = 5;
   double kill_grace_s = 10;

@@ -494,8 +494,15 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       else std::fprintf(stderr, "%s\n", line);
     }
     heartbeat.beat("step", step, r.schedule.total_steps);
-    if (auto done = writer.poll()) log("checkpoint " + done->dir + " committed (" + std::to_string(done->total_bytes >> 20) +
-                                       " MiB, training blocked " + std::to_string(done->stall_seconds()).substr(0, 5) + " s)");
+    if (writer.pending()) {
+      // Committing a written save (rank 0: the manifest, fsyncs, the rename) can wait on the disk.
+      heartbeat.beat("checkpoint", step, r.schedule.total_steps);
+      const auto done = writer.poll();
+      heartbeat.beat("step", step, r.schedule.total_steps);
+      if (done)
+        log("checkpoint " + done->dir + " committed (" + std::to_string(done->total_bytes >> 20) +
+            " MiB, training blocked " + std::to_string(done->stall_seconds()).substr(0, 5) + " s)");
+    }
     if (r.checkpoint.every > 0 && step % r.checkpoint.every == 0) save("periodic");
   }
   if (steps_this_run > 0 && !(r.checkpoint.every > 0 && step % r.checkpoint.every == 0))

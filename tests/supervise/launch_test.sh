@@ -54,7 +54,7 @@ events() { grep -c "\"event\":\"$2\"" "$1/supervisor.jsonl" || true; }
 launcher=$!
 pid=$(wait_for "$work/ft1" 0 110 none); kill -9 "$pid"; note "killed the job (pid $pid) with kill -9"
 pid=$(wait_for "$work/ft1" 0 160 "$pid"); kill -STOP "$pid"; note "stopped the job (pid $pid) with SIGSTOP"
-wait "$launcher" || { cat "$work/ft1.log"; die "zaya launch exited $? (one process)"; }
+wait "$launcher" || { rc=$?; cat "$work/ft1.log"; die "zaya launch exited $rc (one process)"; }
 [[ $(events "$work/ft1" failure) -eq 1 && $(events "$work/ft1" hang) -eq 1 && $(events "$work/ft1" finished) -eq 1 ]] ||
   { cat "$work/ft1/supervisor.jsonl"; die "expected one failure, one hang and a finish"; }
 grep -q 'killed by signal 9' "$work/ft1/supervisor.jsonl" || die "the crash was not reported as signal 9"
@@ -71,7 +71,7 @@ mpi=("$mpiexec" --oversubscribe -np 2)
 launcher=$!
 pid=$(wait_for "$work/ft2" 1 110 none); kill -9 "$pid"; note "killed rank 1 (pid $pid) with kill -9"
 pid=$(wait_for "$work/ft2" 1 160 "$pid"); kill -STOP "$pid"; note "stopped rank 1 (pid $pid) with SIGSTOP"
-wait "$launcher" || { cat "$work/ft2.log"; die "zaya launch exited $? (two ranks)"; }
+wait "$launcher" || { rc=$?; cat "$work/ft2.log"; die "zaya launch exited $rc (two ranks)"; }
 [[ $(events "$work/ft2" failure) -eq 2 && $(events "$work/ft2" hang) -eq 0 && $(events "$work/ft2" finished) -eq 1 ]] ||
   { cat "$work/ft2/supervisor.jsonl"; die "expected two failures and a finish"; }
 [[ $(events "$work/ft2" preflight) -eq 3 && $(grep -c 'zaya doctor: all ranks healthy' "$work/ft2.log") -eq 3 ]] ||

@@ -290,10 +290,10 @@ TEST(Supervisor, CheckpointPhaseGetsTheCheckpointTimeout) {
   // A save may wait for the previous save's fsync; only the checkpoint timeout applies to it.
   const std::string dir = fresh_dir("slowckpt");
   SupervisorOptions o =
-      shell_job(dir, beat("step", 1) + beat("checkpoint", 1) + "sleep 1.5; " + beat("step", 2) + "exit 0");
-  o.heartbeat_timeout_s = 0.3;
-  o.startup_timeout_s = 0.3;
-  o.checkpoint_timeout_s = 10;
+      shell_job(dir, beat("step", 1) + beat("checkpoint", 1) + "sleep 4; " + beat("step", 2) + "exit 0");
+  o.heartbeat_timeout_s = 1;  // room for the shell to start and beat on a loaded machine
+  o.startup_timeout_s = 2;
+  o.checkpoint_timeout_s = 30;
   o.max_attempts_without_progress = 1;
   const SupervisorResult r = supervise(o);
   EXPECT_EQ(r.outcome, "finished") << r.last_failure;

@@ -163,8 +163,8 @@ void add_launch(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--checkpoint-timeout", o.checkpoint_timeout,
-                  "Seconds a rank may spend starting a checkpoint (waiting for the previous one to reach the "
-                  "disk, staging this one) before the job counts as hung")
+                  "Seconds a checkpoint may block a rank (the start of a save, which waits for the previous "
+                  "one to reach the disk; the commit; a rollback's reload) before the job counts as hung")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--restart-delay", o.restart_delay, "Seconds to wait before a restart")
