@@ -263,6 +263,13 @@ class HangDetector {
 
   const std::vector<HeartbeatRecord>& records() const { return records_; }
 
+  int64_t last_step() const {
+    int64_t s = -1;
+    for (const auto& [rank, seen] : seen_) s = std::max(s, seen.record.step);
+    return s;
+  }
+
+ private:
   // How long a rank may stay quiet in a phase, and the option that sets it.
   struct PhaseLimit {
     double seconds;
@@ -273,13 +280,6 @@ class HangDetector {
     if (phase == "checkpoint") return {o_.checkpoint_timeout_s, "--checkpoint-timeout"};
     return {o_.heartbeat_timeout_s, "--heartbeat-timeout"};
   }
-  int64_t last_step() const {
-    int64_t s = -1;
-    for (const auto& [rank, seen] : seen_) s = std::max(s, seen.record.step);
-    return s;
-  }
-
- private:
   static bool changed(const HeartbeatRecord& a, const HeartbeatRecord& b) {
     return a.pid != b.pid || a.phase != b.phase || a.step != b.step || a.time != b.time;
   }

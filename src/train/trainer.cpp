@@ -493,16 +493,14 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       if (tty) std::fprintf(stderr, "\r\033[K%s%s", line, (step % r.logging.every == 0 || do_eval) ? "\n" : "");
       else std::fprintf(stderr, "%s\n", line);
     }
-    heartbeat.beat("step", step, r.schedule.total_steps);
     if (writer.pending()) {
       // Committing a written save (rank 0: the manifest, fsyncs, the rename) can wait on the disk.
       heartbeat.beat("checkpoint", step, r.schedule.total_steps);
-      const auto done = writer.poll();
-      heartbeat.beat("step", step, r.schedule.total_steps);
-      if (done)
+      if (const auto done = writer.poll())
         log("checkpoint " + done->dir + " committed (" + std::to_string(done->total_bytes >> 20) +
             " MiB, training blocked " + std::to_string(done->stall_seconds()).substr(0, 5) + " s)");
     }
+    heartbeat.beat("step", step, r.schedule.total_steps);
     if (r.checkpoint.every > 0 && step % r.checkpoint.every == 0) save("periodic");
   }
   if (steps_this_run > 0 && !(r.checkpoint.every > 0 && step % r.checkpoint.every == 0))
