@@ -1,8 +1,13 @@
 // Agreement collectives for sharded checkpoints (see dist_agree.h).
 #include "ckpt/dist_agree.h"
 
+#include <chrono>
 #include <cstdint>
+#include <exception>
+#include <future>
 #include <numeric>
+
+#include "core/error.h"
 
 namespace zaya::dist_agree {
 
@@ -42,6 +47,32 @@ std::string first_error(Comm& comm, const std::string& local_error) {
   if (failing >= n) return "";
   std::string msg = broadcast_string(comm, local_error, failing);
   return n > 1 ? "rank " + std::to_string(failing) + ": " + msg : msg;
+}
+
+namespace {
+std::string run_catching(const std::function<std::string()>& work) {
+  if (!work) return "";
+  try {
+    return work();
+  } catch (const Error& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+}  // namespace
+
+std::string agree_after_disk_work(Comm& comm, double round_seconds,
+                                  const std::function<std::string()>& work) {
+  if (comm.size() == 1) return first_error(comm, run_catching(work));
+  std::future<std::string> running;
+  if (work) running = std::async(std::launch::async, [&work] { return run_catching(work); });
+  const auto round = std::chrono::duration<double>(round_seconds);
+  for (;;) {
+    const bool mine_done = !running.valid() || running.wait_for(round) == std::future_status::ready;
+    if (all_reduce_min(comm, mine_done ? 1 : 0) == 1) break;
+  }
+  return first_error(comm, running.valid() ? running.get() : "");
 }
 
 }  // namespace zaya::dist_agree

@@ -37,7 +37,11 @@
 //   per step boundary is cheap: one all_reduce of one int). When every rank's file is durable,
 //   the ranks all-gather their piece tables, rank 0 validates the tiling, writes
 //   manifest.json (fsynced), renames .tmp-step-<step> to step-<step> (the commit point),
-//   fsyncs root, prunes to keep_last, and the result is broadcast. An I/O error on any rank
+//   fsyncs root, prunes to keep_last, and the result is broadcast. Such disk work (the commit,
+//   the temporary directory's creation, each rank's file creation) runs on a helper thread
+//   while every rank meets the others in all_reduce rounds at most finish_poll_seconds apart,
+//   so storage that takes minutes never keeps a rank inside one collective long enough to trip
+//   the Comm watchdog. An I/O error on any rank
 //   (disk full, ...) makes every rank's poll()/finish() throw the same zaya::Error
 //   ("checkpoint", naming the rank and file); no rank hangs. The temporary directory is then
 //   removed; existing checkpoints are never touched by a failed or killed save.
@@ -95,9 +99,13 @@ struct DistWriterOptions {
   uint64_t chunk_bytes = uint64_t(8) << 20;      // write unit; capped to staging_bytes
   int keep_last = 3;  // checkpoints kept under root after a commit (<= 0: all)
   DistCopyFn copy;    // piece -> staging copy; default memcpy
-  CheckpointWarn warn;  // warnings (a failed prune, later steps present); default stderr
-  // finish() re-checks at most this often while other ranks are still writing; every check is
-  // one all_reduce, so each collective stays short (well under the Comm watchdog).
+  // Warnings (a failed prune, later steps present); default stderr. Called from the training
+  // thread, or from a helper thread doing rank 0's disk work while the training thread waits
+  // for it inside begin_save(), poll() or finish().
+  CheckpointWarn warn;
+  // finish() re-checks at most this often while other ranks are still writing, and every rank
+  // re-checks this often while rank 0 commits; every check is one all_reduce, so each
+  // collective stays short (well under the Comm watchdog).
   double finish_poll_seconds = 0.2;
 };
 

@@ -237,6 +237,9 @@ std::optional<DistCheckpoint> load_latest_dist_checkpoint(const std::string& roo
   return std::nullopt;
 }
 
+// How often the ranks meet while each reads and checks its share of a checkpoint.
+constexpr double kAgreeRoundSeconds = 0.2;
+
 std::optional<DistCheckpoint> load_latest_dist_checkpoint(const std::string& root, Comm& comm,
                                                           const DistLoadOptions& options) {
   const CheckpointWarn warn = dist_io::warner(options.warn);
@@ -251,21 +254,21 @@ std::optional<DistCheckpoint> load_latest_dist_checkpoint(const std::string& roo
     const std::string dir = listing.substr(pos, nl - pos);
     pos = nl + 1;
     std::shared_ptr<DistCheckpointData> d;
-    std::string err;
-    try {
+    // Reading and checksumming take each rank its own time; the ranks agree in short rounds
+    // meanwhile, so a slow reader never keeps the others in one collective (dist_agree.h).
+    const std::string err = dist_agree::agree_after_disk_work(comm, kAgreeRoundSeconds, [&]() -> std::string {
       const bool v1 = dm::peek_version(dir) == 1;
       d = open_any(dir, v1 ? options.verify : DistVerify::Lazy);
+      std::string bad;
       if (!v1 && options.verify == DistVerify::Full) {
         // This rank's share of the pieces: every size-th one, counted over all tensors.
         size_t counter = 0;
-        for (size_t t = 0; t < d->tensors.size() && err.empty(); ++t)
-          for (size_t k = 0; k < d->tensors[t].pieces.size() && err.empty(); ++k)
-            if (counter++ % size_t(comm.size()) == size_t(comm.rank())) err = d->check_piece(t, k);
+        for (size_t t = 0; t < d->tensors.size() && bad.empty(); ++t)
+          for (size_t k = 0; k < d->tensors[t].pieces.size() && bad.empty(); ++k)
+            if (counter++ % size_t(comm.size()) == size_t(comm.rank())) bad = d->check_piece(t, k);
       }
-    } catch (const Error& e) {
-      err = e.message();
-    }
-    err = dist_agree::first_error(comm, err);
+      return bad;
+    });
     if (err.empty()) {
       if (d->version == 2 && options.verify == DistVerify::Full) d->mark_all_verified();
       return wrap(std::move(d));

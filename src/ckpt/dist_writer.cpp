@@ -82,7 +82,8 @@ struct DistCheckpointWriter::Impl {
   DistWriterOptions opts;
   uint64_t chunk_bytes = 0;
   size_t max_buffers = 1;
-  int test_delay_ms = 0;
+  int test_delay_ms = 0;         // ZAYA_CKPT_TEST_WRITE_DELAY_MS: each chunk write sleeps first
+  int test_commit_delay_ms = 0;  // ZAYA_CKPT_TEST_COMMIT_DELAY_MS: rank 0's commit sleeps first
 
   std::mutex mu;
   std::condition_variable work_cv, space_cv, done_cv;
@@ -217,6 +218,8 @@ DistCheckpointWriter::DistCheckpointWriter(Comm& comm, DistWriterOptions options
   m.chunk_bytes = std::min(m.opts.chunk_bytes, m.opts.staging_bytes) / 4 * 4;
   m.max_buffers = size_t(m.opts.staging_bytes / m.chunk_bytes);
   if (const char* d = std::getenv("ZAYA_CKPT_TEST_WRITE_DELAY_MS")) m.test_delay_ms = std::max(0, std::atoi(d));
+  if (const char* d = std::getenv("ZAYA_CKPT_TEST_COMMIT_DELAY_MS"))
+    m.test_commit_delay_ms = std::max(0, std::atoi(d));
   for (int i = 0; i < m.opts.writer_threads; ++i) m.threads.emplace_back([&m] { m.writer_loop(); });
 }
 
@@ -321,31 +324,32 @@ DistSaveStats DistCheckpointWriter::begin_save(const std::string& root, int64_t 
     if (!err.empty()) fail_ckpt("cannot save step " + std::to_string(step) + " to " + root + ": " + err);
   }
 
-  // 3. Rank 0 prepares the shared temporary directory (removing crashed saves first).
-  err.clear();
-  if (rank == 0) {
-    try {
+  // 3. Rank 0 prepares the shared temporary directory (removing crashed saves first, which
+  //    may take a while: the others wait in short rounds).
+  std::function<std::string()> prepare;
+  if (rank == 0)
+    prepare = [&]() -> std::string {
       dist_io::create_root(root);
       dist_io::remove_tmp_entries(root, "", m.opts.warn);
-      if (::mkdir(job->tmp_dir.c_str(), 0755) != 0) fail_ckpt(job->tmp_dir + ": cannot create: " + dist_io::errno_text());
-    } catch (const Error& e) {
-      err = e.message();
-    }
-  }
-  err = dist_agree::first_error(m.comm, err);
+      if (::mkdir(job->tmp_dir.c_str(), 0755) != 0)
+        return job->tmp_dir + ": cannot create: " + dist_io::errno_text();
+      return "";
+    };
+  err = dist_agree::agree_after_disk_work(m.comm, m.opts.finish_poll_seconds, prepare);
   if (!err.empty()) fail_ckpt(err);
 
-  // 4. Every rank creates its file and reserves its size (a full disk fails here, early).
-  err.clear();
-  job->fd = ::open(job->path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (job->fd < 0) {
-    err = job->path + ": cannot create: " + dist_io::errno_text();
-  } else if (job->bytes > 0) {
-    int rc = ::posix_fallocate(job->fd, 0, off_t(job->bytes));
-    if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL)
-      err = job->path + ": cannot reserve " + std::to_string(job->bytes) + " bytes: " + std::strerror(rc);
-  }
-  err = dist_agree::first_error(m.comm, err);
+  // 4. Every rank creates its file and reserves its size (a full disk fails here, early; a
+  //    file system without fallocate writes the zeros, so this too may be slow).
+  err = dist_agree::agree_after_disk_work(m.comm, m.opts.finish_poll_seconds, [&]() -> std::string {
+    job->fd = ::open(job->path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (job->fd < 0) return job->path + ": cannot create: " + dist_io::errno_text();
+    if (job->bytes > 0) {
+      int rc = ::posix_fallocate(job->fd, 0, off_t(job->bytes));
+      if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL)
+        return job->path + ": cannot reserve " + std::to_string(job->bytes) + " bytes: " + std::strerror(rc);
+    }
+    return "";
+  });
   if (!err.empty()) {
     if (job->fd >= 0) ::close(job->fd);
     if (rank == 0) {
@@ -471,31 +475,40 @@ DistSaveStats DistCheckpointWriter::Impl::commit() {
   std::string err;
   const std::string final_dir = dist_io::join(j.root, dist_io::step_dir_name(j.step));
   uint64_t total_bytes = 0;
+  std::vector<dm::RankTable> tables;
   try {
-    std::vector<dm::RankTable> tables;
     for (int r = 0; r < world; ++r) tables.push_back(dm::table_from_text(texts[size_t(r)], r));
     for (const auto& t : tables)
       for (const auto& f : t.files) total_bytes += f.bytes;
-    if (rank == 0) {
+  } catch (const Error& e) {
+    err = e.message();
+  }
+  err = dist_agree::first_error(comm, err);
+  if (!err.empty()) fail_job("checkpoint save of step " + std::to_string(j.step) + " failed: " + err);
+  // Rank 0 commits: manifest, fsyncs, rename, prune. The other ranks wait for it in short
+  // rounds (agree_after_disk_work), however long rank 0's storage takes.
+  std::function<std::string()> commit_work;
+  if (rank == 0)
+    commit_work = [&]() -> std::string {
+      if (test_commit_delay_ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(test_commit_delay_ms));
       const auto tc = Clock::now();
       dm::Manifest man;
       man.step = j.step;
       man.world_size = world;
       man.meta = j.meta;
       for (const auto& t : tables) man.files.insert(man.files.end(), t.files.begin(), t.files.end());
-      err = dm::assemble(tables, &man.tensors);
-      if (!err.empty()) fail_ckpt(err);
+      const std::string bad_tiling = dm::assemble(tables, &man.tensors);
+      if (!bad_tiling.empty()) return bad_tiling;
       dist_io::write_file_durable(dist_io::join(j.tmp_dir, dm::kManifestName), dm::format_manifest(man));
       dist_io::fsync_dir(j.tmp_dir);
       dist_io::commit_rename(j.root, j.tmp_dir, final_dir);  // the commit point
       dist_io::prune(j.root, j.step, opts.keep_last, opts.warn);
       dist_io::remove_tmp_entries(j.root, "", opts.warn);  // includes a replaced old directory
       j.stats.commit_seconds = seconds_since(tc);
-    }
-  } catch (const Error& e) {
-    err = e.message();
-  }
-  err = dist_agree::first_error(comm, err);
+      return "";
+    };
+  err = dist_agree::agree_after_disk_work(comm, opts.finish_poll_seconds, commit_work);
   if (!err.empty()) fail_job("checkpoint save of step " + std::to_string(j.step) + " failed: " + err);
   j.stats.write_seconds = j.write_seconds;  // done was seen under the mutex in poll()
   j.stats.committed = true;

@@ -15,6 +15,10 @@
 //                                    saves one MIB-MiB tensor sliced over the ranks at STEP,
 //                                    writing each rank's pid to PID_DIR/pid.RANK first (the
 //                                    kill -9 test, dist_ckpt_kill_test.sh).
+//   dist_ckpt_check slow-disk ROOT  (ROOT unused) agree_after_disk_work with the last rank's
+//                                    disk work taking 12 s (run it under a shorter comm
+//                                    watchdog): no rank may time out, its error reaches every
+//                                    rank, and an exception thrown by rank 0's work is agreed too.
 //   dist_ckpt_check big-verify ROOT STEP MIB
 //                                    the latest checkpoint under ROOT is STEP, verifies, and
 //                                    holds big-save's values.
@@ -27,6 +31,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -34,12 +39,12 @@
 #include <thread>
 #include <vector>
 
+#include "../common/error_of.h"
+#include "ckpt/dist_agree.h"
 #include "ckpt/dist_checkpoint.h"
 #include "ckpt/ownership.h"
 #include "core/error.h"
 #include "dist/comm.h"
-
-#include "../common/error_of.h"
 #include "rank_checks.h"
 
 namespace fs = std::filesystem;
@@ -333,14 +338,33 @@ void run_big_verify(const std::string& root, int64_t step, uint64_t mib) {
     expect(c.step <= step, "a checkpoint of a later step exists: " + c.dir);
 }
 
+void run_slow_disk(Comm& comm) {
+  const int last = comm.size() - 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string err = dist_agree::agree_after_disk_work(comm, 0.2, [&]() -> std::string {
+    if (comm.rank() != last) return "";
+    std::this_thread::sleep_for(std::chrono::seconds(12));
+    return "disk full";
+  });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  expect(err == "rank " + std::to_string(last) + ": disk full", "the slow rank's error: '" + err + "'");
+  expect(waited >= 11.5,
+         "every rank waits for the slow rank's work (waited " + std::to_string(waited) + " s)");
+  std::function<std::string()> throwing;
+  if (comm.rank() == 0) throwing = []() -> std::string { fail("checkpoint", "cannot rename"); };
+  err = dist_agree::agree_after_disk_work(comm, 0.2, throwing);
+  expect(err == "rank 0: cannot rename", "rank 0's exception: '" + err + "'");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   rank_checks::g_program = "dist_ckpt_check";
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() < 2) {
-    std::fprintf(stderr, "usage: dist_ckpt_check save|load ROOT | big-save ROOT STEP MIB [PID_DIR] | "
-                         "big-verify ROOT STEP MIB\n");
+    std::fprintf(stderr,
+                 "usage: dist_ckpt_check save|load|slow-disk ROOT | big-save ROOT STEP MIB [PID_DIR] | "
+                 "big-verify ROOT STEP MIB\n");
     return 2;
   }
   const std::string mode = args[0], root = args[1];
@@ -355,6 +379,8 @@ int main(int argc, char** argv) {
     g_rank = comm->rank();
     if (mode == "save") run_save(*comm, root);
     else if (mode == "load") run_load(*comm, root);
+    else if (mode == "slow-disk")
+      run_slow_disk(*comm);
     else if (mode == "big-save" && args.size() >= 4)
       run_big_save(*comm, root, std::atoll(args[2].c_str()), uint64_t(std::atoll(args[3].c_str())),
                    args.size() > 4 ? args[4] : "");
