@@ -14,58 +14,86 @@ namespace zaya {
 void CpuBackend::cca_conv_backward(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,
                                    float* dw_grp, float* db_grp) {
   if (a.seg_start) return cca_conv_backward_segmented(a, dz, du, dw_dw, db_dw, dw_grp, db_grp);
-  const int64_t C = a.C, T = a.T, P = (a.t0 - 1) + (a.t1 - 1), G = a.group, heads = C / G, t0 = a.t0, t1 = a.t1;
+  const int64_t B = a.B, C = a.C, T = a.T, P = (a.t0 - 1) + (a.t1 - 1), G = a.group, heads = C / G, t0 = a.t0,
+                t1 = a.t1;
   const int64_t Ly = T + t1 - 1;
-  std::vector<float> wtap(static_cast<size_t>(t1 * C * G)), dwtap(static_cast<size_t>(t1 * C * G), 0.0f);
+  const int64_t taps = t1 * C * G;
+  std::vector<float> wtap(static_cast<size_t>(taps));
   for (int64_t c = 0; c < C; ++c)
     for (int64_t ci = 0; ci < G; ++ci)
       for (int64_t j = 0; j < t1; ++j) wtap[size_t((j * C + c) * G + ci)] = a.w_grp[(c * G + ci) * t1 + j];
-  std::vector<float> ext(static_cast<size_t>((P + T) * C)), y(static_cast<size_t>(Ly * C)),
-      dy(static_cast<size_t>(Ly * C));
-  std::vector<double> ddw(static_cast<size_t>(C * t0), 0.0), ddb(static_cast<size_t>(C), 0.0);
-  for (int64_t b = 0; b < a.B; ++b) {
-    const float* ub = a.u + b * T * C;
-    const float* dzb = dz + b * T * C;
-    std::memset(ext.data(), 0, size_t(P * C) * 4);
-    std::memcpy(ext.data() + P * C, ub, size_t(T * C) * 4);
-    for (int64_t s = 0; s < Ly; ++s)  // recompute the depthwise output
-      for (int64_t c = 0; c < C; ++c) {
-        float acc = a.b_dw[c];
-        for (int64_t i = 0; i < t0; ++i) acc += a.w_dw[c * t0 + i] * ext[size_t((s + i) * C + c)];
-        y[size_t(s * C + c)] = acc;
-      }
-    // Grouped conv: dY[j..j+T) += dZ_g Wj_g ; dWj_g += dZ_g^T Y_g[j..j+T) ; db += colsum dZ.
-    std::fill(dy.begin(), dy.end(), 0.0f);
-    for (int64_t j = 0; j < t1; ++j)
-      for (int64_t g = 0; g < heads; ++g) {
-        cpu_gemm(false, T, G, G, 1.0f, dzb + g * G, C, wtap.data() + (j * C + g * G) * G, G, 1.0f,
-                 dy.data() + j * C + g * G, C);
-        if (dw_grp)
-          cpu_gemm_tn(G, G, T, 1.0f, dzb + g * G, C, y.data() + j * C + g * G, C, 1.0f,
-                      dwtap.data() + (j * C + g * G) * G, G);
-      }
-    if (db_grp) cpu_column_sums(T, C, db_grp, dzb, nullptr);
-    // Depthwise: dext(s+i) += w[c,i] dy(s); dw[c,i] += dy(s) ext(s+i); db += dy(s).
-    float* dub = du + b * T * C;
-    for (int64_t s = 0; s < Ly; ++s)
-      for (int64_t c = 0; c < C; ++c) {
-        const float g = dy[size_t(s * C + c)];
-        ddb[size_t(c)] += g;
+  // The sequences run in parallel, each into its own partial weight gradients, which are then
+  // summed in sequence order: the result does not depend on the number of threads.
+  std::vector<float> dwtap(dw_grp ? static_cast<size_t>(B * taps) : 0, 0.0f);
+  std::vector<double> ddw(static_cast<size_t>(B * t0 * C), 0.0), ddb(static_cast<size_t>(B * C), 0.0);
+  run_team(B > 1 && T * C * G * t1 * B > (int64_t(1) << 18), [&] {
+    std::vector<float> ext(static_cast<size_t>((P + T) * C)), y(static_cast<size_t>(Ly * C)),
+        dy(static_cast<size_t>(Ly * C));
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < B; ++b) {
+      const float* ub = a.u + b * T * C;
+      const float* dzb = dz + b * T * C;
+      std::memset(ext.data(), 0, size_t(P * C) * 4);
+      std::memcpy(ext.data() + P * C, ub, size_t(T * C) * 4);
+      for (int64_t s = 0; s < Ly; ++s) {  // recompute the depthwise output
+        float* ys = y.data() + s * C;
+        for (int64_t c = 0; c < C; ++c) ys[c] = a.b_dw[c];
         for (int64_t i = 0; i < t0; ++i) {
-          const int64_t row = s + i;
-          ddw[size_t(c * t0 + i)] += double(g) * ext[size_t(row * C + c)];
-          if (row >= P) dub[(row - P) * C + c] += a.w_dw[c * t0 + i] * g;
+          const float* e = ext.data() + (s + i) * C;
+          for (int64_t c = 0; c < C; ++c) ys[c] += a.w_dw[c * t0 + i] * e[c];
         }
       }
+      // Grouped conv: dY[j..j+T) += dZ_g Wj_g ; dWj_g += dZ_g^T Y_g[j..j+T).
+      std::fill(dy.begin(), dy.end(), 0.0f);
+      float* dwt = dw_grp ? dwtap.data() + b * taps : nullptr;
+      for (int64_t j = 0; j < t1; ++j)
+        for (int64_t g = 0; g < heads; ++g) {
+          cpu_gemm(false, T, G, G, 1.0f, dzb + g * G, C, wtap.data() + (j * C + g * G) * G, G, 1.0f,
+                   dy.data() + j * C + g * G, C);
+          if (dwt)
+            cpu_gemm_tn(G, G, T, 1.0f, dzb + g * G, C, y.data() + j * C + g * G, C, 1.0f,
+                        dwt + (j * C + g * G) * G, G);
+        }
+      // Depthwise: dext(s+i) += w[c,i] dy(s); dw[c,i] += dy(s) ext(s+i); db += dy(s).
+      float* dub = du + b * T * C;
+      double* dwb = ddw.data() + b * t0 * C;  // [t0, C]: contiguous over channels
+      double* dbb = ddb.data() + b * C;
+      for (int64_t s = 0; s < Ly; ++s) {
+        const float* g = dy.data() + s * C;
+        for (int64_t c = 0; c < C; ++c) dbb[c] += g[c];
+        for (int64_t i = 0; i < t0; ++i) {
+          const int64_t row = s + i;
+          const float* e = ext.data() + row * C;
+          double* dwi = dwb + i * C;
+          for (int64_t c = 0; c < C; ++c) dwi[c] += double(g[c]) * e[c];
+          if (row >= P) {
+            float* d = dub + (row - P) * C;
+            for (int64_t c = 0; c < C; ++c) d[c] += a.w_dw[c * t0 + i] * g[c];
+          }
+        }
+      }
+    }
+  });
+  if (db_grp) cpu_column_sums(B * T, C, db_grp, dz, nullptr);
+  for (int64_t c = 0; c < C; ++c) {
+    if (dw_dw)
+      for (int64_t i = 0; i < t0; ++i) {
+        double sum = 0;
+        for (int64_t b = 0; b < B; ++b) sum += ddw[size_t((b * t0 + i) * C + c)];
+        dw_dw[c * t0 + i] += float(sum);
+      }
+    if (db_dw) {
+      double sum = 0;
+      for (int64_t b = 0; b < B; ++b) sum += ddb[size_t(b * C + c)];
+      db_dw[c] += float(sum);
+    }
   }
-  if (dw_dw)
-    for (int64_t k = 0; k < C * t0; ++k) dw_dw[k] += float(ddw[size_t(k)]);
-  if (db_dw)
-    for (int64_t c = 0; c < C; ++c) db_dw[c] += float(ddb[size_t(c)]);
   if (dw_grp)
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t ci = 0; ci < G; ++ci)
-        for (int64_t j = 0; j < t1; ++j) dw_grp[(c * G + ci) * t1 + j] += dwtap[size_t((j * C + c) * G + ci)];
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t ci = 0; ci < G; ++ci)
+          for (int64_t j = 0; j < t1; ++j)
+            dw_grp[(c * G + ci) * t1 + j] += dwtap[size_t(b * taps + (j * C + c) * G + ci)];
 }
 
 void CpuBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const float* dk, float* dz, float* du,
