@@ -20,7 +20,9 @@
 // LM head reading targets without the chunk offset -> 1.3, or dw from the first chunk only ->
 // 0.88; linear dw overwritten instead of accumulated -> 0.88.
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -320,6 +322,91 @@ TEST(CpuGrads, CcaConv) {
     EXPECT_TRUE(check_gradient("cca_conv dw_grp", w_grp.data(), C * G * s.t1, gwg.data(), loss, o));
     EXPECT_TRUE(check_gradient("cca_conv db_grp", b_grp.data(), C, gbg.data(), loss, o));
   }
+}
+
+// Chunks large enough for the parallel path (the sequences split over threads, each into its own
+// partial weight gradients): the gradients match a plain double-precision evaluation of the
+// conv's backward, and are bitwise the same on 1 and 2 threads.
+TEST(CpuGrads, CcaConvBackwardOfLargeChunksMatchesPlainSumsOnAnyThreadCount) {
+  CpuBackend be;
+  const int64_t B = 5, T = 64, heads = 6, G = 32, C = heads * G, t0 = 2, t1 = 2, P = (t0 - 1) + (t1 - 1);
+  const int64_t Ly = T + t1 - 1;
+  ASSERT_GT(T * C * G * t1 * B, int64_t(1) << 18) << "the case must take the parallel path";
+  auto u = randn(sz(B * T * C), 130), w_dw = randn(sz(C * t0), 131), b_dw = randn(sz(C), 132),
+       w_grp = randn(sz(C * G * t1), 133, 0.3), b_grp = randn(sz(C), 134), dz = randn(sz(B * T * C), 135);
+  Vec state(sz(B * P * C), 0.0f), z(sz(B * T * C));
+  CcaConvArgs a{
+      u.data(), state.data(), w_dw.data(), b_dw.data(), w_grp.data(), b_grp.data(), z.data(), B, T, C, t0, t1,
+      G};
+
+  // The plain sums, in double: ext = P zero rows then u; y = depthwise(ext) over Ly rows;
+  // z(t)[c] = b_grp[c] + sum_j sum_ci w_grp[c, ci, j] y(t + j)[head(c) * G + ci].
+  std::vector<double> du(u.size(), 0), dwd(w_dw.size(), 0), dbd(b_dw.size(), 0), dwg(w_grp.size(), 0),
+      dbg(b_grp.size(), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    auto ext = [&](int64_t row, int64_t c) {
+      return row < P ? 0.0 : double(u[sz((b * T + row - P) * C + c)]);
+    };
+    std::vector<double> y(sz(Ly * C)), dy(sz(Ly * C), 0);
+    for (int64_t s = 0; s < Ly; ++s)
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = b_dw[sz(c)];
+        for (int64_t i = 0; i < t0; ++i) acc += double(w_dw[sz(c * t0 + i)]) * ext(s + i, c);
+        y[sz(s * C + c)] = acc;
+      }
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < C; ++c) {
+        const double g = dz[sz((b * T + t) * C + c)];
+        dbg[sz(c)] += g;
+        for (int64_t j = 0; j < t1; ++j)
+          for (int64_t ci = 0; ci < G; ++ci) {
+            const int64_t yc = (c / G) * G + ci;
+            dy[sz((t + j) * C + yc)] += g * w_grp[sz((c * G + ci) * t1 + j)];
+            dwg[sz((c * G + ci) * t1 + j)] += g * y[sz((t + j) * C + yc)];
+          }
+      }
+    for (int64_t s = 0; s < Ly; ++s)
+      for (int64_t c = 0; c < C; ++c) {
+        const double g = dy[sz(s * C + c)];
+        dbd[sz(c)] += g;
+        for (int64_t i = 0; i < t0; ++i) {
+          dwd[sz(c * t0 + i)] += g * ext(s + i, c);
+          if (s + i >= P) du[sz((b * T + s + i - P) * C + c)] += double(w_dw[sz(c * t0 + i)]) * g;
+        }
+      }
+  }
+
+  struct Grads {
+    Vec du, dwd, dbd, dwg, dbg;
+  };
+  const int threads_before = omp_get_max_threads();
+  std::vector<Grads> runs;
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    Grads g{Vec(u.size(), 0.0f), Vec(w_dw.size(), 0.0f), Vec(b_dw.size(), 0.0f), Vec(w_grp.size(), 0.0f),
+            Vec(b_grp.size(), 0.0f)};
+    be.cca_conv_backward(a, dz.data(), g.du.data(), g.dwd.data(), g.dbd.data(), g.dwg.data(), g.dbg.data());
+    runs.push_back(std::move(g));
+  }
+  omp_set_num_threads(threads_before);
+  // Error relative to the largest gradient of the tensor (the sums cancel, so single entries
+  // can be near zero).
+  auto close = [](const Vec& x, const std::vector<double>& ref, const char* what) {
+    double scale = 0, worst = 0;
+    for (double r : ref) scale = std::max(scale, std::abs(r));
+    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(double(x[i]) - ref[i]));
+    EXPECT_LT(worst / scale, 1e-5) << what;
+  };
+  close(runs[0].du, du, "du");
+  close(runs[0].dwd, dwd, "dw_dw");
+  close(runs[0].dbd, dbd, "db_dw");
+  close(runs[0].dwg, dwg, "dw_grp");
+  close(runs[0].dbg, dbg, "db_grp");
+  EXPECT_EQ(runs[0].du, runs[1].du);
+  EXPECT_EQ(runs[0].dwd, runs[1].dwd);
+  EXPECT_EQ(runs[0].dbd, runs[1].dbd);
+  EXPECT_EQ(runs[0].dwg, runs[1].dwg);
+  EXPECT_EQ(runs[0].dbg, runs[1].dbg);
 }
 
 TEST(CpuGrads, CcaQk) {
