@@ -55,8 +55,9 @@ struct AttentionArgs {
   int64_t B = 0, T = 0, S = 0, Hq = 0, Hkv = 0, dh = 0;
   int64_t window = 0;  // > 0: key s visible from query t only if t - s < window
   float scale = 1.0f;
-  // As in CcaConvArgs (fresh sequences only): key s visible from query t only if
-  // s >= seg_start[b*T + t]. nullptr = no resets.
+  // Document resets: key s visible from query t only if s >= seg_start[b*T + t], a key
+  // position (with pos0 = 0 the query's own row index of its document start; for a
+  // context-parallel chunk a position within the gathered sequence). nullptr = no resets.
   const int32_t* seg_start = nullptr;
   // Run the forward on the backend's exact (fp32) path, as its backward recomputes it: set for
   // context-parallel chunks, whose backward takes the fp32 path (a GPU's faster ones assume
@@ -167,7 +168,7 @@ class Backend {
                                    int64_t half, const int32_t* seg_start) = 0;
   // From dout: dq, dk, dv (overwritten; dk/dv laid out like the caches, all S rows). Training
   // uses pos0 = 0, S = T; a context-parallel chunk has its queries at pos0[b] + t over the whole
-  // gathered sequence (S >= pos0[b] + T; seg_start only with pos0 = 0). A backend that supports
+  // gathered sequence (S >= pos0[b] + T; seg_start then holds key positions). A backend that supports
   // only pos0 = 0, S = T fails clearly otherwise.
   virtual void attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) = 0;
   // From dout: dx (accumulate), dweight (overwritten), dgate_up/ddown (accumulate).

@@ -4,9 +4,11 @@
 // against the Backend's backward ops; no autograd.
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "core/error.h"
 #include "model/block.h"
+#include "model/chunk_segments.h"
 #include "model/model.h"
 #include "model/scratch.h"
 
@@ -25,7 +27,6 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
   const int64_t S = cp ? T * 2 * cp->size() : T, Wb = P * C + Dk / 2;
   if (cp) {
     if (B % 2 != 0) fail("train", "context parallel rows come in pairs (two chunks per sequence)");
-    if (seg_start) fail("train", "data.reset_at_document_boundary is not supported with context parallelism yet");
     if (T < P)
       fail("train", "context parallel chunks of " + std::to_string(T) + " tokens are shorter than the " +
                         std::to_string(P) + " rows the CCA convolution carries",
@@ -45,9 +46,15 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
   be_.from_host(d_ids, ids, N * 4);
   be_.from_host(d_targets, targets, N * 4);
   std::vector<int64_t> pos0(static_cast<size_t>(B), 0), positions(static_cast<size_t>(N));
-  if (seg_start) check_segments(seg_start, B, T);
   if (cp)
     for (int64_t b = 0; b < B; ++b) pos0[size_t(b)] = cp->chunk_of_row(b, B / 2) * T;
+  // Document resets: per-row tables, or with context parallelism positions within the whole
+  // sequences, restated for the chunk (chunk_segments.h).
+  std::optional<ChunkSegments> chunk_seg;
+  if (seg_start && cp)
+    chunk_seg = chunk_segments(seg_start, pos0.data(), B, T, P);
+  else if (seg_start)
+    check_segments(seg_start, B, T);
   for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = pos0[size_t(n / T)] + n % T - (seg_start ? seg_start[n] : 0);
 
   // ---- forward, keeping activations ----
@@ -76,6 +83,7 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
       shape.v_cache = s.f(B / 2 * S * Dk);
       shape.S = S;
       shape.cp = cp;
+      if (chunk_seg) shape.chunk_segments = &*chunk_seg;
       kv_full[size_t(l)] = {shape.k_cache, shape.v_cache};
     }
     forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, l > 0 ? acts[size_t(l - 1)].rh : nullptr, a);
@@ -192,6 +200,7 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
         aa.q = a.q + q_off;
         aa.out = a.att + q_off;
         aa.pos0 = pos0.data() + slot * Bs;
+        if (seg_start) aa.seg_start = seg_start + slot * Bs * T;
         be_.attention_backward(aa, datt + q_off, dq + q_off, dk_full + slot * Bs * S * Dk, dv_full + slot * Bs * S * Dk);
       }
       cp->reduce_scatter(dk_full, dk, B / 2, T, Dk);  // each key's gradient from every chunk's queries
@@ -199,7 +208,8 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     } else {
       be_.attention_backward(aa, datt, dq, dk, dv);
     }
-    be_.cca_values_backward(dv, dvcur, dvdel, B, T, Dk / 2, seg_start);
+    be_.cca_values_backward(dv, dvcur, dvdel, B, T, Dk / 2,
+                            chunk_seg ? chunk_seg->relative.data() : seg_start);
     CcaQkArgs qa;
     qa.z = a.z; qa.u = a.u; qa.temp = w.attn.temp; qa.positions = positions.data(); qa.q = a.q; qa.k = a.k;
     qa.N = N; qa.Hq = c.num_attention_heads; qa.Hkv = c.num_key_value_heads; qa.dh = c.head_dim;
@@ -225,12 +235,16 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
         be_.copy(du_ext + (i * (P + T) + P) * C, du + i * T * C, T * C);
       }
       ca.u = u_ext; ca.T = P + T;
+      ca.seg_start = chunk_seg ? chunk_seg->extended.data() : nullptr;
       be_.cca_conv_backward(ca, dz_ext, du_ext, gw.attn.conv_dw_w, gw.attn.conv_dw_b, gw.attn.conv_grp_w,
                             gw.attn.conv_grp_b);
       for (int64_t i = 0; i < B; ++i) {
         be_.copy(du + i * T * C, du_ext + (i * (P + T) + P) * C, T * C);
         be_.copy(head_grads + i * Wb, du_ext + i * (P + T) * C, P * C);
-        be_.copy(head_grads + i * Wb + P * C, dv + i * T * Dk + Dk / 2, Dk / 2);
+        if (chunk_seg && chunk_seg->starts_at_chunk[size_t(i)])  // its first token had no delayed value
+          be_.fill(head_grads + i * Wb + P * C, 0.0f, Dk / 2);
+        else
+          be_.copy(head_grads + i * Wb + P * C, dv + i * T * Dk + Dk / 2, Dk / 2);
       }
       be_.fill(tail_grads, 0.0f, B * Wb);
       cp->pass_backward(head_grads, tail_grads, B / 2, Wb);

@@ -24,8 +24,37 @@ void receive_chunk_boundary(Backend& be, const ModelConfig& c, const BlockShape&
   s.cp->pass_forward(tails, a.halo, s.B / 2, W);
   for (int64_t i = 0; i < s.B; ++i) {
     be.copy(s.conv_state + i * P * C, a.halo + i * W, P * C);
-    be.copy(s.vdel_state + i * half, a.halo + i * W + P * C, half);
+    // A document that begins at the chunk's first token has no delayed value before it.
+    if (s.chunk_segments && s.chunk_segments->starts_at_chunk[size_t(i)])
+      be.fill(s.vdel_state + i * half, 0.0f, half);
+    else
+      be.copy(s.vdel_state + i * half, a.halo + i * W + P * C, half);
   }
+}
+
+// Context parallelism with document resets: the convolution over [received rows; chunk] from a
+// zero state, with the extended start table (chunk_segments.h), and the chunk's rows of its
+// output into a.z. (The backward pass takes the same route.)
+void conv_over_received_rows(Backend& be, const ModelConfig& c, const BlockShape& s, CcaConvArgs ca,
+                             BlockActivations& a) {
+  const int64_t C = c.conv_channels(), P = c.conv_state_rows(), W = P * C + c.kv_dim() / 2, T = s.T,
+                Te = P + T;
+  Scratch scratch(be);
+  float* u_ext = scratch.f(s.B * Te * C);
+  float* z_ext = scratch.f(s.B * Te * C);
+  float* state = scratch.f(s.B * P * C);
+  for (int64_t i = 0; i < s.B; ++i) {
+    be.copy(u_ext + i * Te * C, a.halo + i * W, P * C);
+    be.copy(u_ext + (i * Te + P) * C, a.u + i * T * C, T * C);
+  }
+  be.fill(state, 0.0f, s.B * P * C);
+  ca.u = u_ext;
+  ca.z = z_ext;
+  ca.T = Te;
+  ca.state = state;
+  ca.seg_start = s.chunk_segments->extended.data();
+  be.cca_conv(ca);
+  for (int64_t i = 0; i < s.B; ++i) be.copy(a.z + i * T * C, z_ext + (i * Te + P) * C, T * C);
 }
 }  // namespace
 
@@ -48,7 +77,10 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   ca.w_grp = w.attn.conv_grp_w; ca.b_grp = w.attn.conv_grp_b; ca.z = a.z;
   ca.B = s.B; ca.T = s.T; ca.C = C; ca.t0 = c.cca_time0; ca.t1 = c.cca_time1; ca.group = c.head_dim;
   ca.seg_start = s.seg_start;
-  be.cca_conv(ca);
+  if (s.cp && s.chunk_segments)
+    conv_over_received_rows(be, c, s, ca, a);
+  else
+    be.cca_conv(ca);
   CcaQkArgs qa;
   qa.z = a.z; qa.u = a.u; qa.temp = w.attn.temp; qa.positions = s.positions; qa.q = a.q; qa.k = a.k;
   qa.N = N; qa.Hq = c.num_attention_heads; qa.Hkv = c.num_key_value_heads; qa.dh = c.head_dim;
@@ -56,7 +88,7 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   be.cca_qk(qa);
   CcaValueArgs va;
   va.v_cur = a.vcur; va.v_del = a.vdel; va.v_state = s.vdel_state; va.v = a.v; va.B = s.B; va.T = s.T; va.half = Dk / 2;
-  va.seg_start = s.seg_start;
+  va.seg_start = s.chunk_segments ? s.chunk_segments->relative.data() : s.seg_start;
   be.cca_values(va);
   if (s.cp) {  // every chunk row gets its whole sequence's keys and values
     s.cp->gather(a.k, s.k_cache, s.B / 2, s.T, Dk);
@@ -79,6 +111,7 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
       aa.q = a.q + slot * Bs * s.T * Dq;
       aa.out = a.att + slot * Bs * s.T * Dq;
       aa.pos0 = s.pos0 + slot * Bs;
+      if (s.seg_start) aa.seg_start = s.seg_start + slot * Bs * s.T;
       be.attention(aa);
     }
   } else {

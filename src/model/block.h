@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/chunk_segments.h"
 #include "model/config.h"
 #include "model/context_parallel.h"
 #include "model/weights.h"
@@ -57,6 +58,9 @@ struct BlockShape {
   // buffers the whole gathered sequences are written to, and the conv and value states receive
   // the previous chunk's boundary rows. nullptr = ordinary sequences.
   ContextParallel* cp = nullptr;
+  // Context parallelism with document resets: seg_start holds positions within the whole
+  // sequence (the attention's keys), and these the chunk's restatements (chunk_segments.h).
+  const ChunkSegments* chunk_segments = nullptr;
 };
 
 // Runs block l: r (the residual stream, [N,D]) is updated in place. rho_prev is the previous

@@ -114,7 +114,9 @@ class Model {
   // (blocks finish from the last to the first; data parallelism starts reductions there).
   // cp (context parallelism, model/context_parallel.h): ids and targets are this rank's chunk
   // rows, [B = 2 x sequences, T = chunk length] (ContextParallel::split); the other ranks of the
-  // group must make the same call on their chunks. No document resets there.
+  // group must make the same call on their chunks. segment_start there holds each token's
+  // document start as a position within the whole sequence (the split of the loader's table;
+  // model/chunk_segments.h).
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, float* grads,
                              float loss_scale, const int32_t* segment_start = nullptr,
                              const std::function<void(int64_t block)>& block_done = {},

@@ -524,10 +524,6 @@ void cross_check(const Recipe& r, const std::string& source, std::vector<Problem
   // Context parallelism cuts each sequence into 2 x context_parallel chunks (per phase).
   auto check_cp = [&](int64_t cp, int64_t seq_len, const std::string& seq_key, const std::string& cp_key) {
     if (cp <= 1) return;
-    if (r.data.reset_at_document_boundary)
-      add(cp_key, {"data.reset_at_document_boundary"},
-          "expected 1 when data.reset_at_document_boundary is true (document resets are not supported with "
-          "context parallelism yet), found " + std::to_string(cp));
     if (seq_len % (2 * cp) != 0)
       add(seq_key, {cp_key.c_str()},
           "expected a multiple of 2 x " + cp_key + " (" + std::to_string(2 * cp) + "), found " + std::to_string(seq_len),

@@ -376,8 +376,13 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       if (cp) {  // this rank's two chunks of every sequence
         const std::vector<int32_t> ids = cp->split(mb.inputs.data(), mb.rows, mb.seq_len),
                                    targets = cp->split(mb.targets.data(), mb.rows, mb.seq_len);
-        st = model->forward_backward(ids.data(), targets.data(), 2 * mb.rows, cp->chunk_len(mb.seq_len), grads,
-                                     loss_scale, nullptr, block_done, cp.get());
+        // Document starts are positions within the whole sequence, which the chunks keep.
+        const std::vector<int32_t> starts = mb.segment_start.empty()
+                                                ? std::vector<int32_t>()
+                                                : cp->split(mb.segment_start.data(), mb.rows, mb.seq_len);
+        st = model->forward_backward(ids.data(), targets.data(), 2 * mb.rows, cp->chunk_len(mb.seq_len),
+                                     grads, loss_scale, starts.empty() ? nullptr : starts.data(), block_done,
+                                     cp.get());
       } else {
         st = model->forward_backward(mb.inputs.data(), mb.targets.data(), mb.rows, mb.seq_len, grads, loss_scale,
                                      mb.segment_start.empty() ? nullptr : mb.segment_start.data(), block_done);

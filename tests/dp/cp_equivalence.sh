@@ -3,10 +3,12 @@
 # context group (2 ranks in one group; 4 ranks as 2 groups of 2, i.e. data parallel x context
 # parallel; 4 ranks in one group) gives the per-step losses and final weights of one process, and
 # a checkpoint saved by a context-parallel run resumes as plain data parallelism; a curriculum
-# turns context parallelism on for its long phase only.
+# turns context parallelism on for its long phase only, also with document resets in its packed
+# sequences.
 # Usage: [DP_STEPS=N] [DP_TRAIN_FLAGS=--device-comm] cp_equivalence.sh MPIEXEC zaya_dp_check WORKDIR [BACKEND]
 # BACKEND (default cpu): another (cuda-fp32, the GPU or its host emulation) runs only the first
-# check, one process against one group of 2, with DP_TRAIN_FLAGS on the group.
+# check and the one with document resets, one process against one group of 2, with
+# DP_TRAIN_FLAGS on the group.
 set -euo pipefail
 mpiexec="$1"; check="$2"; work="$3"; backend="${4:-cpu}"
 steps="${DP_STEPS:-20}"; half=$((steps / 2))
@@ -31,7 +33,18 @@ if [[ "$first" == *"skipped: no GPU"* ]]; then echo "cp_equivalence: skipped: no
 train_expect "$steps" mpi 2 "$check" train "$work/cp2" --steps "$steps" --cp 2 --backend "$backend" \
   ${flags[@]+"${flags[@]}"}
 compare "$work/np1" "$work/cp2"
-if [[ "$backend" != cpu ]]; then echo "cp_equivalence: OK"; exit 0; fi
+# A curriculum with document resets (reset_at_document_boundary) whose long phase alone is
+# context parallel: documents of 6 to 46 tokens packed into sequences of 16 and 32, so chunks of
+# 8 begin, end and straddle documents.
+# (12 steps, the last 8 context parallel; 6 and 2 on the slow emulated GPU.)
+resets() {
+  local n=12; [[ "$backend" == cpu ]] || n=6
+  "$check" train "$work/rs1" --steps "$n" --phased --resets --backend "$backend"
+  train_expect $((n - 4)) mpi 2 "$check" train "$work/rs2" --steps "$n" --phased --phase-cp 2 --resets \
+    --backend "$backend" ${flags[@]+"${flags[@]}"}
+  "$check" compare "$work/rs1" "$work/rs2" --steps "$n" --weight-tol 1e-4
+}
+if [[ "$backend" != cpu ]]; then resets; echo "cp_equivalence: OK"; exit 0; fi
 train_expect "$steps" mpi 4 "$check" train "$work/dp2cp2" --steps "$steps" --cp 2
 compare "$work/np1" "$work/dp2cp2"
 train_expect "$steps" mpi 4 "$check" train "$work/cp4" --steps "$steps" --cp 4
@@ -54,4 +67,5 @@ mkdir -p "$work/phr"
 train_expect 2 mpi 2 "$check" train "$work/phr" --steps 12 --phased --phase-cp 2 --stop-after 6
 train_expect 6 mpi 2 "$check" train "$work/phr" --steps 12 --phased --phase-cp 2
 "$check" compare "$work/ph1" "$work/phr" --steps 12 --weight-tol 1e-4
+resets
 echo "cp_equivalence: OK"

@@ -1,7 +1,7 @@
 // Data-parallel equivalence check, run under mpirun (tests/dp/dp_equivalence.sh):
 //
 //   zaya_dp_check train DIR [--steps N] [--stop-after N] [--backend NAME] [--device-comm] [--cp N]
-//                           [--phased [--phase-cp N]] [--choices]
+//                           [--phased [--phase-cp N] [--resets]] [--choices]
 //                                              trains the fixed tiny recipe into DIR/run with
 //                                              however many ranks it was launched with (on the
 //                                              GPU: --backend cuda-fp32, scripts/gpu_device_checks.sh;
@@ -10,6 +10,9 @@
 //                                              context parallelism in groups of N ranks;
 //                                              --phased: a two-phase curriculum on shards whose
 //                                              second phase has context_parallel --phase-cp;
+//                                              --resets: with --phased, every document in a
+//                                              packed sequence runs as a fresh sequence
+//                                              (data.reset_at_document_boundary);
 //                                              --choices: [eval] choices scores 7 questions at
 //                                              every evaluation, split over the ranks, and rank 0
 //                                              checks the last accuracy against one process
@@ -113,7 +116,7 @@ std::vector<double> losses(const std::string& run_dir) {
 struct TrainFlags {
   int64_t steps = 20, stop_after = -1, context_parallel = 1, phase_cp = 0;
   std::string backend = "cpu";
-  bool device_comm = false, phased = false, choices = false;
+  bool device_comm = false, phased = false, choices = false, resets = false;
 };
 
 // --choices: a small SentencePiece tokenizer (its ids need a 512-id vocabulary, which the token
@@ -180,6 +183,7 @@ int train_cmd(const std::string& dir, const TrainFlags& f) {
   opt.device_comm = f.device_comm;
   Recipe r = f.phased ? phased_recipe(dir, f.steps, f.phase_cp) : recipe(dir, f.steps);
   r.parallel.context_parallel = f.context_parallel;
+  r.data.reset_at_document_boundary = f.resets;
   if (f.choices) {
     r.data.tokenizer = dir + "/tok.model";
     r.eval.choices = dir + "/questions.jsonl";
@@ -269,8 +273,11 @@ int main(int argc, char** argv) {
       TrainFlags f;
       f.steps = steps;
       for (size_t i = 2; i < a.size(); ++i) {
-        if (a[i] == "--device-comm" || a[i] == "--phased" || a[i] == "--choices") {
-          (a[i] == "--phased" ? f.phased : a[i] == "--choices" ? f.choices : f.device_comm) = true;
+        if (a[i] == "--device-comm" || a[i] == "--phased" || a[i] == "--choices" || a[i] == "--resets") {
+          (a[i] == "--phased"    ? f.phased
+           : a[i] == "--choices" ? f.choices
+           : a[i] == "--resets"  ? f.resets
+                                 : f.device_comm) = true;
           continue;
         }
         if (i + 1 >= a.size()) throw Error("dp_check", "option " + a[i] + " needs a value");
@@ -296,7 +303,7 @@ int main(int argc, char** argv) {
     if (a.size() == 3 && a[0] == "compare") return compare_cmd(a[1], a[2], steps, weight_tol);
     std::fprintf(stderr,
                  "usage: zaya_dp_check train DIR [--steps N] [--stop-after N] [--backend NAME] "
-                 "[--device-comm] [--cp N] [--phased [--phase-cp N]] [--choices] | compare DIR_A "
+                 "[--device-comm] [--cp N] [--phased [--phase-cp N] [--resets]] [--choices] | compare DIR_A "
                  "DIR_B [--steps N] [--weight-tol X]\n");
     return 2;
   } catch (const Error& e) {

@@ -7,11 +7,12 @@
 #include <exception>
 #include <thread>
 
+#include "../common/error_of.h"
 #include "../common/thread_comm.h"
 #include "core/error.h"
+#include "model/chunk_segments.h"
 #include "model/context_parallel.h"
 #include "model/model.h"
-#include "../common/error_of.h"
 #include "test_helpers.h"
 
 namespace zaya {
@@ -66,22 +67,46 @@ ModelConfig cp_config() {
 
 // One rank's step: its chunks of the batch, with context parallelism over `group`.
 StepResult cp_step(int R, int rank, test::ThreadCommGroup& group, const std::vector<int32_t>& ids,
-                   const std::vector<int32_t>& targets, int64_t B, int64_t T, float scale, int64_t* messages) {
+                   const std::vector<int32_t>& targets, const std::vector<int32_t>& starts, int64_t B,
+                   int64_t T, float scale, int64_t* messages) {
   auto be = make_cpu_backend();
   Model model(cp_config(), *be);
   model.init_random(7);
   test::ThreadComm comm(group, rank);
   ContextParallel cp(comm, R, *be);
   const std::vector<int32_t> my_ids = cp.split(ids.data(), B, T), my_targets = cp.split(targets.data(), B, T);
+  const std::vector<int32_t> my_starts = starts.empty() ? starts : cp.split(starts.data(), B, T);
   StepResult out;
   out.grads.assign(size_t(model.layout().total), 0.0f);
-  out.stats = model.forward_backward(my_ids.data(), my_targets.data(), 2 * B, cp.chunk_len(T), out.grads.data(),
-                                     scale, nullptr, {}, &cp);
+  out.stats =
+      model.forward_backward(my_ids.data(), my_targets.data(), 2 * B, cp.chunk_len(T), out.grads.data(),
+                             scale, my_starts.empty() ? nullptr : my_starts.data(), {}, &cp);
   *messages = cp.messages();
   return out;
 }
 
-TEST(ContextParallel, SplitStepEqualsTheWholeSequenceStep) {
+// Document starts of packed rows (reset_at_document_boundary), as the loader builds them: each
+// token's document start within its row. Row 0's documents begin at chunk starts for R = 2 and 4
+// (4, 8) and just before them (3: the rows a chunk receives straddle a start; 13); row 1's begin
+// at the last token of a chunk (7), one position later (9, the second of a chunk of 2) and at 14.
+std::vector<int32_t> packed_starts(int64_t B, int64_t T) {
+  const std::vector<std::vector<int64_t>> docs = {{0, 3, 4, 8, 13}, {0, 7, 9, 14}};
+  std::vector<int32_t> starts(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t start = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t d : docs[size_t(b)])
+        if (d == t) start = int32_t(t);
+      starts[size_t(b * T + t)] = start;
+    }
+  }
+  return starts;
+}
+
+class ContextParallelSteps : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ContextParallelSteps, SplitStepEqualsTheWholeSequenceStep) {
+  const bool resets = GetParam();
   const int64_t B = 2, T = 16;
   const ModelConfig c = cp_config();
   Rng rng(3);
@@ -90,12 +115,24 @@ TEST(ContextParallel, SplitStepEqualsTheWholeSequenceStep) {
   for (size_t i = 0; i < ids.size(); ++i) targets[i] = (i + 1) % size_t(T) == 0 ? -1 : ids[i + 1];
   targets[3] = -1;  // an uncounted target inside a chunk
   const float scale = 1.0f / float(B * T);
+  const std::vector<int32_t> starts = resets ? packed_starts(B, T) : std::vector<int32_t>();
 
   auto be = make_cpu_backend();
   Model whole(c, *be);
   whole.init_random(7);
   std::vector<float> ref(size_t(whole.layout().total), 0.0f);
-  const StepStats ref_stats = whole.forward_backward(ids.data(), targets.data(), B, T, ref.data(), scale);
+  const StepStats ref_stats = whole.forward_backward(ids.data(), targets.data(), B, T, ref.data(), scale,
+                                                     resets ? starts.data() : nullptr);
+  if (resets) {  // the resets change the gradients (else the comparison below would not test them)
+    std::vector<float> plain(ref.size(), 0.0f);
+    whole.forward_backward(ids.data(), targets.data(), B, T, plain.data(), scale);
+    double max_ref = 0, max_diff = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      max_ref = std::max(max_ref, std::fabs(double(ref[i])));
+      max_diff = std::max(max_diff, std::fabs(double(plain[i]) - ref[i]));
+    }
+    EXPECT_GT(max_diff / max_ref, 1e-2);
+  }
 
   for (int R : {1, 2, 4}) {  // R = 4: chunks of 2 tokens, exactly the conv's carried rows
     SCOPED_TRACE(::testing::Message() << "context_parallel " << R);
@@ -107,7 +144,7 @@ TEST(ContextParallel, SplitStepEqualsTheWholeSequenceStep) {
     for (int r = 0; r < R; ++r)
       threads.emplace_back([&, r] {
         try {
-          res[size_t(r)] = cp_step(R, r, group, ids, targets, B, T, scale, &messages[size_t(r)]);
+          res[size_t(r)] = cp_step(R, r, group, ids, targets, starts, B, T, scale, &messages[size_t(r)]);
         } catch (...) {
           errors[size_t(r)] = std::current_exception();
         }
@@ -146,6 +183,37 @@ TEST(ContextParallel, SplitStepEqualsTheWholeSequenceStep) {
     // Per layer: the boundary pass forward and back, and K and V gathered and reduced.
     if (R > 1) {
       for (int64_t m : messages) EXPECT_GT(m, 0);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DocumentResets, ContextParallelSteps, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "PackedDocuments" : "WholeSequences";
+                         });
+
+// A chunk's document-start table must hold positions within the whole sequence.
+TEST(ContextParallel, ChunkStartTablesAreCheckedAndRestated) {
+  const int64_t pos0[2] = {4, 12};
+  // Row 0 (positions 4..7): its first document began at 3 (among the 2 received rows), the
+  // next at 6. Row 1 (positions 12..15): a document begins at its first token.
+  const std::vector<int32_t> good = {3, 3, 6, 6, 12, 12, 12, 15};
+  const ChunkSegments cs = chunk_segments(good.data(), pos0, 2, 4, 2);
+  EXPECT_EQ(cs.relative, (std::vector<int32_t>{-1, -1, 2, 2, 0, 0, 0, 3}));
+  EXPECT_EQ(cs.starts_at_chunk, (std::vector<uint8_t>{0, 1}));
+  // Extended rows of row 0 are positions 2..7: received row 2 belongs to an earlier document,
+  // row 3 begins the first one. Row 1's received rows (10, 11) precede its first document.
+  EXPECT_EQ(cs.extended, (std::vector<int32_t>{0, 1, 1, 1, 4, 4, 0, 0, 2, 2, 2, 5}));
+  for (const std::vector<int32_t>& bad :
+       {std::vector<int32_t>{3, 3, 5, 5, 12, 12, 12, 15},  // 5 is not a start
+        std::vector<int32_t>{8, 8, 8, 8, 12, 12, 12, 12},  // after position 4
+        std::vector<int32_t>{-1, -1, -1, -1, 12, 12, 12, 12}}) {
+    try {
+      chunk_segments(bad.data(), pos0, 2, 4, 2);
+      ADD_FAILURE() << "a bad table was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find("document start table of context-parallel chunk row 0"), std::string::npos)
+          << e.message();
     }
   }
 }

@@ -455,13 +455,13 @@ TEST(Recipe, InconsistentValues) {
   EXPECT_HAS(e, "'stability.policy'");
   EXPECT_HAS(e, "checkpoint.every");
 
-  // Context parallelism cuts sequences into 2 x context_parallel chunks, without document resets.
+  // Context parallelism cuts sequences into 2 x context_parallel chunks, with or without
+  // document resets.
   e = parse_error("[parallel]\ncontext_parallel = 3\n");  // seq_len 256 is not a multiple of 6
   EXPECT_HAS(e, "'data.seq_len'");
   EXPECT_HAS(e, "expected a multiple of 2 x parallel.context_parallel (6), found 256");
-  e = parse_error("[data]\nreset_at_document_boundary = true\n[parallel]\ncontext_parallel = 2\n");
-  EXPECT_HAS(e, "'parallel.context_parallel' in recipe.toml at line 4: expected 1 when "
-                "data.reset_at_document_boundary is true");
+  EXPECT_NO_THROW(parse_recipe(
+      "[data]\nreset_at_document_boundary = true\n[parallel]\ncontext_parallel = 2\n", "cp_resets.toml"));
   EXPECT_NO_THROW(parse_recipe("[parallel]\ncontext_parallel = 4\n", "cp.toml"));
   e = parse_error("[parallel]\ncontext_parallel = 0\n");
   EXPECT_HAS(e, "'parallel.context_parallel'");

@@ -34,7 +34,8 @@ void CpuBackend::attention(const AttentionArgs& a) {
       const int64_t t_begin = qb * kQueryBlock, t_end = std::min(a.T, t_begin + kQueryBlock), nq = t_end - t_begin;
       const int64_t p_first = a.pos0[b] + t_begin, p_last = a.pos0[b] + t_end - 1;
       int64_t s_begin = a.window > 0 ? std::max<int64_t>(0, p_first - a.window + 1) : 0;
-      const int32_t* seg = a.seg_start ? a.seg_start + b * a.T : nullptr;  // fresh sequences: p == t
+      const int32_t* seg =
+          a.seg_start ? a.seg_start + b * a.T : nullptr;            // by query row; values are key positions
       if (seg) s_begin = std::max<int64_t>(s_begin, seg[t_begin]);  // starts never decrease along a row
       const int64_t s_end = p_last + 1;
       const float* q = a.q + (b * a.T + t_begin) * q_stride + h * dh;
@@ -54,7 +55,7 @@ void CpuBackend::attention(const AttentionArgs& a) {
           float mx = row_max[size_t(i)];
           for (int64_t j = 0; j < nk; ++j) {
             const int64_t s = s0 + j;
-            bool visible = s <= p && (a.window <= 0 || p - s < a.window) && (!seg || s >= seg[p]);
+            bool visible = s <= p && (a.window <= 0 || p - s < a.window) && (!seg || s >= seg[t_begin + i]);
             if (!visible) srow[j] = -INFINITY;
             mx = std::max(mx, srow[j]);
           }

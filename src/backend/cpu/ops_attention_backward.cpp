@@ -41,7 +41,7 @@ void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, f
           float* dQ = dq + (b * T + t0) * qs + h * dh;
           const int64_t p0 = a.pos0[b] + t0;  // position of the block's first query
           int64_t s_begin = a.window > 0 ? std::max<int64_t>(0, p0 - a.window + 1) : 0;
-          const int32_t* seg = a.seg_start ? a.seg_start + b * T : nullptr;  // pos0 = 0 there
+          const int32_t* seg = a.seg_start ? a.seg_start + b * T : nullptr;  // by query row; key positions
           if (seg) s_begin = std::max<int64_t>(s_begin, seg[t0]);
           const int64_t s_end = p0 + nq;
           // i: query row within the block; s: key position
