@@ -43,7 +43,11 @@ struct CcaValueArgs {
   float* v_state = nullptr;      // [B, half] Wv_del x of the token before the chunk (zeros at start); updated
   float* v = nullptr;            // [B, T, 2*half] concat(v_cur[t], v_del[t-1])
   int64_t B = 0, T = 0, half = 0;
-  const int32_t* seg_start = nullptr;  // as in CcaConvArgs: the delayed half is zero at a document start
+  // Document resets: [B*T] host, each token's document start relative to the chunk's first
+  // token (negative: it began in an earlier chunk); the delayed half is zero at a token t > 0
+  // whose start is t. A document that begins at t = 0 takes v_state, which the caller zeroes
+  // (context-parallel chunks; fresh sequences have a zero state). nullptr = no resets.
+  const int32_t* seg_start = nullptr;
 };
 
 struct AttentionArgs {
@@ -124,8 +128,10 @@ class Backend {
   virtual void attention(const AttentionArgs& a) = 0;
   virtual void moe(const MoeArgs& a) = 0;
 
-  // ---- Backward (training). Activations are those the forward saw; fresh sequences only
-  // (pos0 = 0, zero conv/value state). "accumulate" outputs are added to, others overwritten.
+  // ---- Backward (training). Activations are those the forward saw; fresh sequences (pos0 =
+  // 0, zero conv/value state), except where an op says otherwise (attention_backward takes
+  // context-parallel chunks; the model runs a chunk's conv over [received rows; chunk] from a
+  // zero state). "accumulate" outputs are added to, others overwritten.
   // dx[M,K] (+)= dy W; dw[N,K] += dy^T x; db[N] += colsum(dy). dx/dw/db may be null.
   // lddy: row stride of dy (0 = N).
   virtual void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,

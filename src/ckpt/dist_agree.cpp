@@ -6,6 +6,7 @@
 #include <exception>
 #include <future>
 #include <numeric>
+#include <system_error>
 
 #include "core/error.h"
 
@@ -58,6 +59,8 @@ std::string run_catching(const std::function<std::string()>& work) {
     return e.message();
   } catch (const std::exception& e) {
     return e.what();
+  } catch (...) {
+    return "disk work failed with an unknown exception";
   }
 }
 }  // namespace
@@ -66,13 +69,20 @@ std::string agree_after_disk_work(Comm& comm, double round_seconds,
                                   const std::function<std::string()>& work) {
   if (comm.size() == 1) return first_error(comm, run_catching(work));
   std::future<std::string> running;
-  if (work) running = std::async(std::launch::async, [&work] { return run_catching(work); });
+  std::string done_here;  // the work's result when no thread could be started for it
+  if (work) {
+    try {
+      running = std::async(std::launch::async, [&work] { return run_catching(work); });
+    } catch (const std::system_error&) {
+      done_here = run_catching(work);  // then the others wait for it in one round
+    }
+  }
   const auto round = std::chrono::duration<double>(round_seconds);
   for (;;) {
     const bool mine_done = !running.valid() || running.wait_for(round) == std::future_status::ready;
     if (all_reduce_min(comm, mine_done ? 1 : 0) == 1) break;
   }
-  return first_error(comm, running.valid() ? running.get() : "");
+  return first_error(comm, running.valid() ? running.get() : done_here);
 }
 
 }  // namespace zaya::dist_agree

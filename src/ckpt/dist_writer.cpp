@@ -83,7 +83,12 @@ struct DistCheckpointWriter::Impl {
   uint64_t chunk_bytes = 0;
   size_t max_buffers = 1;
   int test_delay_ms = 0;         // ZAYA_CKPT_TEST_WRITE_DELAY_MS: each chunk write sleeps first
-  int test_commit_delay_ms = 0;  // ZAYA_CKPT_TEST_COMMIT_DELAY_MS: rank 0's commit sleeps first
+  // ZAYA_CKPT_TEST_DISK_DELAY_MS: rank-local disk work between collectives sleeps first (rank 0's
+  // temporary directory and commit, the last rank's file creation), as on slow storage.
+  int test_disk_delay_ms = 0;
+  void test_disk_delay() const {
+    if (test_disk_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(test_disk_delay_ms));
+  }
 
   std::mutex mu;
   std::condition_variable work_cv, space_cv, done_cv;
@@ -212,14 +217,17 @@ DistCheckpointWriter::DistCheckpointWriter(Comm& comm, DistWriterOptions options
     fail_ckpt("writer_threads is " + std::to_string(m.opts.writer_threads), "use 1 to 256 writer threads");
   if (m.opts.staging_bytes < 4096)
     fail_ckpt("staging_bytes is " + std::to_string(m.opts.staging_bytes), "give the checkpoint writer at least 4096 bytes of staging memory");
+  if (!(m.opts.finish_poll_seconds > 0 && m.opts.finish_poll_seconds <= 60))
+    fail_ckpt("finish_poll_seconds is " + std::to_string(m.opts.finish_poll_seconds),
+              "use a round of more than 0 and at most 60 seconds (well under the comm watchdog's deadline)");
   if (m.opts.chunk_bytes < 4) fail_ckpt("chunk_bytes is " + std::to_string(m.opts.chunk_bytes), "use at least 4 bytes");
   m.opts.warn = dist_io::warner(m.opts.warn);
   if (!m.opts.copy) m.opts.copy = [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); };
   m.chunk_bytes = std::min(m.opts.chunk_bytes, m.opts.staging_bytes) / 4 * 4;
   m.max_buffers = size_t(m.opts.staging_bytes / m.chunk_bytes);
   if (const char* d = std::getenv("ZAYA_CKPT_TEST_WRITE_DELAY_MS")) m.test_delay_ms = std::max(0, std::atoi(d));
-  if (const char* d = std::getenv("ZAYA_CKPT_TEST_COMMIT_DELAY_MS"))
-    m.test_commit_delay_ms = std::max(0, std::atoi(d));
+  if (const char* d = std::getenv("ZAYA_CKPT_TEST_DISK_DELAY_MS"))
+    m.test_disk_delay_ms = std::max(0, std::atoi(d));
   for (int i = 0; i < m.opts.writer_threads; ++i) m.threads.emplace_back([&m] { m.writer_loop(); });
 }
 
@@ -329,6 +337,7 @@ DistSaveStats DistCheckpointWriter::begin_save(const std::string& root, int64_t 
   std::function<std::string()> prepare;
   if (rank == 0)
     prepare = [&]() -> std::string {
+      m.test_disk_delay();
       dist_io::create_root(root);
       dist_io::remove_tmp_entries(root, "", m.opts.warn);
       if (::mkdir(job->tmp_dir.c_str(), 0755) != 0)
@@ -341,6 +350,7 @@ DistSaveStats DistCheckpointWriter::begin_save(const std::string& root, int64_t 
   // 4. Every rank creates its file and reserves its size (a full disk fails here, early; a
   //    file system without fallocate writes the zeros, so this too may be slow).
   err = dist_agree::agree_after_disk_work(m.comm, m.opts.finish_poll_seconds, [&]() -> std::string {
+    if (rank == world - 1) m.test_disk_delay();
     job->fd = ::open(job->path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (job->fd < 0) return job->path + ": cannot create: " + dist_io::errno_text();
     if (job->bytes > 0) {
@@ -442,13 +452,28 @@ std::optional<DistSaveStats> DistCheckpointWriter::Impl::poll() {
   const int global = dist_agree::all_reduce_min(comm, local);
   if (global == kWriting) return std::nullopt;
   if (global == kFailed) {
-    // Stop this rank's writers for the job and wait until its file is closed.
-    std::unique_lock<std::mutex> lk(mu);
-    const bool mine = !job->error.empty();
-    if (!mine) job->error = "another rank failed";  // makes the writers skip the rest
-    done_cv.wait(lk, [&] { return job->done; });
-    std::string my_err = mine ? job->error : "";
-    lk.unlock();
+    // Stop this rank's writers for the job, and wait until every rank's file is closed (a
+    // write or fsync under way may take long: the ranks meet in short rounds meanwhile).
+    bool mine = false;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      mine = !job->error.empty();
+      if (!mine) job->error = "another rank failed";  // makes the writers skip the rest
+    }
+    for (;;) {
+      bool closed = false;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        closed = done_cv.wait_for(lk, std::chrono::duration<double>(opts.finish_poll_seconds),
+                                  [&] { return job->done; });
+      }
+      if (dist_agree::all_reduce_min(comm, closed ? 1 : 0) == 1) break;
+    }
+    std::string my_err;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (mine) my_err = job->error;
+    }
     std::string err = dist_agree::first_error(comm, my_err);
     fail_job("checkpoint save of step " + std::to_string(job->step) + " failed: " +
              (err.empty() ? "unknown error" : err));
@@ -490,8 +515,7 @@ DistSaveStats DistCheckpointWriter::Impl::commit() {
   std::function<std::string()> commit_work;
   if (rank == 0)
     commit_work = [&]() -> std::string {
-      if (test_commit_delay_ms > 0)
-        std::this_thread::sleep_for(std::chrono::milliseconds(test_commit_delay_ms));
+      test_disk_delay();
       const auto tc = Clock::now();
       dm::Manifest man;
       man.step = j.step;

@@ -191,20 +191,32 @@ struct AttnCase {
 
 TEST_F(GpuCca, Attention) {
   std::vector<AttnCase> cases = {
-      {2, 37, 37, 4, 2, 16, 0, {0, 0}, false},     {2, 70, 70, 8, 2, 64, 0, {0, 0}, false},
-      {1, 45, 45, 4, 2, 128, 0, {0}, false},       {2, 50, 50, 4, 2, 64, 9, {0, 0}, false},
-      {2, 41, 41, 4, 2, 64, 0, {0, 0}, true},      {2, 33, 33, 8, 2, 128, 7, {0, 0}, true},
-      {2, 3, 40, 4, 2, 64, 0, {20, 36}, false},    {2, 1, 40, 8, 2, 128, 6, {12, 39}, false},
+      {2, 37, 37, 4, 2, 16, 0, {0, 0}, false},
+      {2, 70, 70, 8, 2, 64, 0, {0, 0}, false},
+      {1, 45, 45, 4, 2, 128, 0, {0}, false},
+      {2, 50, 50, 4, 2, 64, 9, {0, 0}, false},
+      {2, 41, 41, 4, 2, 64, 0, {0, 0}, true},
+      {2, 33, 33, 8, 2, 128, 7, {0, 0}, true},
+      {2, 3, 40, 4, 2, 64, 0, {20, 36}, false},
+      {2, 1, 40, 8, 2, 128, 6, {12, 39}, false},
       // kAttnGemmMinQueries (64) or more queries: the GEMM path; 1100 queries make two chunks.
-      {2, 200, 200, 8, 2, 128, 0, {0, 0}, false},  {1, 257, 257, 4, 2, 64, 33, {0}, false},
-      {2, 150, 150, 4, 1, 64, 0, {0, 0}, true},    {1, 1100, 1100, 4, 2, 64, 0, {0}, false},
-      {1, 1100, 1100, 4, 2, 32, 300, {0}, true},   {2, 96, 160, 4, 2, 64, 0, {64, 20}, false},
+      {2, 200, 200, 8, 2, 128, 0, {0, 0}, false},
+      {1, 257, 257, 4, 2, 64, 33, {0}, false},
+      {2, 150, 150, 4, 1, 64, 0, {0, 0}, true},
+      {1, 1100, 1100, 4, 2, 64, 0, {0}, false},
+      {1, 1100, 1100, 4, 2, 32, 300, {0}, true},
+      {2, 96, 160, 4, 2, 64, 0, {64, 20}, false},
       // head_dim 128 across several key tiles with a window and document starts, and a chunk
       // of 70 queries at position 100 of a 200-slot cache (its unwritten slots hold NaN).
-      {1, 300, 300, 8, 2, 128, 70, {0}, true},     {1, 70, 200, 8, 2, 128, 0, {100}, false},
+      {1, 300, 300, 8, 2, 128, 70, {0}, true},
+      {1, 70, 200, 8, 2, 128, 0, {100}, false},
       // Context-parallel chunks with a sliding window: queries at an offset whose window starts
       // inside the chunk before them (the dK/dV kernel's query range at an offset).
-      {1, 70, 200, 8, 2, 64, 20, {100}, false},    {2, 40, 160, 4, 2, 64, 9, {40, 120}, false},
+      {1, 70, 200, 8, 2, 64, 20, {100}, false},
+      {2, 40, 160, 4, 2, 64, 9, {40, 120}, false},
+      // Context-parallel chunks of packed documents: the starts are key positions, the first
+      // token's document began 5 positions before the chunk.
+      {2, 40, 160, 4, 2, 64, 0, {40, 120}, true},
   };
 #if defined(ZAYA_SIMT_SMALL)
   // Under the host emulation (tests/simt) the two cases of 1100 queries would take a minute of
@@ -227,6 +239,12 @@ TEST_F(GpuCca, Attention) {
       if (c.T > 100) row = {0, 11, 12, 30, 97, int32_t(c.T) - 40};
       std::vector<std::vector<int32_t>> starts(static_cast<size_t>(c.B), row);
       seg = segments(c.B, c.T, starts);
+      for (int64_t b = 0; b < c.B; ++b)  // at an offset: key positions, the first 5 back
+        if (c.pos0[size_t(b)] > 0)
+          for (int64_t t = 0; t < c.T; ++t) {
+            int32_t& start = seg[size_t(b * c.T + t)];
+            start = start == 0 ? int32_t(c.pos0[size_t(b)] - 5) : int32_t(c.pos0[size_t(b)] + start);
+          }
     }
     auto q = rnd(size_t(c.B * c.T * c.Hq * c.dh)), k = rnd(size_t(c.B * c.S * c.Hkv * c.dh)),
          v = rnd(size_t(c.B * c.S * c.Hkv * c.dh));

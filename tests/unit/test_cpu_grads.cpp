@@ -329,9 +329,10 @@ TEST(CpuGrads, CcaConv) {
 // conv's backward, and are bitwise the same on 1 and 2 threads.
 TEST(CpuGrads, CcaConvBackwardOfLargeChunksMatchesPlainSumsOnAnyThreadCount) {
   CpuBackend be;
-  const int64_t B = 5, T = 64, heads = 6, G = 32, C = heads * G, t0 = 2, t1 = 2, P = (t0 - 1) + (t1 - 1);
+  const int64_t B = 6, T = 64, heads = 6, G = 32, C = heads * G, t0 = 2, t1 = 2, P = (t0 - 1) + (t1 - 1);
   const int64_t Ly = T + t1 - 1;
   ASSERT_GT(T * C * G * t1 * B, int64_t(1) << 18) << "the case must take the parallel path";
+  ASSERT_GT(B * T * C, 65536) << "and be large enough for any threaded column sum";
   auto u = randn(sz(B * T * C), 130), w_dw = randn(sz(C * t0), 131), b_dw = randn(sz(C), 132),
        w_grp = randn(sz(C * G * t1), 133, 0.3), b_grp = randn(sz(C), 134), dz = randn(sz(B * T * C), 135);
   Vec state(sz(B * P * C), 0.0f), z(sz(B * T * C));

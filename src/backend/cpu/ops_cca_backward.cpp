@@ -25,7 +25,8 @@ void CpuBackend::cca_conv_backward(const CcaConvArgs& a, const float* dz, float*
   // The sequences run in parallel, each into its own partial weight gradients, which are then
   // summed in sequence order: the result does not depend on the number of threads.
   std::vector<float> dwtap(dw_grp ? static_cast<size_t>(B * taps) : 0, 0.0f);
-  std::vector<double> ddw(static_cast<size_t>(B * t0 * C), 0.0), ddb(static_cast<size_t>(B * C), 0.0);
+  std::vector<double> ddw(static_cast<size_t>(B * t0 * C), 0.0), ddb(static_cast<size_t>(B * C), 0.0),
+      dbg(db_grp ? static_cast<size_t>(B * C) : 0, 0.0);
   run_team(B > 1 && T * C * G * t1 * B > (int64_t(1) << 18), [&] {
     std::vector<float> ext(static_cast<size_t>((P + T) * C)), y(static_cast<size_t>(Ly * C)),
         dy(static_cast<size_t>(Ly * C));
@@ -43,6 +44,12 @@ void CpuBackend::cca_conv_backward(const CcaConvArgs& a, const float* dz, float*
           for (int64_t c = 0; c < C; ++c) ys[c] += a.w_dw[c * t0 + i] * e[c];
         }
       }
+      if (db_grp)
+        for (int64_t t = 0; t < T; ++t) {
+          double* d = dbg.data() + b * C;
+          const float* g = dzb + t * C;
+          for (int64_t c = 0; c < C; ++c) d[c] += g[c];
+        }
       // Grouped conv: dY[j..j+T) += dZ_g Wj_g ; dWj_g += dZ_g^T Y_g[j..j+T).
       std::fill(dy.begin(), dy.end(), 0.0f);
       float* dwt = dw_grp ? dwtap.data() + b * taps : nullptr;
@@ -74,7 +81,6 @@ void CpuBackend::cca_conv_backward(const CcaConvArgs& a, const float* dz, float*
       }
     }
   });
-  if (db_grp) cpu_column_sums(B * T, C, db_grp, dz, nullptr);
   for (int64_t c = 0; c < C; ++c) {
     if (dw_dw)
       for (int64_t i = 0; i < t0; ++i) {
@@ -86,6 +92,11 @@ void CpuBackend::cca_conv_backward(const CcaConvArgs& a, const float* dz, float*
       double sum = 0;
       for (int64_t b = 0; b < B; ++b) sum += ddb[size_t(b * C + c)];
       db_dw[c] += float(sum);
+    }
+    if (db_grp) {
+      double sum = 0;
+      for (int64_t b = 0; b < B; ++b) sum += dbg[size_t(b * C + c)];
+      db_grp[c] += float(sum);
     }
   }
   if (dw_grp)
