@@ -31,4 +31,10 @@ using ckpt_io::warner;
 // "rank-00003.bin": the data file of one rank.
 std::string rank_file_name(int rank);
 
+// Test hook: the milliseconds that rank-local disk work between collectives sleeps first, as
+// on slow storage (environment ZAYA_CKPT_TEST_DISK_DELAY_MS; 0 when unset). Read once.
+int test_disk_delay_ms();
+// Sleeps test_disk_delay_ms() when it is positive.
+void test_disk_delay();
+
 }  // namespace zaya::dist_io

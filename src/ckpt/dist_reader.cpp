@@ -246,9 +246,6 @@ constexpr double kAgreeRoundSeconds = 0.2;
 std::optional<DistCheckpoint> load_latest_dist_checkpoint(const std::string& root, Comm& comm,
                                                           const DistLoadOptions& options) {
   const CheckpointWarn warn = dist_io::warner(options.warn);
-  // ZAYA_CKPT_TEST_DISK_DELAY_MS: the last rank's reading sleeps first (as dist_writer.cpp).
-  const char* delay = std::getenv("ZAYA_CKPT_TEST_DISK_DELAY_MS");
-  const int test_delay_ms = delay ? std::max(0, std::atoi(delay)) : 0;
   // Everyone tries the same directories: rank 0's listing.
   std::string listing;
   if (comm.rank() == 0)
@@ -263,8 +260,7 @@ std::optional<DistCheckpoint> load_latest_dist_checkpoint(const std::string& roo
     // Reading and checksumming take each rank its own time; the ranks agree in short rounds
     // meanwhile, so a slow reader never keeps the others in one collective (dist_agree.h).
     const std::string err = dist_agree::agree_after_disk_work(comm, kAgreeRoundSeconds, [&]() -> std::string {
-      if (comm.rank() == comm.size() - 1 && test_delay_ms > 0)  // a slow disk, in tests
-        std::this_thread::sleep_for(std::chrono::milliseconds(test_delay_ms));
+      if (comm.rank() == comm.size() - 1) dist_io::test_disk_delay();  // a slow disk, in tests
       const bool v1 = dm::peek_version(dir) == 1;
       d = open_any(dir, v1 ? options.verify : DistVerify::Lazy);
       std::string bad;

@@ -82,13 +82,7 @@ struct DistCheckpointWriter::Impl {
   DistWriterOptions opts;
   uint64_t chunk_bytes = 0;
   size_t max_buffers = 1;
-  int test_delay_ms = 0;         // ZAYA_CKPT_TEST_WRITE_DELAY_MS: each chunk write sleeps first
-  // ZAYA_CKPT_TEST_DISK_DELAY_MS: rank-local disk work between collectives sleeps first (rank 0's
-  // temporary directory and commit, the last rank's file creation), as on slow storage.
-  int test_disk_delay_ms = 0;
-  void test_disk_delay() const {
-    if (test_disk_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(test_disk_delay_ms));
-  }
+  int test_delay_ms = 0;  // ZAYA_CKPT_TEST_WRITE_DELAY_MS: each chunk write sleeps first
 
   std::mutex mu;
   std::condition_variable work_cv, space_cv, done_cv;
@@ -225,9 +219,8 @@ DistCheckpointWriter::DistCheckpointWriter(Comm& comm, DistWriterOptions options
   if (!m.opts.copy) m.opts.copy = [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); };
   m.chunk_bytes = std::min(m.opts.chunk_bytes, m.opts.staging_bytes) / 4 * 4;
   m.max_buffers = size_t(m.opts.staging_bytes / m.chunk_bytes);
-  if (const char* d = std::getenv("ZAYA_CKPT_TEST_WRITE_DELAY_MS")) m.test_delay_ms = std::max(0, std::atoi(d));
-  if (const char* d = std::getenv("ZAYA_CKPT_TEST_DISK_DELAY_MS"))
-    m.test_disk_delay_ms = std::max(0, std::atoi(d));
+  if (const char* d = std::getenv("ZAYA_CKPT_TEST_WRITE_DELAY_MS"))
+    m.test_delay_ms = std::max(0, std::atoi(d));
   for (int i = 0; i < m.opts.writer_threads; ++i) m.threads.emplace_back([&m] { m.writer_loop(); });
 }
 
@@ -337,7 +330,7 @@ DistSaveStats DistCheckpointWriter::begin_save(const std::string& root, int64_t 
   std::function<std::string()> prepare;
   if (rank == 0)
     prepare = [&]() -> std::string {
-      m.test_disk_delay();
+      dist_io::test_disk_delay();  // a slow disk, in tests (rank 0's temporary directory)
       dist_io::create_root(root);
       dist_io::remove_tmp_entries(root, "", m.opts.warn);
       if (::mkdir(job->tmp_dir.c_str(), 0755) != 0)
@@ -350,7 +343,7 @@ DistSaveStats DistCheckpointWriter::begin_save(const std::string& root, int64_t 
   // 4. Every rank creates its file and reserves its size (a full disk fails here, early; a
   //    file system without fallocate writes the zeros, so this too may be slow).
   err = dist_agree::agree_after_disk_work(m.comm, m.opts.finish_poll_seconds, [&]() -> std::string {
-    if (rank == world - 1) m.test_disk_delay();
+    if (rank == world - 1) dist_io::test_disk_delay();  // the last rank's file creation
     job->fd = ::open(job->path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (job->fd < 0) return job->path + ": cannot create: " + dist_io::errno_text();
     if (job->bytes > 0) {
@@ -515,7 +508,7 @@ DistSaveStats DistCheckpointWriter::Impl::commit() {
   std::function<std::string()> commit_work;
   if (rank == 0)
     commit_work = [&]() -> std::string {
-      test_disk_delay();
+      dist_io::test_disk_delay();  // rank 0's commit
       const auto tc = Clock::now();
       dm::Manifest man;
       man.step = j.step;

@@ -226,20 +226,15 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
       // received state; the received rows' outputs get no gradient, and their inputs' gradients
       // (with the delayed value's, the delayed half of dv at each chunk's first token) go back to
       // the previous chunk, whose last rows they are.
-      for (int64_t i = 0; i < B; ++i) {
-        be_.copy(u_ext + i * (P + T) * C, a.halo + i * Wb, P * C);
-        be_.copy(u_ext + (i * (P + T) + P) * C, a.u + i * T * C, T * C);
-        be_.fill(dz_ext + i * (P + T) * C, 0.0f, P * C);
-        be_.copy(dz_ext + (i * (P + T) + P) * C, dz + i * T * C, T * C);
-        be_.fill(du_ext + i * (P + T) * C, 0.0f, P * C);
-        be_.copy(du_ext + (i * (P + T) + P) * C, du + i * T * C, T * C);
-      }
+      stack_received_rows(be_, a.halo, Wb, a.u, u_ext, B, P, T, C);
+      stack_received_rows(be_, nullptr, 0, dz, dz_ext, B, P, T, C);
+      stack_received_rows(be_, nullptr, 0, du, du_ext, B, P, T, C);
       ca.u = u_ext; ca.T = P + T;
-      ca.seg_start = chunk_seg ? chunk_seg->extended.data() : nullptr;
+      ca.seg_start = chunk_seg && chunk_seg->conv_has_starts ? chunk_seg->extended.data() : nullptr;
       be_.cca_conv_backward(ca, dz_ext, du_ext, gw.attn.conv_dw_w, gw.attn.conv_dw_b, gw.attn.conv_grp_w,
                             gw.attn.conv_grp_b);
+      take_chunk_rows(be_, du_ext, du, B, P, T, C);
       for (int64_t i = 0; i < B; ++i) {
-        be_.copy(du + i * T * C, du_ext + (i * (P + T) + P) * C, T * C);
         be_.copy(head_grads + i * Wb, du_ext + i * (P + T) * C, P * C);
         if (chunk_seg && chunk_seg->starts_at_chunk[size_t(i)])  // its first token had no delayed value
           be_.fill(head_grads + i * Wb + P * C, 0.0f, Dk / 2);

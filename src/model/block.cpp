@@ -37,26 +37,38 @@ void receive_chunk_boundary(Backend& be, const ModelConfig& c, const BlockShape&
 // output into a.z. (The backward pass takes the same route.)
 void conv_over_received_rows(Backend& be, const ModelConfig& c, const BlockShape& s, CcaConvArgs ca,
                              BlockActivations& a) {
-  const int64_t C = c.conv_channels(), P = c.conv_state_rows(), W = P * C + c.kv_dim() / 2, T = s.T,
-                Te = P + T;
+  const int64_t C = c.conv_channels(), P = c.conv_state_rows(), W = P * C + c.kv_dim() / 2, T = s.T;
   Scratch scratch(be);
-  float* u_ext = scratch.f(s.B * Te * C);
-  float* z_ext = scratch.f(s.B * Te * C);
+  float* u_ext = scratch.f(s.B * (P + T) * C);
+  float* z_ext = scratch.f(s.B * (P + T) * C);
   float* state = scratch.f(s.B * P * C);
-  for (int64_t i = 0; i < s.B; ++i) {
-    be.copy(u_ext + i * Te * C, a.halo + i * W, P * C);
-    be.copy(u_ext + (i * Te + P) * C, a.u + i * T * C, T * C);
-  }
+  stack_received_rows(be, a.halo, W, a.u, u_ext, s.B, P, T, C);
   be.fill(state, 0.0f, s.B * P * C);
   ca.u = u_ext;
   ca.z = z_ext;
-  ca.T = Te;
+  ca.T = P + T;
   ca.state = state;
   ca.seg_start = s.chunk_segments->extended.data();
   be.cca_conv(ca);
-  for (int64_t i = 0; i < s.B; ++i) be.copy(a.z + i * T * C, z_ext + (i * Te + P) * C, T * C);
+  take_chunk_rows(be, z_ext, a.z, s.B, P, T, C);
 }
 }  // namespace
+
+void stack_received_rows(Backend& be, const float* head, int64_t head_stride, const float* chunk, float* ext,
+                         int64_t B, int64_t P, int64_t T, int64_t C) {
+  for (int64_t i = 0; i < B; ++i) {
+    if (head)
+      be.copy(ext + i * (P + T) * C, head + i * head_stride, P * C);
+    else
+      be.fill(ext + i * (P + T) * C, 0.0f, P * C);
+    be.copy(ext + (i * (P + T) + P) * C, chunk + i * T * C, T * C);
+  }
+}
+
+void take_chunk_rows(Backend& be, const float* ext, float* chunk, int64_t B, int64_t P, int64_t T,
+                     int64_t C) {
+  for (int64_t i = 0; i < B; ++i) be.copy(chunk + i * T * C, ext + (i * (P + T) + P) * C, T * C);
+}
 
 void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeights& w, const BlockShape& s,
                    float* r, const float* rho_prev, BlockActivations& a) {
@@ -76,8 +88,8 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   ca.u = a.u; ca.state = s.conv_state; ca.w_dw = w.attn.conv_dw_w; ca.b_dw = w.attn.conv_dw_b;
   ca.w_grp = w.attn.conv_grp_w; ca.b_grp = w.attn.conv_grp_b; ca.z = a.z;
   ca.B = s.B; ca.T = s.T; ca.C = C; ca.t0 = c.cca_time0; ca.t1 = c.cca_time1; ca.group = c.head_dim;
-  ca.seg_start = s.seg_start;
-  if (s.cp && s.chunk_segments)
+  ca.seg_start = s.cp ? nullptr : s.seg_start;  // a chunk's starts are positions in the sequence
+  if (s.cp && s.chunk_segments && s.chunk_segments->conv_has_starts)
     conv_over_received_rows(be, c, s, ca, a);
   else
     be.cca_conv(ca);

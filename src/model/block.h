@@ -63,6 +63,14 @@ struct BlockShape {
   const ChunkSegments* chunk_segments = nullptr;
 };
 
+// Context parallelism: the conv's input with each sequence's P received rows in front.
+// ext [B, P+T, C] takes, for sequence i, the P*C values at head + i*head_stride (zeros when head
+// is null) and then its rows of chunk [B, T, C].
+void stack_received_rows(Backend& be, const float* head, int64_t head_stride, const float* chunk, float* ext,
+                         int64_t B, int64_t P, int64_t T, int64_t C);
+// The chunk's rows of ext [B, P+T, C] (each sequence's last T) into chunk [B, T, C].
+void take_chunk_rows(Backend& be, const float* ext, float* chunk, int64_t B, int64_t P, int64_t T, int64_t C);
+
 // Runs block l: r (the residual stream, [N,D]) is updated in place. rho_prev is the previous
 // block's router latent (ignored for l == 0).
 void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeights& w, const BlockShape& s,

@@ -33,7 +33,12 @@ ChunkSegments chunk_segments(const int32_t* absolute, const int64_t* pos0, int64
     const int64_t first = row[0] - origin;  // the first document's start, in extended rows
     int32_t* ext = out.extended.data() + b * (P + T);
     for (int64_t e = 0; e < P; ++e) ext[e] = int32_t(first > 0 && e >= first ? first : 0);
-    for (int64_t t = 0; t < T; ++t) ext[P + t] = int32_t(std::max<int64_t>(0, row[t] - origin));
+    // A document that begins at the sequence's first position starts at e = 0: the rows the first
+    // chunk receives are zeros, as before a start.
+    for (int64_t t = 0; t < T; ++t)
+      ext[P + t] = int32_t(row[t] == 0 ? 0 : std::max<int64_t>(0, row[t] - origin));
+    out.conv_has_starts =
+        out.conv_has_starts || std::any_of(ext, ext + P + T, [](int32_t v) { return v != 0; });
   }
   return out;
 }

@@ -15,6 +15,10 @@ struct ChunkSegments {
   std::vector<int32_t> relative;         // [B*T] start - pos0 (negative: began in an earlier chunk)
   std::vector<int32_t> extended;         // [B*(P+T)] per row: the received rows, then the chunk's
   std::vector<uint8_t> starts_at_chunk;  // [B] 1 when a document begins at the chunk's first token
+  // Whether any extended row holds a document start (a nonzero entry). When none does, every
+  // sequence's received rows and chunk are one document, and the convolution over them equals
+  // the plain one from the received state, without a start table (the faster path).
+  bool conv_has_starts = false;
 };
 
 // absolute [B*T]: for row b (pos0[b] = its chunk's first position), token t's document start,

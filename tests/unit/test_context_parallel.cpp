@@ -86,11 +86,8 @@ StepResult cp_step(int R, int rank, test::ThreadCommGroup& group, const std::vec
 }
 
 // Document starts of packed rows (reset_at_document_boundary), as the loader builds them: each
-// token's document start within its row. Row 0's documents begin at chunk starts for R = 2 and 4
-// (4, 8) and just before them (3: the rows a chunk receives straddle a start; 13); row 1's begin
-// at the last token of a chunk (7), one position later (9, the second of a chunk of 2) and at 14.
-std::vector<int32_t> packed_starts(int64_t B, int64_t T) {
-  const std::vector<std::vector<int64_t>> docs = {{0, 3, 4, 8, 13}, {0, 7, 9, 14}};
+// token's document start within its row.
+std::vector<int32_t> starts_of(const std::vector<std::vector<int64_t>>& docs, int64_t B, int64_t T) {
   std::vector<int32_t> starts(size_t(B * T));
   for (int64_t b = 0; b < B; ++b) {
     int32_t start = 0;
@@ -103,10 +100,51 @@ std::vector<int32_t> packed_starts(int64_t B, int64_t T) {
   return starts;
 }
 
-class ContextParallelSteps : public ::testing::TestWithParam<bool> {};
+enum class Documents { Whole, Packed, Sparse };
+void PrintTo(Documents d, std::ostream* os) {
+  *os << (d == Documents::Whole    ? "whole sequences"
+          : d == Documents::Packed ? "packed documents"
+                                   : "sparse documents");
+}
+
+// Whole: no resets. Packed: row 0's documents begin at chunk starts for R = 2 and 4 (4, 8) and
+// just before them (3: the rows a chunk receives straddle a start; 13); row 1's begin at the
+// last token of a chunk (7), one position later (9, the second of a chunk of 2) and at 14; every
+// rank's chunks hold a start. Sparse: starts at 9 and 10 only, so that for R = 2 and 4 some
+// ranks' chunks (and the rows they receive) hold none and take the plain convolution.
+std::vector<int32_t> document_starts(Documents docs, int64_t B, int64_t T) {
+  switch (docs) {
+    case Documents::Whole:
+      return {};
+    case Documents::Packed:
+      return starts_of({{0, 3, 4, 8, 13}, {0, 7, 9, 14}}, B, T);
+    case Documents::Sparse:
+      return starts_of({{0, 9}, {0, 10}}, B, T);
+  }
+  return {};
+}
+
+// How many ranks of a group of R take the convolution with a start table (chunk_segments.h).
+int ranks_whose_conv_has_starts(const std::vector<int32_t>& starts, int R, int64_t B, int64_t T, int64_t P) {
+  test::ThreadCommGroup group(R);
+  auto be = make_cpu_backend();
+  int with_starts = 0;
+  for (int r = 0; r < R; ++r) {
+    test::ThreadComm comm(group, r);
+    ContextParallel cp(comm, R, *be);
+    const std::vector<int32_t> mine = cp.split(starts.data(), B, T);
+    const int64_t Tc = cp.chunk_len(T);
+    std::vector<int64_t> pos0(size_t(2 * B));
+    for (int64_t i = 0; i < 2 * B; ++i) pos0[size_t(i)] = cp.chunk_of_row(i, B) * Tc;
+    with_starts += chunk_segments(mine.data(), pos0.data(), 2 * B, Tc, P).conv_has_starts ? 1 : 0;
+  }
+  return with_starts;
+}
+
+class ContextParallelSteps : public ::testing::TestWithParam<Documents> {};
 
 TEST_P(ContextParallelSteps, SplitStepEqualsTheWholeSequenceStep) {
-  const bool resets = GetParam();
+  const bool resets = GetParam() != Documents::Whole;
   const int64_t B = 2, T = 16;
   const ModelConfig c = cp_config();
   Rng rng(3);
@@ -115,7 +153,7 @@ TEST_P(ContextParallelSteps, SplitStepEqualsTheWholeSequenceStep) {
   for (size_t i = 0; i < ids.size(); ++i) targets[i] = (i + 1) % size_t(T) == 0 ? -1 : ids[i + 1];
   targets[3] = -1;  // an uncounted target inside a chunk
   const float scale = 1.0f / float(B * T);
-  const std::vector<int32_t> starts = resets ? packed_starts(B, T) : std::vector<int32_t>();
+  const std::vector<int32_t> starts = document_starts(GetParam(), B, T);
 
   auto be = make_cpu_backend();
   Model whole(c, *be);
@@ -136,6 +174,15 @@ TEST_P(ContextParallelSteps, SplitStepEqualsTheWholeSequenceStep) {
 
   for (int R : {1, 2, 4}) {  // R = 4: chunks of 2 tokens, exactly the conv's carried rows
     SCOPED_TRACE(::testing::Message() << "context_parallel " << R);
+    if (resets && R > 1) {  // the layouts reach the convolution paths they are meant to
+      const int with_starts = ranks_whose_conv_has_starts(starts, R, B, T, c.conv_state_rows());
+      if (GetParam() == Documents::Packed) {
+        EXPECT_EQ(with_starts, R);
+      } else {
+        EXPECT_GT(R - with_starts, 0);
+      }
+      EXPECT_GT(with_starts, 0);
+    }
     test::ThreadCommGroup group(R);
     std::vector<StepResult> res(static_cast<size_t>(R));
     std::vector<int64_t> messages(static_cast<size_t>(R), 0);
@@ -187,9 +234,18 @@ TEST_P(ContextParallelSteps, SplitStepEqualsTheWholeSequenceStep) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DocumentResets, ContextParallelSteps, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "PackedDocuments" : "WholeSequences";
+INSTANTIATE_TEST_SUITE_P(DocumentResets, ContextParallelSteps,
+                         ::testing::Values(Documents::Whole, Documents::Packed, Documents::Sparse),
+                         [](const ::testing::TestParamInfo<Documents>& info) {
+                           switch (info.param) {
+                             case Documents::Whole:
+                               return "WholeSequences";
+                             case Documents::Packed:
+                               return "PackedDocuments";
+                             case Documents::Sparse:
+                               return "SparseDocuments";
+                           }
+                           return "";
                          });
 
 // A chunk's document-start table must hold positions within the whole sequence.
@@ -204,6 +260,20 @@ TEST(ContextParallel, ChunkStartTablesAreCheckedAndRestated) {
   // Extended rows of row 0 are positions 2..7: received row 2 belongs to an earlier document,
   // row 3 begins the first one. Row 1's received rows (10, 11) precede its first document.
   EXPECT_EQ(cs.extended, (std::vector<int32_t>{0, 1, 1, 1, 4, 4, 0, 0, 2, 2, 2, 5}));
+  EXPECT_TRUE(cs.conv_has_starts);
+  // One document over the received rows and the chunk: the plain convolution serves.
+  const std::vector<int32_t> one_document = {1, 1, 1, 1, 9, 9, 9, 9};
+  const ChunkSegments plain = chunk_segments(one_document.data(), pos0, 2, 4, 2);
+  EXPECT_EQ(plain.extended, std::vector<int32_t>(12, 0));
+  EXPECT_FALSE(plain.conv_has_starts);
+  // The first chunk: a document beginning at position 0 covers the (zero) received rows too.
+  const int64_t first_pos0[2] = {0, 0};
+  const std::vector<int32_t> first_chunk = {0, 0, 0, 0, 0, 0, 2, 2};
+  const ChunkSegments first = chunk_segments(first_chunk.data(), first_pos0, 2, 4, 2);
+  EXPECT_EQ(first.extended, (std::vector<int32_t>{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4}));
+  EXPECT_EQ(first.starts_at_chunk, (std::vector<uint8_t>{1, 1}));
+  EXPECT_TRUE(first.conv_has_starts);
+  EXPECT_FALSE(chunk_segments(first_chunk.data(), first_pos0, 1, 4, 2).conv_has_starts);
   for (const std::vector<int32_t>& bad :
        {std::vector<int32_t>{3, 3, 5, 5, 12, 12, 12, 15},  // 5 is not a start
         std::vector<int32_t>{8, 8, 8, 8, 12, 12, 12, 12},  // after position 4
