@@ -3,13 +3,13 @@
 // Newton-Schulz call counting, the orthogonality of Muon's update, range/shard stepping and
 // checkpoint state round trips.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
@@ -524,6 +524,34 @@ TEST(Optimizer, NewtonSchulzEdgeCases) {
     for (size_t i = 0; i < x.size(); ++i) d = max_keep_nan(d, std::fabs(double(x[i]) - ref[i]));
     EXPECT_LT(d, 1e-5) << r << "x" << cc;
   }
+}
+
+// A tensor's experts are orthogonalised one per thread: each matrix of the batch on its own,
+// as the float64 reference, with two threads and with one.
+TEST(Optimizer, NewtonSchulzBatchedOrthogonalisesEachMatrixOnItsOwn) {
+  auto be = make_cpu_backend();
+  const int threads_before = omp_get_max_threads();
+  for (int threads : {2, 1}) {
+    omp_set_num_threads(threads);
+    for (auto [batch, r, cc] : {std::tuple<int64_t, int64_t, int64_t>{5, 33, 64}, {3, 64, 33}, {1, 16, 24}}) {
+      auto x = test::random_vector(size_t(batch * r * cc), uint64_t(batch * 1000 + r));
+      for (int64_t i = 0; i < batch; ++i)  // a different scale per matrix (each is normalised alone)
+        for (int64_t k = 0; k < r * cc; ++k) x[size_t(i * r * cc + k)] *= float(1 + 3 * i);
+      std::vector<Mat> ref;
+      for (int64_t i = 0; i < batch; ++i)
+        ref.push_back(ns64(Mat(x.begin() + i * r * cc, x.begin() + (i + 1) * r * cc), r, cc));
+      be->newton_schulz_batched(x.data(), batch, r, cc, 5);
+      for (int64_t i = 0; i < batch; ++i) {
+        double d = 0;
+        for (int64_t k = 0; k < r * cc; ++k)
+          d = max_keep_nan(d, std::fabs(double(x[size_t(i * r * cc + k)]) - ref[size_t(i)][size_t(k)]));
+        EXPECT_LT(d, 1e-5) << threads << " threads, matrix " << i << " of " << batch << " " << r << "x" << cc;
+      }
+    }
+  }
+  omp_set_num_threads(threads_before);
+  std::vector<float> none;
+  be->newton_schulz_batched(none.data(), 0, 4, 4, 5);  // an empty batch does nothing
 }
 
 // The matmul count bench_train reports (and ZeRO-1's bin packing weighs): per iteration

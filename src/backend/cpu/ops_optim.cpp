@@ -1,13 +1,15 @@
 // CPU optimizer ops: Newton-Schulz orthogonalisation (CBLAS GEMMs), the Muon momentum and
 // update kernels, AdamW, and the reductions used by gradient clipping (OpenMP).
+#include <cblas.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
-#include <vector>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <utility>
-
-#include <cblas.h>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -95,6 +97,29 @@ void CpuBackend::newton_schulz(float* x, int64_t rows, int64_t cols, int steps) 
   } else {
     std::memcpy(x, X, size_t(n) * sizeof(float));
   }
+}
+
+// A tensor's experts run one matrix per thread, each with the serial GEMMs that OpenBLAS uses
+// inside an OpenMP parallel region: GEMMs of a few hundred rows split over the threads spend
+// much of their time waiting at barriers. Each matrix is orthogonalised exactly as
+// newton_schulz does it on one thread.
+void CpuBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, int64_t cols, int steps) {
+  ZAYA_CHECK(batch >= 0, "newton_schulz_batched: negative batch");
+  if (batch < 2 || omp_get_max_threads() < 2) {
+    for (int64_t i = 0; i < batch; ++i) newton_schulz(x + i * rows * cols, rows, cols, steps);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(batch));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < batch; ++i) {
+    try {
+      newton_schulz(x + i * rows * cols, rows, cols, steps);
+    } catch (...) {  // an exception must not leave the parallel region
+      errors[size_t(i)] = std::current_exception();
+    }
+  }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 void CpuBackend::muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, bool nesterov) {
