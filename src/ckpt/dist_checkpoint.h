@@ -211,6 +211,23 @@ class DistCheckpoint {
   std::shared_ptr<const detail::DistCheckpointData> data;
 };
 
+// One read of read_dist_tensors: the whole tensor `name` when `shape` is given (it must equal
+// the saved shape), else elements [offset, offset + length) of the flattened tensor. dst is
+// host memory.
+struct DistRead {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0, length = 0;
+  float* dst = nullptr;
+};
+
+// Collective over `comm`: every rank calls it, each with its own reads (possibly none). They
+// run on a helper thread while the ranks meet in short rounds, so a rank whose storage is
+// slower than the others' never holds them inside one collective (the Comm watchdog times the
+// network, not the disk). When a read fails on any rank, every rank throws the same
+// zaya::Error, naming the lowest failing rank.
+void read_dist_tensors(const DistCheckpoint& ck, Comm& comm, const std::vector<DistRead>& reads);
+
 // Opens one step directory. Throws zaya::Error naming the file and the problem.
 DistCheckpoint open_dist_checkpoint(const std::string& dir, const DistLoadOptions& options = {});
 

@@ -375,6 +375,20 @@ const std::vector<int64_t>& DistCheckpoint::shape(const std::string& name) const
 uint64_t DistCheckpoint::numel(const std::string& name) const { return data->numels[index_of(*this, name)]; }
 const std::string& DistCheckpoint::group(const std::string& name) const { return data->groups[index_of(*this, name)]; }
 
+void read_dist_tensors(const DistCheckpoint& ck, Comm& comm, const std::vector<DistRead>& reads) {
+  const std::string err = dist_agree::agree_after_disk_work(comm, kAgreeRoundSeconds, [&]() -> std::string {
+    if (comm.rank() == comm.size() - 1) dist_io::test_disk_delay();  // a slow disk, in tests
+    for (const DistRead& r : reads) {
+      if (!r.shape.empty())
+        ck.read(r.name, r.shape, r.dst);
+      else
+        ck.read(r.name, r.offset, r.length, r.dst);
+    }
+    return "";
+  });
+  if (!err.empty()) fail_ckpt(err);
+}
+
 void DistCheckpoint::read(const std::string& name, uint64_t offset, uint64_t length, float* dst) const {
   const size_t t = index_of(*this, name);
   const uint64_t numel = data->numels[t];

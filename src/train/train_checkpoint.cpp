@@ -57,23 +57,47 @@ DistCopyFn state_copy_fn(TrainState& s, Backend& be) {
   };
 }
 
-void restore_state(TrainState& s, const DistCheckpoint& ck) {
+void restore_state(TrainState& s, const DistCheckpoint& ck, Comm& comm) {
   const ParamLayout& L = s.model.layout();
   Backend& be = s.model.backend();
-  for (const ParamSpec& p : L.params) {
-    std::vector<float> host(static_cast<size_t>(p.numel));
-    ck.read(p.name, p.shape, host.data());
-    be.from_host(s.model.params() + p.offset, host.data(), p.numel * 4);
+  // Parameters (the same on every rank) in batches of at most kStageBytes of host memory (a
+  // larger tensor is a batch of its own): each batch is read collectively, then copied to the
+  // backend on this thread (a GPU backend's device belongs to it).
+  constexpr int64_t kStageBytes = int64_t(256) << 20;
+  size_t next = 0;
+  while (next < L.params.size()) {
+    size_t end = next;
+    int64_t bytes = 0;
+    while (end < L.params.size() && (end == next || bytes + L.params[end].numel * 4 <= kStageBytes))
+      bytes += L.params[end++].numel * 4;
+    std::vector<std::vector<float>> host(end - next);
+    std::vector<DistRead> reads;
+    for (size_t i = next; i < end; ++i) {
+      const ParamSpec& p = L.params[i];
+      host[i - next].resize(size_t(p.numel));
+      reads.push_back({p.name, p.shape, 0, 0, host[i - next].data()});
+    }
+    read_dist_tensors(ck, comm, reads);
+    for (size_t i = next; i < end; ++i) {
+      const ParamSpec& p = L.params[i];
+      be.from_host(s.model.params() + p.offset, host[i - next].data(), p.numel * 4);
+    }
+    next = end;
   }
+  // This rank's optimizer state (ZeRO-1: its own tensors) and the balancer's host state: one
+  // more collective read on every rank.
   std::vector<StateTensor> os = s.optim.save_state();
   std::vector<std::vector<float>> host(os.size());
+  std::vector<DistRead> reads;
   for (size_t k = 0; k < os.size(); ++k) {
     host[k].resize(size_t(os[k].numel));
-    ck.read(os[k].name, 0, uint64_t(os[k].numel), host[k].data());
+    reads.push_back({os[k].name, {}, 0, uint64_t(os[k].numel), host[k].data()});
     os[k].data = host[k].data();
   }
+  for (const StateTensor& t : s.balancer.save_state())
+    reads.push_back({t.name, {}, 0, uint64_t(t.numel), t.data});
+  read_dist_tensors(ck, comm, reads);
   s.optim.load_state(os);
-  for (StateTensor& t : s.balancer.save_state()) ck.read(t.name, 0, uint64_t(t.numel), t.data);
   const nlohmann::json& counters = ck.meta().at("counters");
   auto counter = [&](const std::string& key) {
     if (!counters.contains(key)) fail("checkpoint", ck.dir() + ": the run's counters lack '" + key + "'");

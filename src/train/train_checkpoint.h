@@ -32,6 +32,9 @@ nlohmann::json all_counters(TrainState& s);
 // optimizer state) through be.to_host, the balancer's host state by memcpy.
 DistCopyFn state_copy_fn(TrainState& s, Backend& be);
 // Restores parameters (all), this rank's optimizer state and counters, and the balancer.
-void restore_state(TrainState& s, const DistCheckpoint& ck);
+// Collective over `comm` (the job's): the disk reads run in short rounds (read_dist_tensors), so
+// a rank with slower storage never holds the others inside one collective, and a failed read
+// raises the same error on every rank.
+void restore_state(TrainState& s, const DistCheckpoint& ck, Comm& comm);
 
 }  // namespace zaya

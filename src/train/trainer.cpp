@@ -287,7 +287,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
         " MiB per rank staged in " + std::to_string(st.begin_seconds).substr(0, 5) + " s, writing in the background");
   };
   auto restore = [&](const DistCheckpoint& ck, bool restore_cursor) {
-    restore_state(state, ck);
+    restore_state(state, ck, comm);
     if (restore_cursor) {
       const nlohmann::json& m = ck.meta();
       step = m.at("step").get<int64_t>();

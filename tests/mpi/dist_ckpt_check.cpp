@@ -276,6 +276,41 @@ void run_load(Comm& comm, const std::string& root) {
   expect(ck.has_value() && ck->step() == 20, "the latest checkpoint under " + root + " is not step 20");
   if (!ck) return;
   check_state(*ck, comm.rank(), comm.size(), 20, "load");
+  // The collective read (read_dist_tensors): each rank its own ranges, then one whole tensor.
+  std::vector<DistRead> reads;
+  std::vector<std::vector<float>> got;
+  std::vector<std::pair<std::string, Range>> what;
+  for (const auto& [name, ranges] : ownership(comm.rank(), comm.size()))
+    for (const Range& r : ranges) what.push_back({name, r});
+  got.resize(what.size() + 1);
+  for (size_t k = 0; k < what.size(); ++k) {
+    got[k].assign(what[k].second.length, 777.0f);
+    reads.push_back({what[k].first, {}, what[k].second.offset, what[k].second.length, got[k].data()});
+  }
+  const TensorSpec& whole = specs().front();
+  got.back().assign(whole.numel(), 777.0f);
+  reads.push_back({whole.name, whole.shape, 0, 0, got.back().data()});
+  read_dist_tensors(*ck, comm, reads);
+  uint64_t bad = 0;
+  for (size_t k = 0; k < what.size(); ++k)
+    for (uint64_t i = 0; i < what[k].second.length; ++i)
+      bad += got[k][i] != value(what[k].first, what[k].second.offset + i, 20);
+  for (uint64_t i = 0; i < whole.numel(); ++i) bad += got.back()[i] != value(whole.name, i, 20);
+  expect(bad == 0, "read_dist_tensors: " + std::to_string(bad) + " wrong values");
+  // A read that fails on the last rank fails on every rank, naming it.
+  std::vector<DistRead> missing;
+  std::vector<float> one(1);
+  if (comm.rank() == comm.size() - 1) missing.push_back({"no.such.tensor", {}, 0, 1, one.data()});
+  std::string err;
+  try {
+    read_dist_tensors(*ck, comm, missing);
+  } catch (const Error& e) {
+    err = e.message();
+  }
+  const std::string who = comm.size() > 1 ? "rank " + std::to_string(comm.size() - 1) + ": " : "";
+  expect(
+      err.find(who) != std::string::npos && err.find("no tensor named 'no.such.tensor'") != std::string::npos,
+      "the last rank's failed read, on every rank: '" + err + "'");
   if (comm.rank() == 0)
     std::printf("dist_ckpt_check: loaded step 20 saved by %d ranks with %d ranks\n", ck->world_size(), comm.size());
 }
