@@ -212,11 +212,11 @@ class DistCheckpoint {
 };
 
 // One read of read_dist_tensors: the whole tensor `name` when `shape` is given (it must equal
-// the saved shape), else elements [offset, offset + length) of the flattened tensor. dst is
-// host memory.
+// the saved shape; {} for a scalar), else elements [offset, offset + length) of the flattened
+// tensor. dst is host memory.
 struct DistRead {
   std::string name;
-  std::vector<int64_t> shape;
+  std::optional<std::vector<int64_t>> shape;
   uint64_t offset = 0, length = 0;
   float* dst = nullptr;
 };

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -59,6 +60,9 @@ struct DistCheckpointData {
   std::vector<dm::TensorRecord> tensors;             // pieces sorted by offset
   mutable std::mutex mu;
   mutable std::vector<std::vector<uint8_t>> verified;  // [tensor][piece]
+  // Test hook (ZAYA_CKPT_TEST_DISK_DELAY_MS): the first read() after a collective load on the
+  // last rank sleeps, as on slow storage.
+  mutable std::atomic<bool> slow_first_read{false};
 
   // Version 1.
   std::optional<LoadedCheckpoint> v1;
@@ -275,6 +279,7 @@ std::optional<DistCheckpoint> load_latest_dist_checkpoint(const std::string& roo
     });
     if (err.empty()) {
       if (d->version == 2 && options.verify == DistVerify::Full) d->mark_all_verified();
+      d->slow_first_read = comm.rank() == comm.size() - 1 && dist_io::test_disk_delay_ms() > 0;
       return wrap(std::move(d));
     }
     if (comm.rank() == 0)
@@ -377,10 +382,9 @@ const std::string& DistCheckpoint::group(const std::string& name) const { return
 
 void read_dist_tensors(const DistCheckpoint& ck, Comm& comm, const std::vector<DistRead>& reads) {
   const std::string err = dist_agree::agree_after_disk_work(comm, kAgreeRoundSeconds, [&]() -> std::string {
-    if (comm.rank() == comm.size() - 1) dist_io::test_disk_delay();  // a slow disk, in tests
     for (const DistRead& r : reads) {
-      if (!r.shape.empty())
-        ck.read(r.name, r.shape, r.dst);
+      if (r.shape)
+        ck.read(r.name, *r.shape, r.dst);
       else
         ck.read(r.name, r.offset, r.length, r.dst);
     }
@@ -390,6 +394,7 @@ void read_dist_tensors(const DistCheckpoint& ck, Comm& comm, const std::vector<D
 }
 
 void DistCheckpoint::read(const std::string& name, uint64_t offset, uint64_t length, float* dst) const {
+  if (data->slow_first_read.exchange(false)) dist_io::test_disk_delay();  // a slow disk, in tests
   const size_t t = index_of(*this, name);
   const uint64_t numel = data->numels[t];
   if (offset > numel || length > numel - offset)

@@ -4,7 +4,9 @@
 // the gathered sequence); the delayed value takes them relative to the chunk; the convolution,
 // which runs over the P rows received from the previous chunk followed by the chunk's own, takes
 // a start table of those P + T rows, in which received rows of an earlier document fall into a
-// separate (unused) document so that the chunk's first document sees zeros before its start.
+// separate (unused) document so that the chunk's first document sees zeros before its start. A
+// document that begins at the sequence's first position starts at extended row 0: the rows the
+// first chunk receives are zeros, so the chunk needs no start there.
 #pragma once
 #include <cstdint>
 #include <vector>

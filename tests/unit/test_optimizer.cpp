@@ -527,12 +527,16 @@ TEST(Optimizer, NewtonSchulzEdgeCases) {
 }
 
 // A tensor's experts are orthogonalised one per thread: each matrix of the batch on its own,
-// as the float64 reference, with two threads and with one.
+// as the float64 reference, and bitwise as newton_schulz computes it on one thread.
 TEST(Optimizer, NewtonSchulzBatchedOrthogonalisesEachMatrixOnItsOwn) {
+  struct RestoreThreads {
+    int before = omp_get_max_threads();
+    ~RestoreThreads() { omp_set_num_threads(before); }
+  } restore;
   auto be = make_cpu_backend();
-  const int threads_before = omp_get_max_threads();
   for (int threads : {2, 1}) {
     omp_set_num_threads(threads);
+    if (omp_get_max_threads() != threads) GTEST_SKIP() << "OpenMP gives no " << threads << " threads here";
     for (auto [batch, r, cc] : {std::tuple<int64_t, int64_t, int64_t>{5, 33, 64}, {3, 64, 33}, {1, 16, 24}}) {
       auto x = test::random_vector(size_t(batch * r * cc), uint64_t(batch * 1000 + r));
       for (int64_t i = 0; i < batch; ++i)  // a different scale per matrix (each is normalised alone)
@@ -540,6 +544,10 @@ TEST(Optimizer, NewtonSchulzBatchedOrthogonalisesEachMatrixOnItsOwn) {
       std::vector<Mat> ref;
       for (int64_t i = 0; i < batch; ++i)
         ref.push_back(ns64(Mat(x.begin() + i * r * cc, x.begin() + (i + 1) * r * cc), r, cc));
+      std::vector<float> alone = x;  // each matrix by newton_schulz on one thread
+      omp_set_num_threads(1);
+      for (int64_t i = 0; i < batch; ++i) be->newton_schulz(alone.data() + i * r * cc, r, cc, 5);
+      omp_set_num_threads(threads);
       be->newton_schulz_batched(x.data(), batch, r, cc, 5);
       for (int64_t i = 0; i < batch; ++i) {
         double d = 0;
@@ -547,9 +555,11 @@ TEST(Optimizer, NewtonSchulzBatchedOrthogonalisesEachMatrixOnItsOwn) {
           d = max_keep_nan(d, std::fabs(double(x[size_t(i * r * cc + k)]) - ref[size_t(i)][size_t(k)]));
         EXPECT_LT(d, 1e-5) << threads << " threads, matrix " << i << " of " << batch << " " << r << "x" << cc;
       }
+      if (batch >= threads) {
+        EXPECT_EQ(x, alone) << threads << " threads, " << batch << " matrices " << r << "x" << cc;
+      }
     }
   }
-  omp_set_num_threads(threads_before);
   std::vector<float> none;
   be->newton_schulz_batched(none.data(), 0, 4, 4, 5);  // an empty batch does nothing
 }

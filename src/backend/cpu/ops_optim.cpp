@@ -99,13 +99,27 @@ void CpuBackend::newton_schulz(float* x, int64_t rows, int64_t cols, int steps) 
   }
 }
 
-// A tensor's experts run one matrix per thread, each with the serial GEMMs that OpenBLAS uses
-// inside an OpenMP parallel region: GEMMs of a few hundred rows split over the threads spend
-// much of their time waiting at barriers. Each matrix is orthogonalised exactly as
-// newton_schulz does it on one thread.
+namespace {
+// Whether a GEMM called inside an OpenMP parallel region runs on the calling thread alone: true
+// of OpenBLAS's OpenMP build and of a sequential one; its pthreads build would start threads of
+// its own in every call. Other CBLAS libraries are taken to behave like the OpenMP build.
+bool blas_serial_in_parallel_regions() {
+#if defined(OPENBLAS_THREAD)
+  return openblas_get_parallel() != OPENBLAS_THREAD;
+#else
+  return true;
+#endif
+}
+}  // namespace
+
+// When a tensor has at least as many experts as there are threads, they run one matrix per
+// thread, each with serial GEMMs: GEMMs of a few hundred rows split over the threads spend much
+// of their time waiting at barriers. Each matrix is computed exactly as newton_schulz computes it
+// on one thread. Fewer experts than threads (a many-core machine) keep every thread on each GEMM.
 void CpuBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, int64_t cols, int steps) {
   ZAYA_CHECK(batch >= 0, "newton_schulz_batched: negative batch");
-  if (batch < 2 || omp_get_max_threads() < 2) {
+  const int threads = omp_get_max_threads();
+  if (batch < 2 || threads < 2 || batch < threads || !blas_serial_in_parallel_regions()) {
     for (int64_t i = 0; i < batch; ++i) newton_schulz(x + i * rows * cols, rows, cols, steps);
     return;
   }
