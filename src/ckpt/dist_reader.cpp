@@ -381,16 +381,26 @@ uint64_t DistCheckpoint::numel(const std::string& name) const { return data->num
 const std::string& DistCheckpoint::group(const std::string& name) const { return data->groups[index_of(*this, name)]; }
 
 void read_dist_tensors(const DistCheckpoint& ck, Comm& comm, const std::vector<DistRead>& reads) {
-  const std::string err = dist_agree::agree_after_disk_work(comm, kAgreeRoundSeconds, [&]() -> std::string {
-    for (const DistRead& r : reads) {
-      if (r.shape)
-        ck.read(r.name, *r.shape, r.dst);
-      else
-        ck.read(r.name, r.offset, r.length, r.dst);
+  // A failed read's hint (say, that the checkpoint does not match the model) travels with its
+  // message, after a separator, so that every rank raises both.
+  constexpr char kHintSeparator = '\x1f';
+  std::string err = dist_agree::agree_after_disk_work(comm, kAgreeRoundSeconds, [&]() -> std::string {
+    try {
+      for (const DistRead& r : reads) {
+        if (r.shape)
+          ck.read(r.name, *r.shape, r.dst);
+        else
+          ck.read(r.name, r.offset, r.length, r.dst);
+      }
+    } catch (const Error& e) {
+      return e.hint().empty() ? e.message() : e.message() + kHintSeparator + e.hint();
     }
     return "";
   });
-  if (!err.empty()) fail_ckpt(err);
+  if (err.empty()) return;
+  const size_t cut = err.find(kHintSeparator);
+  if (cut == std::string::npos) fail_ckpt(err);
+  fail_ckpt(err.substr(0, cut), err.substr(cut + 1));
 }
 
 void DistCheckpoint::read(const std::string& name, uint64_t offset, uint64_t length, float* dst) const {

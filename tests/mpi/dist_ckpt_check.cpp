@@ -313,6 +313,21 @@ void run_load(Comm& comm, const std::string& root) {
   expect(
       err.find(who) != std::string::npos && err.find("no tensor named 'no.such.tensor'") != std::string::npos,
       "the last rank's failed read, on every rank: '" + err + "'");
+  // A shape mismatch keeps its hint on every rank.
+  std::vector<DistRead> mismatched;
+  if (comm.rank() == comm.size() - 1)
+    mismatched.push_back({whole.name, std::vector<int64_t>{7}, 0, 0, one.data()});
+  std::string hint;
+  err.clear();
+  try {
+    read_dist_tensors(*ck, comm, mismatched);
+  } catch (const Error& e) {
+    err = e.message();
+    hint = e.hint();
+  }
+  expect(err.find(who) != std::string::npos && err.find("expected [7]") != std::string::npos &&
+             hint.find("does not match this model config") != std::string::npos,
+         "the last rank's shape mismatch, on every rank: '" + err + "' (hint '" + hint + "')");
   if (comm.rank() == 0)
     std::printf("dist_ckpt_check: loaded step 20 saved by %d ranks with %d ranks\n", ck->world_size(), comm.size());
 }
