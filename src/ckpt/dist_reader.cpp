@@ -9,13 +9,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "ckpt/checksum.h"
 #include "ckpt/dist_agree.h"

@@ -119,7 +119,7 @@ bool blas_serial_in_parallel_regions() {
 void CpuBackend::newton_schulz_batched(float* x, int64_t batch, int64_t rows, int64_t cols, int steps) {
   ZAYA_CHECK(batch >= 0, "newton_schulz_batched: negative batch");
   const int threads = omp_get_max_threads();
-  if (batch < 2 || threads < 2 || batch < threads || !blas_serial_in_parallel_regions()) {
+  if (threads < 2 || batch < threads || !blas_serial_in_parallel_regions()) {
     for (int64_t i = 0; i < batch; ++i) newton_schulz(x + i * rows * cols, rows, cols, steps);
     return;
   }
