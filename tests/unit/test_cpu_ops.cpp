@@ -1,6 +1,7 @@
 // Every CPU op against its plain reference (backend/reference): fresh random inputs per case,
 // outputs poisoned with NaN before each run so an unwritten element fails the comparison.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <limits>
@@ -166,6 +167,120 @@ TEST(CpuOps, MoeMatchesReferenceInBothSkipModes) {
     a.out = o2.data();
     reference::moe(a);
     EXPECT_LT(max_rel_err(o1.data(), o2.data(), o1.size()), 1e-5) << "identity=" << identity;
+  }
+}
+
+// The MoE's float64 backward, token by token (plain loops): dx accumulates, dweight is
+// overwritten, the weight gradients accumulate.
+struct MoeGrads {
+  std::vector<double> dx, dweight, dgate_up, ddown;
+};
+MoeGrads moe_backward_float64(const MoeArgs& a, const std::vector<float>& dout) {
+  const int64_t N = a.N, D = a.D, I = a.I, E = a.E;
+  MoeGrads g{std::vector<double>(size_t(N * D)), std::vector<double>(size_t(N)),
+             std::vector<double>(size_t(E * 2 * I * D)), std::vector<double>(size_t(E * D * I))};
+  std::vector<double> h(static_cast<size_t>(2 * I)), act(static_cast<size_t>(I)),
+      dact(static_cast<size_t>(I)), dh(static_cast<size_t>(2 * I));
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t e = a.expert[n];
+    const float* x = a.x + n * D;
+    const float* dy = dout.data() + n * D;
+    const double w = a.weight[n];
+    if (e == E) {
+      for (int64_t d = 0; d < D && a.skip_identity; ++d) {
+        g.dweight[size_t(n)] += double(dy[d]) * x[d];
+        g.dx[size_t(n * D + d)] += w * dy[d];
+      }
+      continue;
+    }
+    const float* GU = a.gate_up + e * 2 * I * D;
+    const float* DN = a.down + e * D * I;
+    for (int64_t j = 0; j < 2 * I; ++j) {
+      h[size_t(j)] = 0;
+      for (int64_t d = 0; d < D; ++d) h[size_t(j)] += double(GU[j * D + d]) * x[d];
+    }
+    for (int64_t j = 0; j < I; ++j) {
+      const double gate = h[size_t(j)], sg = 1.0 / (1.0 + std::exp(-gate));
+      act[size_t(j)] = gate * sg * h[size_t(I + j)];
+      dact[size_t(j)] = 0;
+      for (int64_t d = 0; d < D; ++d) dact[size_t(j)] += w * dy[d] * DN[d * I + j];
+      dh[size_t(j)] = dact[size_t(j)] * h[size_t(I + j)] * sg * (1.0 + gate * (1.0 - sg));
+      dh[size_t(I + j)] = dact[size_t(j)] * gate * sg;
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      double y = 0;
+      for (int64_t j = 0; j < I; ++j) {
+        y += double(DN[d * I + j]) * act[size_t(j)];
+        g.ddown[size_t(e * D * I + d * I + j)] += w * dy[d] * act[size_t(j)];
+      }
+      g.dweight[size_t(n)] += double(dy[d]) * y;
+    }
+    for (int64_t j = 0; j < 2 * I; ++j)
+      for (int64_t d = 0; d < D; ++d) {
+        g.dx[size_t(n * D + d)] += dh[size_t(j)] * GU[j * D + d];
+        g.dgate_up[size_t(e * 2 * I * D + j * D + d)] += dh[size_t(j)] * x[d];
+      }
+  }
+  return g;
+}
+
+std::vector<float> to_float(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+
+// Enough tokens that the op runs its tiles on an OpenMP team, with an unbalanced router: expert
+// 0 takes about 70% of them (several row tiles of kMoeRowTile), expert 1 a partial tile, expert
+// 2 none, the rest skip. Forward against the reference, backward against float64 loops, and
+// both bitwise the same on one thread and on several (the tiles are fixed, not per thread).
+TEST(CpuOps, MoeTilesAnUnbalancedRouterAndMatchesFloat64) {
+  CpuBackend be;
+  const int64_t N = 3 * kMoeRowTile + 200, D = 96, I = 40, E = 3;
+  auto x = random_vector(size_t(N * D), 50), gu = random_vector(size_t(E * 2 * I * D), 51, 0.3),
+       dn = random_vector(size_t(E * D * I), 52, 0.3), w = random_vector(size_t(N), 53),
+       dout = random_vector(size_t(N * D), 54);
+  std::vector<int32_t> expert(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) expert[size_t(n)] = n % 10 < 7 ? 0 : n % 10 < 9 ? 1 : int32_t(E);
+  int64_t rows0 = 0, routed = 0;
+  for (int32_t e : expert) rows0 += e == 0, routed += e < E;
+  ASSERT_GT(rows0, 2 * kMoeRowTile);
+  ASSERT_GT(routed * D, 65536);  // the threshold of the op's OpenMP team
+  const std::vector<float> dx0 = random_vector(size_t(N * D), 55), dgu0 = random_vector(gu.size(), 56),
+                           ddn0 = random_vector(dn.size(), 57);
+  for (bool identity : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "skip_identity " << identity);
+    std::vector<std::vector<float>> outs, dxs, dws, dgus, ddns;
+    const int threads = omp_get_max_threads();
+    for (int t : {threads, 1}) {
+      omp_set_num_threads(t);
+      auto out = poisoned(size_t(N * D)), dw = poisoned(size_t(N));
+      auto dx = dx0, dgu = dgu0, ddn = ddn0;
+      MoeArgs a{x.data(), expert.data(), w.data(), gu.data(), dn.data(), out.data(), N, D, I, E, identity};
+      be.moe(a);
+      be.moe_backward(a, dout.data(), dx.data(), dw.data(), dgu.data(), ddn.data());
+      outs.push_back(out), dxs.push_back(dx), dws.push_back(dw), dgus.push_back(dgu), ddns.push_back(ddn);
+    }
+    omp_set_num_threads(threads);
+    EXPECT_EQ(outs[0], outs[1]);
+    EXPECT_EQ(dxs[0], dxs[1]);
+    EXPECT_EQ(dws[0], dws[1]);
+    EXPECT_EQ(dgus[0], dgus[1]);
+    EXPECT_EQ(ddns[0], ddns[1]);
+
+    auto ref = poisoned(size_t(N * D));
+    MoeArgs a{x.data(), expert.data(), w.data(), gu.data(), dn.data(), ref.data(), N, D, I, E, identity};
+    reference::moe(a);
+    EXPECT_LT(max_rel_err(outs[0].data(), ref.data(), ref.size()), 1e-5);
+    MoeGrads g = moe_backward_float64(a, dout);
+    for (size_t i = 0; i < g.dx.size(); ++i) g.dx[i] += dx0[i];
+    for (size_t i = 0; i < g.dgate_up.size(); ++i) g.dgate_up[i] += dgu0[i];
+    for (size_t i = 0; i < g.ddown.size(); ++i) g.ddown[i] += ddn0[i];
+    test::expect_close(dxs[0], to_float(g.dx), 1e-5, "dx");
+    test::expect_close(dws[0], to_float(g.dweight), 1e-5, "dweight");
+    test::expect_close(dgus[0], to_float(g.dgate_up), 1e-5, "dgate_up");
+    test::expect_close(ddns[0], to_float(g.ddown), 1e-5, "ddown");
+    // The expert with no tokens keeps its gradients exactly.
+    for (int64_t i = 0; i < 2 * I * D; ++i)
+      ASSERT_EQ(dgus[0][size_t(2 * 2 * I * D + i)], dgu0[size_t(2 * 2 * I * D + i)]);
+    for (int64_t i = 0; i < D * I; ++i)
+      ASSERT_EQ(ddns[0][size_t(2 * D * I + i)], ddn0[size_t(2 * D * I + i)]);
   }
 }
 

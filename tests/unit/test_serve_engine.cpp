@@ -185,7 +185,11 @@ TEST(ServeEngine, ALongPromptIsPrefilledBetweenDecodeSteps) {
   eo.prefill_chunk = 8;
   CompletionEngine engine(*model, nullptr, eo);
   CompletionJob running_job;
+  // A whole chunk, so that its prefill spends its loop's budget: with budget left over, the loop
+  // would take the long prompt too when it arrives in time (a race), starting it with a partial
+  // chunk (one chunk more in all).
   running_job.prompt = kPrompt;
+  running_job.prompt.resize(8, 77);
   running_job.max_tokens = 400;
   running_job.sampling = {0.0f, 0, 1.0f};
   running_job.sampling.logit_bias = {{1, -100.0f}};  // no EOS

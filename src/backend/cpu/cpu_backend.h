@@ -105,6 +105,20 @@ struct MoePlan {
   std::vector<int64_t> perm;     // [N] token index of each grouped row
 };
 MoePlan plan_moe(const int32_t* expert, int64_t N, int64_t E);
+// A unit of MoE work for one thread: rows [row0, row0 + rows) of one expert's grouped rows,
+// or, for the weight gradients, rows [row0, row0 + rows) of one expert's gate_up ([2I, D]) or
+// down ([D, I]) gradient. Splitting an expert's rows lets a team share an expert that took most
+// of the tokens (an unbalanced router) instead of leaving the other threads idle.
+struct MoeTile {
+  int64_t expert = 0, row0 = 0, rows = 0;
+  bool down = false;  // weight-gradient tiles: of ddown (else of dgate_up)
+};
+// Rows per MoE row tile: large enough for an efficient single-threaded GEMM, small enough that an
+// expert holding most of the tokens still splits into several tiles. A constant, so that what
+// each row computes does not depend on the thread count.
+constexpr int64_t kMoeRowTile = 256;
+// Row tiles of every expert's grouped rows (the skip class excluded), at most max_rows each.
+std::vector<MoeTile> moe_row_tiles(const MoePlan& plan, int64_t E, int64_t max_rows);
 
 // Column sums: out[j] += sum_r f(r, j) for a row-major [rows, dim] expression, thread-safe.
 void cpu_column_sums(int64_t rows, int64_t dim, float* out, const float* a, const float* b);

@@ -1,6 +1,8 @@
-// CPU mixture-of-experts op: plan (per-expert histogram, offsets, token permutation), gather
-// each expert's tokens into contiguous rows, one GEMM pair per expert (SwiGLU), and a scatter
-// that applies the unbiased router weight. Skip-class tokens output 0 or weight*x.
+// CPU mixture-of-experts op: plan (per-expert histogram, offsets, token permutation), then tiles
+// of at most kMoeRowTile rows of one expert each, shared out among the threads: gather the
+// tile's tokens, gate_up GEMM, SwiGLU, down GEMM, and a scatter that applies the unbiased router
+// weight. Skip-class tokens output 0 or weight*x.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -20,56 +22,57 @@ MoePlan plan_moe(const int32_t* expert, int64_t N, int64_t E) {
   return p;
 }
 
+std::vector<MoeTile> moe_row_tiles(const MoePlan& plan, int64_t E, int64_t max_rows) {
+  std::vector<MoeTile> tiles;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = plan.offsets[size_t(e)]; r < plan.offsets[size_t(e + 1)]; r += max_rows)
+      tiles.push_back({e, r, std::min(max_rows, plan.offsets[size_t(e + 1)] - r)});
+  return tiles;
+}
+
 void CpuBackend::moe(const MoeArgs& a) {
   const int64_t N = a.N, D = a.D, I = a.I, E = a.E;
   const MoePlan plan = plan_moe(a.expert, N, E);
-  const std::vector<int64_t>& offsets = plan.offsets;
   const std::vector<int64_t>& perm = plan.perm;
+  const int64_t routed = plan.offsets[size_t(E)];
+  const std::vector<MoeTile> tiles = moe_row_tiles(plan, E, kMoeRowTile);
 
-  const int64_t routed = offsets[size_t(E)];
-  std::vector<float> xs(static_cast<size_t>(routed * D)), hidden(static_cast<size_t>(routed * 2 * I)), act(static_cast<size_t>(routed * I)),
-      ys(static_cast<size_t>(routed * D));
-#pragma omp parallel for if (routed * D > 65536)
-  for (int64_t i = 0; i < routed; ++i) std::memcpy(xs.data() + i * D, a.x + perm[size_t(i)] * D, size_t(D) * 4);
-
-  // Experts run in parallel, one per thread (each GEMM single-threaded inside the region):
-  // experts hold few rows each, so splitting every small GEMM across threads costs more.
-  const bool par_experts = routed * D > 65536;
-  run_team(par_experts, [&] {
+  // Tiles run one per thread, each GEMM single-threaded inside the team; a small batch runs its
+  // tiles in turn on this thread, with the BLAS's own threads.
+  run_team(routed * D > 65536, [&] {
+    std::vector<float> xs(size_t(kMoeRowTile * D)), hidden(size_t(kMoeRowTile * 2 * I)),
+        act(size_t(kMoeRowTile * I)), ys(size_t(kMoeRowTile * D));
 #pragma omp for schedule(dynamic)
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
-      if (rows == 0) continue;
-      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data() + r0 * D, D, a.gate_up + e * 2 * I * D, D, 0.0f,
-               hidden.data() + r0 * 2 * I, 2 * I);
+    for (size_t t = 0; t < tiles.size(); ++t) {
+      const MoeTile& tile = tiles[t];
+      const int64_t rows = tile.rows;
+      for (int64_t i = 0; i < rows; ++i)
+        std::memcpy(xs.data() + i * D, a.x + perm[size_t(tile.row0 + i)] * D, size_t(D) * 4);
+      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data(), D, a.gate_up + tile.expert * 2 * I * D, D, 0.0f,
+               hidden.data(), 2 * I);
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* gate = hidden.data() + i * 2 * I;
+        const float* up = gate + I;
+        float* o = act.data() + i * I;
+        for (int64_t j = 0; j < I; ++j) o[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
+      }
+      cpu_gemm(true, rows, D, I, 1.0f, act.data(), I, a.down + tile.expert * D * I, I, 0.0f, ys.data(), D);
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t n = perm[size_t(tile.row0 + i)];
+        const float w = a.weight[n];
+        const float* y = ys.data() + i * D;
+        float* out = a.out + n * D;
+        for (int64_t d = 0; d < D; ++d) out[d] = w * y[d];
+      }
     }
   });
-#pragma omp parallel for if (routed * I > 65536)
-  for (int64_t i = 0; i < routed; ++i) {
-    const float* gate = hidden.data() + i * 2 * I;
-    const float* up = gate + I;
-    float* o = act.data() + i * I;
-    for (int64_t j = 0; j < I; ++j) o[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
-  }
-  run_team(par_experts, [&] {
-#pragma omp for schedule(dynamic)
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
-      if (rows == 0) continue;
-      cpu_gemm(true, rows, D, I, 1.0f, act.data() + r0 * I, I, a.down + e * D * I, I, 0.0f,
-               ys.data() + r0 * D, D);
-    }
-  });
-  // Scatter every row: routed tokens get weight*expert(x); skip tokens 0 or weight*x.
-#pragma omp parallel for if (N * D > 65536)
-  for (int64_t i = 0; i < N; ++i) {
+  // Skip-class tokens: weight*x or 0.
+#pragma omp parallel for if ((N - routed) * D > 65536)
+  for (int64_t i = routed; i < N; ++i) {
     const int64_t n = perm[size_t(i)];
     float* out = a.out + n * D;
-    const float w = a.weight[n];
-    if (i < routed) {
-      const float* y = ys.data() + i * D;
-      for (int64_t d = 0; d < D; ++d) out[d] = w * y[d];
-    } else if (a.skip_identity) {
+    if (a.skip_identity) {
+      const float w = a.weight[n];
       const float* x = a.x + n * D;
       for (int64_t d = 0; d < D; ++d) out[d] = w * x[d];
     } else {

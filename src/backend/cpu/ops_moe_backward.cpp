@@ -1,6 +1,12 @@
-// CPU backward of the MoE op: recompute each expert's hidden activations over its contiguous
-// rows, then per expert dDown += dY^T act, dAct = dY Down, SwiGLU backward, dGateUp += dH^T X,
-// dX += dH GateUp; the router weight gets dweight = dout . expert(x) (or dout . x for skip).
+// CPU backward of the MoE op, in two passes of tiles shared out among the threads.
+// Row tiles (at most kMoeRowTile rows of one expert): recompute the hidden activations
+// H = X GateUp^T and act = SwiGLU(H); dA = dY Down with dY the unweighted output gradient; the
+// router weight's gradient dweight = dA . act (= dY . expert(x), without recomputing the down
+// GEMM); dAct = weight * dA; SwiGLU backward to dH; dX += dH GateUp.
+// Weight-gradient tiles (a band of one expert's gradient rows): dDown += (weight*dY)^T act and
+// dGateUp += dH^T X over all the expert's rows, so no two threads write the same gradient row.
+// Skip-class tokens: dweight = dY . x and dX += weight * dY with skip_identity, else nothing.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -9,6 +15,25 @@
 
 namespace zaya {
 
+namespace {
+constexpr int64_t kMoeGradRowBand = 64;  // gradient rows per weight-gradient tile
+
+std::vector<MoeTile> weight_gradient_tiles(const MoePlan& plan, int64_t E, int64_t D, int64_t I, bool gate_up,
+                                           bool down) {
+  std::vector<MoeTile> tiles;
+  for (int64_t e = 0; e < E; ++e) {
+    if (plan.offsets[size_t(e + 1)] == plan.offsets[size_t(e)]) continue;
+    if (gate_up)
+      for (int64_t r = 0; r < 2 * I; r += kMoeGradRowBand)
+        tiles.push_back({e, r, std::min(kMoeGradRowBand, 2 * I - r), false});
+    if (down)
+      for (int64_t r = 0; r < D; r += kMoeGradRowBand)
+        tiles.push_back({e, r, std::min(kMoeGradRowBand, D - r), true});
+  }
+  return tiles;
+}
+}  // namespace
+
 void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, float* dweight, float* dgate_up,
                               float* ddown) {
   const int64_t N = a.N, D = a.D, I = a.I, E = a.E;
@@ -16,65 +41,75 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
   const std::vector<int64_t>& offsets = plan.offsets;
   const std::vector<int64_t>& perm = plan.perm;
   const int64_t routed = offsets[size_t(E)];
+  const std::vector<MoeTile> row_tiles = moe_row_tiles(plan, E, kMoeRowTile);
+  const std::vector<MoeTile> grad_tiles =
+      weight_gradient_tiles(plan, E, D, I, dgate_up != nullptr, ddown != nullptr);
 
-  std::vector<float> xs(static_cast<size_t>(routed * D)), hid(static_cast<size_t>(routed * 2 * I)),
-      act(static_cast<size_t>(routed * I)), ys(static_cast<size_t>(routed * D)), dys(static_cast<size_t>(routed * D)),
-      dact(static_cast<size_t>(routed * I)), dhid(static_cast<size_t>(routed * 2 * I)),
-      dxs(static_cast<size_t>(routed * D));
-#pragma omp parallel for if (routed * D > 65536)
-  for (int64_t i = 0; i < routed; ++i) {
-    const int64_t n = perm[size_t(i)];
-    std::memcpy(xs.data() + i * D, a.x + n * D, size_t(D) * 4);
-    for (int64_t d = 0; d < D; ++d) dys[size_t(i * D + d)] = a.weight[n] * dout[n * D + d];
-  }
-  // Experts are independent (each owns its rows and its weight gradients): one per thread.
-  run_team(routed * D > 65536, [&] {
+  // Grouped rows the weight gradients read: the inputs, weight*dY, act and dH.
+  std::vector<float> xs(size_t(routed * D)), dys(size_t(routed * D)), act(size_t(routed * I)),
+      dhid(size_t(routed * 2 * I));
+  const bool parallel = routed * D > 65536;
+  run_team(parallel, [&] {
+    std::vector<float> dy_tile(size_t(kMoeRowTile * D)), hid(size_t(kMoeRowTile * 2 * I)),
+        da(size_t(kMoeRowTile * I)), dx_tile(size_t(kMoeRowTile * D));
 #pragma omp for schedule(dynamic)
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = offsets[size_t(e)], rows = offsets[size_t(e + 1)] - r0;
-      if (rows == 0) continue;
-      const float* GU = a.gate_up + e * 2 * I * D;
-      const float* DN = a.down + e * D * I;
-      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data() + r0 * D, D, GU, D, 0.0f, hid.data() + r0 * 2 * I,
-               2 * I);
-      for (int64_t i = r0; i < r0 + rows; ++i)
-        for (int64_t j = 0; j < I; ++j) {
-          const float g = hid[size_t(i * 2 * I + j)], u = hid[size_t(i * 2 * I + I + j)];
-          act[size_t(i * I + j)] = g / (1.0f + std::exp(-g)) * u;
-        }
-      cpu_gemm(true, rows, D, I, 1.0f, act.data() + r0 * I, I, DN, I, 0.0f, ys.data() + r0 * D, D);
-      if (ddown)
-        cpu_gemm_tn(D, I, rows, 1.0f, dys.data() + r0 * D, D, act.data() + r0 * I, I, 1.0f, ddown + e * D * I,
-                    I);
-      cpu_gemm(false, rows, I, D, 1.0f, dys.data() + r0 * D, D, DN, I, 0.0f, dact.data() + r0 * I, I);
-      for (int64_t i = r0; i < r0 + rows; ++i)
+    for (size_t t = 0; t < row_tiles.size(); ++t) {
+      const MoeTile& tile = row_tiles[t];
+      const int64_t r0 = tile.row0, rows = tile.rows;
+      const float* GU = a.gate_up + tile.expert * 2 * I * D;
+      const float* DN = a.down + tile.expert * D * I;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t n = perm[size_t(r0 + i)];
+        std::memcpy(xs.data() + (r0 + i) * D, a.x + n * D, size_t(D) * 4);
+        std::memcpy(dy_tile.data() + i * D, dout + n * D, size_t(D) * 4);
+        for (int64_t d = 0; d < D; ++d) dys[size_t((r0 + i) * D + d)] = a.weight[n] * dout[n * D + d];
+      }
+      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data() + r0 * D, D, GU, D, 0.0f, hid.data(), 2 * I);
+      cpu_gemm(false, rows, I, D, 1.0f, dy_tile.data(), D, DN, I, 0.0f, da.data(), I);
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t n = perm[size_t(r0 + i)];
+        const float w = a.weight[n];
+        double dw = 0;
         for (int64_t j = 0; j < I; ++j) {
           const float g = hid[size_t(i * 2 * I + j)], u = hid[size_t(i * 2 * I + I + j)];
           const float sg = 1.0f / (1.0f + std::exp(-g));
-          const float da = dact[size_t(i * I + j)];
-          dhid[size_t(i * 2 * I + j)] = da * u * sg * (1.0f + g * (1.0f - sg));
-          dhid[size_t(i * 2 * I + I + j)] = da * g * sg;
+          const float silu = g * sg;
+          act[size_t((r0 + i) * I + j)] = silu * u;
+          dw += double(da[size_t(i * I + j)]) * (silu * u);
+          const float dact = w * da[size_t(i * I + j)];
+          dhid[size_t((r0 + i) * 2 * I + j)] = dact * u * sg * (1.0f + g * (1.0f - sg));
+          dhid[size_t((r0 + i) * 2 * I + I + j)] = dact * silu;
         }
-      if (dgate_up)
-        cpu_gemm_tn(2 * I, D, rows, 1.0f, dhid.data() + r0 * 2 * I, 2 * I, xs.data() + r0 * D, D, 1.0f,
-                    dgate_up + e * 2 * I * D, D);
-      cpu_gemm(false, rows, D, 2 * I, 1.0f, dhid.data() + r0 * 2 * I, 2 * I, GU, D, 0.0f, dxs.data() + r0 * D,
-               D);
+        dweight[n] = float(dw);
+      }
+      cpu_gemm(false, rows, D, 2 * I, 1.0f, dhid.data() + r0 * 2 * I, 2 * I, GU, D, 0.0f, dx_tile.data(), D);
+      for (int64_t i = 0; i < rows; ++i) {
+        float* dxn = dx + perm[size_t(r0 + i)] * D;
+        const float* g = dx_tile.data() + i * D;
+        for (int64_t d = 0; d < D; ++d) dxn[d] += g[d];
+      }
+    }
+    // The implicit barrier of the loop above: every row's act, dY and dH is written.
+#pragma omp for schedule(dynamic)
+    for (size_t t = 0; t < grad_tiles.size(); ++t) {
+      const MoeTile& tile = grad_tiles[t];
+      const int64_t r0 = offsets[size_t(tile.expert)], rows = offsets[size_t(tile.expert + 1)] - r0;
+      if (tile.down)
+        cpu_gemm_tn(tile.rows, I, rows, 1.0f, dys.data() + r0 * D + tile.row0, D, act.data() + r0 * I, I,
+                    1.0f, ddown + tile.expert * D * I + tile.row0 * I, I);
+      else
+        cpu_gemm_tn(tile.rows, D, rows, 1.0f, dhid.data() + r0 * 2 * I + tile.row0, 2 * I, xs.data() + r0 * D,
+                    D, 1.0f, dgate_up + tile.expert * 2 * I * D + tile.row0 * D, D);
     }
   });
-#pragma omp parallel for if (N * D > 65536)
-  for (int64_t i = 0; i < N; ++i) {
+#pragma omp parallel for if ((N - routed) * D > 65536)
+  for (int64_t i = routed; i < N; ++i) {
     const int64_t n = perm[size_t(i)];
-    const float* g = dout + n * D;
-    float* dxn = dx + n * D;
     double dw = 0;
-    if (i < routed) {
-      for (int64_t d = 0; d < D; ++d) {
-        dw += double(g[d]) * ys[size_t(i * D + d)];
-        dxn[d] += dxs[size_t(i * D + d)];
-      }
-    } else if (a.skip_identity) {
+    if (a.skip_identity) {
+      const float* g = dout + n * D;
       const float* x = a.x + n * D;
+      float* dxn = dx + n * D;
       for (int64_t d = 0; d < D; ++d) {
         dw += double(g[d]) * x[d];
         dxn[d] += a.weight[n] * g[d];
