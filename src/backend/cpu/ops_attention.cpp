@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vector_math.h"
 
 namespace zaya {
 
@@ -50,26 +51,20 @@ void CpuBackend::attention(const AttentionArgs& a) {
         const int64_t nk = std::min(kKeyBlock, s_end - s0);
         cpu_gemm(true, nq, nk, dh, a.scale, q, q_stride, kc + s0 * kv_stride, kv_stride, 0.0f, scores.data(), nk);
         for (int64_t i = 0; i < nq; ++i) {
+          // Row i sees keys [first, p] (causal, window, document start): columns [lo, hi) here.
           const int64_t p = p_first + i;
+          int64_t first = a.window > 0 ? p - a.window + 1 : 0;
+          if (seg) first = std::max<int64_t>(first, seg[t_begin + i]);
+          const int64_t lo = std::clamp<int64_t>(first - s0, 0, nk),
+                        hi = std::clamp<int64_t>(p + 1 - s0, lo, nk);
           float* srow = scores.data() + i * nk;
-          float mx = row_max[size_t(i)];
-          for (int64_t j = 0; j < nk; ++j) {
-            const int64_t s = s0 + j;
-            bool visible = s <= p && (a.window <= 0 || p - s < a.window) && (!seg || s >= seg[t_begin + i]);
-            if (!visible) srow[j] = -INFINITY;
-            mx = std::max(mx, srow[j]);
-          }
-          if (mx == -INFINITY) {  // nothing visible yet in this block for this row
-            for (int64_t j = 0; j < nk; ++j) srow[j] = 0.0f;
-            continue;
-          }
-          const float corr = std::exp(row_max[size_t(i)] - mx);
-          float sum = 0;
-          for (int64_t j = 0; j < nk; ++j) {
-            srow[j] = std::exp(srow[j] - mx);
-            sum += srow[j];
-          }
-          row_sum[size_t(i)] = row_sum[size_t(i)] * corr + sum;
+          std::fill(srow, srow + lo, 0.0f);
+          std::fill(srow + hi, srow + nk, 0.0f);
+          if (lo == hi) continue;  // nothing visible in this block for this row
+          const float mx = max_of(srow + lo, hi - lo, row_max[size_t(i)]);
+          const float corr = exp_vectorisable(row_max[size_t(i)] - mx);
+          exp_shifted_inplace(srow + lo, hi - lo, mx);
+          row_sum[size_t(i)] = row_sum[size_t(i)] * corr + float(sum_of(srow + lo, hi - lo));
           row_max[size_t(i)] = mx;
           float* arow = acc.data() + i * dh;
           for (int64_t d = 0; d < dh; ++d) arow[d] *= corr;

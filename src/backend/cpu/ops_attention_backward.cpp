@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vector_math.h"
 
 namespace zaya {
 
@@ -25,6 +27,7 @@ void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, f
   run_team(a.B * T * a.S * a.Hq * dh > (int64_t(1) << 20), [&] {
     std::vector<float> S(static_cast<size_t>(kQB * kKB)), dP(static_cast<size_t>(kQB * kKB));
     std::vector<float> lse(static_cast<size_t>(kQB)), Drow(static_cast<size_t>(kQB));
+    std::vector<float> row_max(static_cast<size_t>(kQB)), row_sum(static_cast<size_t>(kQB));
 #pragma omp for schedule(dynamic)
     for (int64_t job = 0; job < a.B * a.Hkv; ++job) {
       const int64_t b = job / a.Hkv, g = job % a.Hkv;
@@ -44,30 +47,33 @@ void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, f
           const int32_t* seg = a.seg_start ? a.seg_start + b * T : nullptr;  // by query row; key positions
           if (seg) s_begin = std::max<int64_t>(s_begin, seg[t0]);
           const int64_t s_end = p0 + nq;
-          // i: query row within the block; s: key position
-          auto visible = [&](int64_t i, int64_t s) {
+          // Row i sees keys [first(i), p0 + i]: columns [lo, hi) of the block at s0.
+          auto visible_columns = [&](int64_t i, int64_t s0, int64_t nk) {
             const int64_t p = p0 + i;
-            return s <= p && (a.window <= 0 || p - s < a.window) && (!seg || s >= seg[t0 + i]);
+            int64_t first = a.window > 0 ? p - a.window + 1 : 0;
+            if (seg) first = std::max<int64_t>(first, seg[t0 + i]);
+            const int64_t lo = std::clamp<int64_t>(first - s0, 0, nk);
+            return std::pair<int64_t, int64_t>(lo, std::clamp<int64_t>(p + 1 - s0, lo, nk));
           };
-          // Pass 1: row log-sum-exp over all visible keys; D = rowsum(dO * O).
-          std::vector<double> m(static_cast<size_t>(nq), -INFINITY), l(static_cast<size_t>(nq), 0.0);
+          // Pass 1: row log-sum-exp over all visible keys (online, as the forward); D = rowsum(dO * O).
+          std::fill(row_max.begin(), row_max.begin() + nq, -INFINITY);
+          std::fill(row_sum.begin(), row_sum.begin() + nq, 0.0f);
           for (int64_t s0 = s_begin; s0 < s_end; s0 += kKB) {
             const int64_t nk = std::min(kKB, s_end - s0);
             cpu_gemm(true, nq, nk, dh, a.scale, Q, qs, K + s0 * kvs, kvs, 0.0f, S.data(), nk);
-            for (int64_t i = 0; i < nq; ++i)
-              for (int64_t j = 0; j < nk; ++j) {
-                if (!visible(i, s0 + j)) continue;
-                const double sv = S[size_t(i * nk + j)];
-                if (sv > m[size_t(i)]) {
-                  l[size_t(i)] = l[size_t(i)] * std::exp(m[size_t(i)] - sv) + 1.0;
-                  m[size_t(i)] = sv;
-                } else {
-                  l[size_t(i)] += std::exp(sv - m[size_t(i)]);
-                }
-              }
+            for (int64_t i = 0; i < nq; ++i) {
+              const auto [lo, hi] = visible_columns(i, s0, nk);
+              if (lo == hi) continue;
+              float* srow = S.data() + i * nk;
+              const float mx = max_of(srow + lo, hi - lo, row_max[size_t(i)]);
+              exp_shifted_inplace(srow + lo, hi - lo, mx);
+              row_sum[size_t(i)] = row_sum[size_t(i)] * exp_vectorisable(row_max[size_t(i)] - mx) +
+                                   float(sum_of(srow + lo, hi - lo));
+              row_max[size_t(i)] = mx;
+            }
           }
           for (int64_t i = 0; i < nq; ++i) {
-            lse[size_t(i)] = float(m[size_t(i)] + std::log(l[size_t(i)]));
+            lse[size_t(i)] = row_max[size_t(i)] + std::log(row_sum[size_t(i)]);
             double d = 0;
             for (int64_t e = 0; e < dh; ++e) d += double(dO[i * qs + e]) * O[i * qs + e];
             Drow[size_t(i)] = float(d);
@@ -77,9 +83,13 @@ void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, f
           for (int64_t s0 = s_begin; s0 < s_end; s0 += kKB) {
             const int64_t nk = std::min(kKB, s_end - s0);
             cpu_gemm(true, nq, nk, dh, a.scale, Q, qs, K + s0 * kvs, kvs, 0.0f, S.data(), nk);
-            for (int64_t i = 0; i < nq; ++i)
-              for (int64_t j = 0; j < nk; ++j)
-                S[size_t(i * nk + j)] = visible(i, s0 + j) ? std::exp(S[size_t(i * nk + j)] - lse[size_t(i)]) : 0.0f;
+            for (int64_t i = 0; i < nq; ++i) {
+              const auto [lo, hi] = visible_columns(i, s0, nk);
+              float* srow = S.data() + i * nk;
+              std::fill(srow, srow + lo, 0.0f);
+              std::fill(srow + hi, srow + nk, 0.0f);
+              exp_shifted_inplace(srow + lo, hi - lo, lse[size_t(i)]);
+            }
             cpu_gemm(true, nq, nk, dh, 1.0f, dO, qs, V + s0 * kvs, kvs, 0.0f, dP.data(), nk);
             for (int64_t i = 0; i < nq; ++i)
               for (int64_t j = 0; j < nk; ++j)

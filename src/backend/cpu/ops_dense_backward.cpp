@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vector_math.h"
 
 namespace zaya {
 
@@ -156,16 +157,12 @@ double CpuBackend::lm_head_loss(const float* y, const float* w, const float* bia
         std::memset(l, 0, size_t(V) * 4);
         continue;
       }
-      float mx = l[0];
-      for (int64_t v = 1; v < V; ++v) mx = std::max(mx, l[v]);
+      const float mx = max_of(l, V, -INFINITY);
       const float target_logit = l[t];
       // One exponential per logit, kept in place: the softmax is exp(l - max) / sum (the sum
       // accumulated in double).
-      double sum = 0;
-      for (int64_t v = 0; v < V; ++v) {
-        l[v] = std::exp(l[v] - mx);
-        sum += double(l[v]);
-      }
+      exp_shifted_inplace(l, V, mx);
+      const double sum = sum_of(l, V);
       row_loss[size_t(r)] = std::log(sum) + double(mx) - double(target_logit);
       if (!dy) continue;
       const float p_scale = float(double(scale) / sum);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vector_math.h"
 
 namespace zaya {
 
@@ -54,7 +55,7 @@ void CpuBackend::moe(const MoeArgs& a) {
         const float* gate = hidden.data() + i * 2 * I;
         const float* up = gate + I;
         float* o = act.data() + i * I;
-        for (int64_t j = 0; j < I; ++j) o[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
+        for (int64_t j = 0; j < I; ++j) o[j] = gate[j] / (1.0f + exp_vectorisable(-gate[j])) * up[j];
       }
       cpu_gemm(true, rows, D, I, 1.0f, act.data(), I, a.down + tile.expert * D * I, I, 0.0f, ys.data(), D);
       for (int64_t i = 0; i < rows; ++i) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/vector_math.h"
 
 namespace zaya {
 
@@ -69,18 +70,22 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t n = perm[size_t(r0 + i)];
         const float w = a.weight[n];
-        double dw = 0;
+        const float* gate = hid.data() + i * 2 * I;
+        const float* up = gate + I;
+        const float* da_row = da.data() + i * I;
+        float* act_row = act.data() + (r0 + i) * I;
+        float* dgate = dhid.data() + (r0 + i) * 2 * I;
+        float* dup = dgate + I;
         for (int64_t j = 0; j < I; ++j) {
-          const float g = hid[size_t(i * 2 * I + j)], u = hid[size_t(i * 2 * I + I + j)];
-          const float sg = 1.0f / (1.0f + std::exp(-g));
+          const float g = gate[j], u = up[j];
+          const float sg = 1.0f / (1.0f + exp_vectorisable(-g));
           const float silu = g * sg;
-          act[size_t((r0 + i) * I + j)] = silu * u;
-          dw += double(da[size_t(i * I + j)]) * (silu * u);
-          const float dact = w * da[size_t(i * I + j)];
-          dhid[size_t((r0 + i) * 2 * I + j)] = dact * u * sg * (1.0f + g * (1.0f - sg));
-          dhid[size_t((r0 + i) * 2 * I + I + j)] = dact * silu;
+          act_row[j] = silu * u;
+          const float dact = w * da_row[j];
+          dgate[j] = dact * u * sg * (1.0f + g * (1.0f - sg));
+          dup[j] = dact * silu;
         }
-        dweight[n] = float(dw);
+        dweight[n] = float(dot_of(da_row, act_row, I));
       }
       cpu_gemm(false, rows, D, 2 * I, 1.0f, dhid.data() + r0 * 2 * I, 2 * I, GU, D, 0.0f, dx_tile.data(), D);
       for (int64_t i = 0; i < rows; ++i) {
