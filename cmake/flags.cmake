@@ -3,7 +3,7 @@ function(zaya_apply_flags target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
   # zaya never reads or traps floating-point exception flags. Without this GCC keeps a float
   # comparison that selects a value as a branch, and no loop with one vectorises (the CPU
-  # backend's exp_vectorisable, src/backend/cpu/vector_exp.h); clang's default already.
+  # backend's exp_vectorisable, src/backend/cpu/vector_math.h); clang's default already.
   target_compile_options(${target} PRIVATE -fno-trapping-math)
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
     # GCC 12 reports std::string concatenation inlined at -O2/-O3 as overlapping memcpy

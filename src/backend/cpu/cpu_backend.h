@@ -119,6 +119,8 @@ struct MoeTile {
 constexpr int64_t kMoeRowTile = 256;
 // Row tiles of every expert's grouped rows (the skip class excluded), at most max_rows each.
 std::vector<MoeTile> moe_row_tiles(const MoePlan& plan, int64_t E, int64_t max_rows);
+// The most rows any of the tiles holds (0 for none): what a thread's scratch must hold.
+int64_t moe_largest_tile(const std::vector<MoeTile>& tiles);
 
 // Column sums: out[j] += sum_r f(r, j) for a row-major [rows, dim] expression, thread-safe.
 void cpu_column_sums(int64_t rows, int64_t dim, float* out, const float* a, const float* b);

@@ -62,6 +62,10 @@ void CpuBackend::attention(const AttentionArgs& a) {
           std::fill(srow + hi, srow + nk, 0.0f);
           if (lo == hi) continue;  // nothing visible in this block for this row
           const float mx = max_of(srow + lo, hi - lo, row_max[size_t(i)]);
+          if (mx == -INFINITY) {  // every visible score so far is -inf (an infinite q or k)
+            std::fill(srow + lo, srow + hi, 0.0f);
+            continue;
+          }
           const float corr = exp_vectorisable(row_max[size_t(i)] - mx);
           exp_shifted_inplace(srow + lo, hi - lo, mx);
           row_sum[size_t(i)] = row_sum[size_t(i)] * corr + float(sum_of(srow + lo, hi - lo));

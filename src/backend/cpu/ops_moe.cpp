@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -31,37 +32,48 @@ std::vector<MoeTile> moe_row_tiles(const MoePlan& plan, int64_t E, int64_t max_r
   return tiles;
 }
 
+int64_t moe_largest_tile(const std::vector<MoeTile>& tiles) {
+  int64_t rows = 0;
+  for (const MoeTile& t : tiles) rows = std::max(rows, t.rows);
+  return rows;
+}
+
 void CpuBackend::moe(const MoeArgs& a) {
   const int64_t N = a.N, D = a.D, I = a.I, E = a.E;
   const MoePlan plan = plan_moe(a.expert, N, E);
   const std::vector<int64_t>& perm = plan.perm;
   const int64_t routed = plan.offsets[size_t(E)];
   const std::vector<MoeTile> tiles = moe_row_tiles(plan, E, kMoeRowTile);
+  const int64_t tile_rows = moe_largest_tile(tiles);
 
   // Tiles run one per thread, each GEMM single-threaded inside the team; a small batch runs its
   // tiles in turn on this thread, with the BLAS's own threads.
   run_team(routed * D > 65536, [&] {
-    std::vector<float> xs(size_t(kMoeRowTile * D)), hidden(size_t(kMoeRowTile * 2 * I)),
-        act(size_t(kMoeRowTile * I)), ys(size_t(kMoeRowTile * D));
+    // Scratch for the largest tile, uninitialised (a decode step's single row needs one row).
+    const std::unique_ptr<float[]> scratch(new float[size_t(tile_rows * (2 * D + 3 * I))]);
+    float* xs = scratch.get();
+    float* hidden = xs + tile_rows * D;
+    float* act = hidden + tile_rows * 2 * I;
+    float* ys = act + tile_rows * I;
 #pragma omp for schedule(dynamic)
     for (size_t t = 0; t < tiles.size(); ++t) {
       const MoeTile& tile = tiles[t];
       const int64_t rows = tile.rows;
       for (int64_t i = 0; i < rows; ++i)
-        std::memcpy(xs.data() + i * D, a.x + perm[size_t(tile.row0 + i)] * D, size_t(D) * 4);
-      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data(), D, a.gate_up + tile.expert * 2 * I * D, D, 0.0f,
-               hidden.data(), 2 * I);
+        std::memcpy(xs + i * D, a.x + perm[size_t(tile.row0 + i)] * D, size_t(D) * 4);
+      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs, D, a.gate_up + tile.expert * 2 * I * D, D, 0.0f, hidden,
+               2 * I);
       for (int64_t i = 0; i < rows; ++i) {
-        const float* gate = hidden.data() + i * 2 * I;
+        const float* gate = hidden + i * 2 * I;
         const float* up = gate + I;
-        float* o = act.data() + i * I;
+        float* o = act + i * I;
         for (int64_t j = 0; j < I; ++j) o[j] = gate[j] / (1.0f + exp_vectorisable(-gate[j])) * up[j];
       }
-      cpu_gemm(true, rows, D, I, 1.0f, act.data(), I, a.down + tile.expert * D * I, I, 0.0f, ys.data(), D);
+      cpu_gemm(true, rows, D, I, 1.0f, act, I, a.down + tile.expert * D * I, I, 0.0f, ys, D);
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t n = perm[size_t(tile.row0 + i)];
         const float w = a.weight[n];
-        const float* y = ys.data() + i * D;
+        const float* y = ys + i * D;
         float* out = a.out + n * D;
         for (int64_t d = 0; d < D; ++d) out[d] = w * y[d];
       }

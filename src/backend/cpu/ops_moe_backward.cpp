@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -43,6 +44,7 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
   const std::vector<int64_t>& perm = plan.perm;
   const int64_t routed = offsets[size_t(E)];
   const std::vector<MoeTile> row_tiles = moe_row_tiles(plan, E, kMoeRowTile);
+  const int64_t tile_rows = moe_largest_tile(row_tiles);
   const std::vector<MoeTile> grad_tiles =
       weight_gradient_tiles(plan, E, D, I, dgate_up != nullptr, ddown != nullptr);
 
@@ -51,8 +53,12 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
       dhid(size_t(routed * 2 * I));
   const bool parallel = routed * D > 65536;
   run_team(parallel, [&] {
-    std::vector<float> dy_tile(size_t(kMoeRowTile * D)), hid(size_t(kMoeRowTile * 2 * I)),
-        da(size_t(kMoeRowTile * I)), dx_tile(size_t(kMoeRowTile * D));
+    // Scratch for the largest tile, uninitialised.
+    const std::unique_ptr<float[]> scratch(new float[size_t(tile_rows * (2 * D + 3 * I))]);
+    float* dy_tile = scratch.get();
+    float* hid = dy_tile + tile_rows * D;
+    float* da = hid + tile_rows * 2 * I;
+    float* dx_tile = da + tile_rows * I;
 #pragma omp for schedule(dynamic)
     for (size_t t = 0; t < row_tiles.size(); ++t) {
       const MoeTile& tile = row_tiles[t];
@@ -62,17 +68,17 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t n = perm[size_t(r0 + i)];
         std::memcpy(xs.data() + (r0 + i) * D, a.x + n * D, size_t(D) * 4);
-        std::memcpy(dy_tile.data() + i * D, dout + n * D, size_t(D) * 4);
+        std::memcpy(dy_tile + i * D, dout + n * D, size_t(D) * 4);
         for (int64_t d = 0; d < D; ++d) dys[size_t((r0 + i) * D + d)] = a.weight[n] * dout[n * D + d];
       }
-      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data() + r0 * D, D, GU, D, 0.0f, hid.data(), 2 * I);
-      cpu_gemm(false, rows, I, D, 1.0f, dy_tile.data(), D, DN, I, 0.0f, da.data(), I);
+      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data() + r0 * D, D, GU, D, 0.0f, hid, 2 * I);
+      cpu_gemm(false, rows, I, D, 1.0f, dy_tile, D, DN, I, 0.0f, da, I);
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t n = perm[size_t(r0 + i)];
         const float w = a.weight[n];
-        const float* gate = hid.data() + i * 2 * I;
+        const float* gate = hid + i * 2 * I;
         const float* up = gate + I;
-        const float* da_row = da.data() + i * I;
+        const float* da_row = da + i * I;
         float* act_row = act.data() + (r0 + i) * I;
         float* dgate = dhid.data() + (r0 + i) * 2 * I;
         float* dup = dgate + I;
@@ -87,10 +93,10 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
         }
         dweight[n] = float(dot_of(da_row, act_row, I));
       }
-      cpu_gemm(false, rows, D, 2 * I, 1.0f, dhid.data() + r0 * 2 * I, 2 * I, GU, D, 0.0f, dx_tile.data(), D);
+      cpu_gemm(false, rows, D, 2 * I, 1.0f, dhid.data() + r0 * 2 * I, 2 * I, GU, D, 0.0f, dx_tile, D);
       for (int64_t i = 0; i < rows; ++i) {
         float* dxn = dx + perm[size_t(r0 + i)] * D;
-        const float* g = dx_tile.data() + i * D;
+        const float* g = dx_tile + i * D;
         for (int64_t d = 0; d < D; ++d) dxn[d] += g[d];
       }
     }
