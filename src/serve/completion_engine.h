@@ -37,6 +37,8 @@ struct CompletionJob {
   std::vector<std::string> stop;
   bool echo = false;  // the text starts with the prompt's (and logprobs with its tokens')
   int logprobs = -1;  // -1: none; else the alternatives per token (0 .. kMaxLogprobs)
+  // Sum the model's log-probability of every sampled token (best_of ranks candidates by it).
+  bool score = false;
 };
 
 struct CompletionChunk {
@@ -56,6 +58,11 @@ struct CompletionResult {
   // With job.logprobs >= 0: one entry per echoed prompt token, then per generated token; the
   // tokens concatenate to text (a held-back tail released at the end joins the last one).
   std::optional<std::vector<LogprobEntry>> logprobs;
+  // With job.score: the sum of log p(token | the tokens before it) under the model (temperature
+  // 1, before any sampling adjustment) over the sampled tokens, an EOS that ended the completion
+  // included, and how many tokens that is.
+  double logprob_sum = 0;
+  int64_t scored_tokens = 0;
   double queue_seconds = 0, prefill_seconds = 0, decode_seconds = 0;
 };
 

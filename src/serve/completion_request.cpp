@@ -147,13 +147,18 @@ void parse_choices(const json& body, CompletionRequest& r) {
     invalid_request("prompt: " + std::to_string(r.prompts.size()) + " prompts x n = " + std::to_string(r.n) +
                     " make " + std::to_string(choices) + " choices; at most " + std::to_string(kMaxChoices) +
                     " are allowed per request");
-  // best_of > n would generate more and return the likeliest n: not implemented.
-  if (const json* v = field(body, "best_of")) {
-    int64_t best_of = 0;
-    if (!get_int64(*v, &best_of) || best_of != r.n)
-      invalid_request("best_of: only best_of = n (" + std::to_string(r.n) + ") is supported, got " +
-                      describe_json_value(*v));
-  }
+  // best_of: candidates generated per prompt, of which the n likeliest are returned.
+  r.best_of = r.n;
+  if (const json* v = field(body, "best_of"))
+    if (!get_int64(*v, &r.best_of) || r.best_of < r.n || r.best_of > kMaxChoices)
+      expected("best_of",
+               "an integer in [n = " + std::to_string(r.n) + ", " + std::to_string(kMaxChoices) + "]", *v);
+  const int64_t candidates = int64_t(r.prompts.size()) * r.best_of;
+  if (candidates > kMaxChoices)
+    invalid_request("best_of: " + std::to_string(r.prompts.size()) +
+                    " prompts x best_of = " + std::to_string(r.best_of) + " make " +
+                    std::to_string(candidates) + " completions to generate; at most " +
+                    std::to_string(kMaxChoices) + " are allowed per request");
 }
 
 void parse_logit_adjustments(const json& body, const ModelLimits& limits, CompletionRequest& r) {
@@ -248,6 +253,11 @@ CompletionRequest parse_completion_request(const json& body, const ModelLimits& 
   parse_logit_adjustments(body, limits, r);
   parse_logprobs(body, r);
   r.stream = get_bool_field(body, "stream", false);
+  if (r.stream && r.best_of > r.n)
+    invalid_request(
+        "best_of: the likeliest choices are known only once every candidate has finished, so "
+        "streaming needs best_of = n (" +
+        std::to_string(r.n) + "), got " + std::to_string(r.best_of));
   reject_unsupported(body);
   return r;
 }

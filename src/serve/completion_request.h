@@ -34,6 +34,9 @@ struct CompletionRequest {
   std::vector<PromptInput> prompts;  // one, or a batch; each gets n choices
   int64_t max_tokens = 16;           // >= 0; 0 generates nothing (an echo, or prompt scoring)
   int64_t n = 1;                     // choices per prompt; choice j of a prompt samples with seed + j
+  // Candidates per prompt (>= n): candidate j samples with seed + j, and the n whose sampled
+  // tokens have the highest mean log-probability are returned, likeliest first.
+  int64_t best_of = 1;
   SamplingParams sampling;           // OpenAI's defaults: temperature 1, no top-k, top_p 1, no adjustments
   std::optional<uint64_t> seed;            // none: the server picks one
   std::vector<std::string> stop;           // at most kMaxStop non-empty strings

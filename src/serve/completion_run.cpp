@@ -1,7 +1,9 @@
 // One completion, echo and logprobs included (see completion_run.h).
 #include "serve/completion_run.h"
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 namespace zaya {
@@ -76,6 +78,14 @@ int32_t CompletionRun::step(const float* logits) {
     return -1;
   }
   const int32_t id = sampler_.next(logits);
+  // The chosen token's log-probability, when the job reports or scores it.
+  std::optional<TokenLogprob> lp;
+  if (job_.logprobs >= 0 || job_.score)
+    lp = token_logprob(logits, cfg_.vocab_size, id, std::max(job_.logprobs, 0));
+  if (job_.score) {
+    r_.logprob_sum += lp->logprob;
+    ++r_.scored_tokens;
+  }
   for (int64_t e : cfg_.eos_token_ids)
     if (id == e) {
       reason_ = "stop";
@@ -91,9 +101,8 @@ int32_t CompletionRun::step(const float* logits) {
   CompletionText::Step step = text_.push(id);
   CompletionChunk c{step.text, {id}, std::nullopt};
   if (job_.logprobs >= 0) {
-    const TokenLogprob lp = token_logprob(logits, cfg_.vocab_size, id, job_.logprobs);
     entries_.push_back(
-        {token_name(tok_, step.text, id), offset_, lp.logprob, named_alternatives(tok_, seen_, lp)});
+        {token_name(tok_, step.text, id), offset_, lp->logprob, named_alternatives(tok_, seen_, *lp)});
     c.logprobs = std::vector<LogprobEntry>{entries_.back()};
   }
   offset_ += int64_t(step.text.size());

@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "serve/api_error.h"
 #include "serve/api_json.h"
+#include "serve/best_of.h"
 #include "serve/completion_engine.h"
 #include "serve/completion_request.h"
 
@@ -148,13 +149,15 @@ const Tokenizer& HttpServer::Impl::tokenizer_or_400(const char* endpoint) const 
 void HttpServer::Impl::completions_handler(const std::string& body, httplib::Response& res) {
   const CompletionRequest request = parse_completion_request(parse_json_body(body), limits);
   const std::vector<std::vector<int32_t>> prompts = completion_prompt_ids(request, tok, limits);
-  // Choice i * n + j: prompt i, sample j (seed + j, so choice 0 is what n = 1 gives).
+  // Choice i * n + j: prompt i, sample j (seed + j, so choice 0 is what n = 1 gives). With
+  // best_of > n, candidate j of prompt i samples with seed + j and the n likeliest are kept.
   const uint64_t seed = request.seed ? *request.seed : random_seed();
+  const bool ranked = request.best_of > request.n;
   auto jobs = std::make_shared<std::vector<CompletionJob>>();
   CompletionUsage usage;
   for (const std::vector<int32_t>& prompt : prompts) {
     usage.prompt_tokens += int64_t(prompt.size());
-    for (int64_t j = 0; j < request.n; ++j) {
+    for (int64_t j = 0; j < request.best_of; ++j) {
       CompletionJob job;
       job.prompt = prompt;
       job.max_tokens = request.max_tokens;
@@ -163,6 +166,7 @@ void HttpServer::Impl::completions_handler(const std::string& body, httplib::Res
       job.stop = request.stop;
       job.echo = request.echo;
       job.logprobs = request.logprobs;
+      job.score = ranked;
       jobs->push_back(std::move(job));
     }
   }
@@ -173,8 +177,9 @@ void HttpServer::Impl::completions_handler(const std::string& body, httplib::Res
     std::vector<CompletionResult> results;
     for (CompletionEngine::Ticket& ticket : tickets) {
       results.push_back(engine.wait(ticket));
-      usage.completion_tokens += int64_t(results.back().ids.size());
+      usage.completion_tokens += int64_t(results.back().ids.size());  // every candidate's tokens
     }
+    if (ranked) results = keep_best_of(std::move(results), request.best_of, request.n);
     t_log.generated = usage.completion_tokens;
     t_log.note = results.size() == 1 ? results[0].finish_reason : std::to_string(results.size()) + " choices";
     reply_json(res, 200, completion_body(meta, results, usage));

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -548,6 +549,72 @@ TEST_F(ServeHttp, BatchedPromptsAndNGiveOneChoiceEach) {
   }
 }
 
+TEST_F(ServeHttp, BestOfReturnsTheCandidatesLikeliestPerToken) {
+  // Candidate j samples with seed + j; the n kept are those whose sampled tokens (an EOS that
+  // ended one included) have the highest mean log-probability under the model, best first.
+  const int64_t n = 2, best_of = 5, max_tokens = 8;
+  const int64_t P = int64_t(kPrompt.size());
+  const int32_t eos = int32_t(ref_->config().eos_token_ids.at(0));
+  // A bias towards EOS, so that some candidates end early: the bias steers the sampler only, and
+  // the EOS is scored by the model's own log-probability.
+  SamplingParams sp{1.5f, 0, 1.0f};
+  sp.logit_bias = {{eos, 4.0f}};
+  // The first seed whose best two are not simply candidates 0 and 1 (what n = 2 alone returns)
+  // and where a candidate ends with an EOS.
+  uint64_t seed = 0;
+  std::vector<std::vector<int32_t>> candidates;
+  std::vector<size_t> order;
+  int64_t all_tokens = 0;
+  for (uint64_t s = 20; s < 40 && seed == 0; ++s) {
+    candidates.clear();
+    std::vector<double> mean;
+    all_tokens = 0;
+    bool ended_by_eos = false;
+    for (int64_t j = 0; j < best_of; ++j) {
+      candidates.push_back(reference(kPrompt, max_tokens, sp, s + uint64_t(j)));
+      const std::vector<int32_t>& ids = candidates.back();
+      std::vector<int32_t> all = kPrompt;
+      all.insert(all.end(), ids.begin(), ids.end());
+      const std::vector<std::vector<double>> rows = reference_log_softmax(all);
+      double sum = 0;
+      for (size_t k = 0; k < ids.size(); ++k) sum += rows[size_t(P - 1) + k][size_t(ids[k])];
+      int64_t scored = int64_t(ids.size());
+      if (scored < max_tokens) {  // it ended with an EOS, which counts
+        sum += rows.back()[size_t(eos)];
+        ++scored;
+        ended_by_eos = true;
+      }
+      mean.push_back(sum / double(scored));
+      all_tokens += int64_t(ids.size());
+    }
+    order.assign(size_t(best_of), 0);
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return mean[a] > mean[b]; });
+    if (!(order[0] == 0 && order[1] == 1) && ended_by_eos) seed = s;
+  }
+  ASSERT_NE(seed, 0u) << "no seed in [20, 40) makes best_of differ from n with a candidate ending in EOS";
+  json body = {{"prompt", kPrompt},  {"n", n},
+               {"best_of", best_of}, {"max_tokens", max_tokens},
+               {"temperature", 1.5}, {"seed", seed},
+               {"logprobs", 1},      {"logit_bias", {{std::to_string(eos), 4.0}}}};
+  Reply r = post("/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["choices"].size(), size_t(n));
+  for (int64_t k = 0; k < n; ++k) {
+    const json& c = r.body["choices"][size_t(k)];
+    EXPECT_EQ(c["index"], k);
+    EXPECT_EQ(ids_of(c), candidates[order[size_t(k)]])
+        << "choice " << k << " should be candidate " << order[size_t(k)];
+    // Its logprobs are its own tokens', as without best_of.
+    std::vector<int32_t> all = kPrompt;
+    all.insert(all.end(), candidates[order[size_t(k)]].begin(), candidates[order[size_t(k)]].end());
+    check_logprobs(c, candidates[order[size_t(k)]], P - 1, reference_log_softmax(all), 1);
+  }
+  // Every candidate's tokens were generated, and count.
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], all_tokens);
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], P);
+}
+
 TEST_F(ServeHttp, PenaltiesAndLogitBiasChangeWhatIsSampled) {
   const SamplingParams greedy{0.0f, 0, 1.0f};
   const std::vector<int32_t> base = reference(kPrompt, 24, greedy, 0);
@@ -622,7 +689,17 @@ TEST_F(ServeHttp, BadRequestsAre400NamingTheField) {
       {with("n", 1.5), "n: expected an integer in [1, 128], got 1.5"},
       {json{{"prompt", std::vector<std::vector<int>>(3, {1, 2})}, {"n", 50}}.dump(),
        "prompt: 3 prompts x n = 50 make 150 choices; at most 128 are allowed per request"},
-      {with("best_of", 3), "best_of: only best_of = n (1) is supported, got 3"},
+      {with("best_of", 0), "best_of: expected an integer in [n = 1, 128], got 0"},
+      {with("best_of", 129), "best_of: expected an integer in [n = 1, 128], got 129"},
+      {with("best_of", "2"), "best_of: expected an integer in [n = 1, 128], got \"2\""},
+      {json{{"prompt", kPrompt}, {"n", 3}, {"best_of", 2}}.dump(),
+       "best_of: expected an integer in [n = 3, 128], got 2"},
+      {json{{"prompt", std::vector<std::vector<int>>(3, {1, 2})}, {"n", 2}, {"best_of", 50}}.dump(),
+       "best_of: 3 prompts x best_of = 50 make 150 completions to generate; at most 128 are allowed per "
+       "request"},
+      {json{{"prompt", kPrompt}, {"best_of", 2}, {"stream", true}}.dump(),
+       "best_of: the likeliest choices are known only once every candidate has finished, so streaming "
+       "needs best_of = n (1), got 2"},
       {with("logprobs", 21), "logprobs: expected an integer in [0, 20] (alternatives per token), got 21"},
       {with("logprobs", true), "logprobs: expected an integer in [0, 20] (alternatives per token), got true"},
       {with("echo", "yes"), "echo: expected true or false, got \"yes\""},

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_utf8.h"
+#include "serve/best_of.h"
 #include "serve/completion_request.h"
 #include "serve/completion_text.h"
 #include "serve/logprobs.h"
@@ -144,6 +145,12 @@ TEST(ServeRequest, DefaultsAndFields) {
   EXPECT_EQ(r.seed, std::optional<uint64_t>(18446744073709551615ull));
   EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
   EXPECT_TRUE(r.stream);
+  EXPECT_EQ(r.best_of, r.n);  // null: the default, n
+  // best_of defaults to n, and may exceed it when not streaming.
+  EXPECT_EQ(parse_completion_request(json{{"prompt", "hi"}, {"n", 4}}, limits).best_of, 4);
+  r = parse_completion_request(json{{"prompt", "hi"}, {"n", 2}, {"best_of", 5}}, limits);
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.best_of, 5);
   // The OpenAI fields for scoring and sampling several choices.
   r = parse_completion_request(json::parse(R"({"prompt": ["a", [4, 5]], "n": 3, "best_of": 3, "logprobs": 5,
       "echo": true, "max_tokens": 0, "presence_penalty": -0.5, "frequency_penalty": 1.25,
@@ -153,6 +160,7 @@ TEST(ServeRequest, DefaultsAndFields) {
   EXPECT_TRUE(r.prompts[0].is_text);
   EXPECT_EQ(r.prompts[1].ids, (std::vector<int32_t>{4, 5}));
   EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.best_of, 3);
   EXPECT_EQ(r.logprobs, 5);
   EXPECT_TRUE(r.echo);
   EXPECT_EQ(r.max_tokens, 0);
@@ -215,6 +223,44 @@ TEST(ServeSampling, TokenLogprobIsALogSoftmaxWithItsBestAlternatives) {
   EXPECT_NEAR(token_logprob(logits.data(), 5, 4, 0).logprob, -50.0 - std::log(z), 1e-5);
   EXPECT_EQ(token_logprob(logits.data(), 5, 0, 99).top.size(), 5u);
   EXPECT_THROW(token_logprob(logits.data(), 5, 5, 1), Error);
+}
+
+// A finished candidate with the given log-probability sum over `tokens` scored tokens; its id
+// names it.
+CompletionResult candidate(int32_t name, double logprob_sum, int64_t tokens) {
+  CompletionResult r;
+  r.ids = {name};
+  r.logprob_sum = logprob_sum;
+  r.scored_tokens = tokens;
+  return r;
+}
+
+std::vector<int32_t> names(const std::vector<CompletionResult>& results) {
+  std::vector<int32_t> out;
+  for (const CompletionResult& r : results) out.push_back(r.ids.at(0));
+  return out;
+}
+
+TEST(ServeBestOf, KeepsEachPromptsLikeliestPerTokenFirst) {
+  // Means: 10: -1.0, 11: -0.5, 12: -2.0, 13: -0.5 (a tie with 11, which comes first);
+  // 20: -3.0, 21: 0 (no token scored), 22: -0.25, 23: -4.0.
+  std::vector<CompletionResult> all = {candidate(10, -3.0, 3), candidate(11, -2.0, 4), candidate(12, -2.0, 1),
+                                       candidate(13, -1.5, 3), candidate(20, -6.0, 2), candidate(21, 0.0, 0),
+                                       candidate(22, -1.0, 4), candidate(23, -4.0, 1)};
+  EXPECT_DOUBLE_EQ(mean_token_logprob(all[1]), -0.5);
+  EXPECT_EQ(mean_token_logprob(all[5]), 0.0);
+  // The mean, not the sum: 11 (sum -2 over 4) beats 10 (sum -3 over 3) and 12 (sum -2 over 1).
+  EXPECT_EQ(names(keep_best_of(all, 4, 2)), (std::vector<int32_t>{11, 13, 21, 22}));
+  EXPECT_EQ(names(keep_best_of(all, 4, 4)), (std::vector<int32_t>{11, 13, 10, 12, 21, 22, 20, 23}));
+  EXPECT_EQ(names(keep_best_of(all, 4, 1)), (std::vector<int32_t>{11, 21}));
+  // Groups of 2: (10, 11), (12, 13), (20, 21), (22, 23).
+  EXPECT_EQ(names(keep_best_of(all, 2, 1)), (std::vector<int32_t>{11, 13, 21, 22}));
+  EXPECT_EQ(names(keep_best_of(all, 8, 3)), (std::vector<int32_t>{21, 22, 11}));
+  // The kept results are whole: their other fields travel with them.
+  all[3].text = "thirteen";
+  EXPECT_EQ(keep_best_of(all, 4, 2)[1].text, "thirteen");
+  EXPECT_THROW(keep_best_of(all, 3, 1), Error);  // 8 candidates are not groups of 3
+  EXPECT_THROW(keep_best_of(all, 2, 3), Error);  // n > best_of
 }
 
 }  // namespace
