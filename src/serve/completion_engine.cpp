@@ -197,8 +197,9 @@ CompletionResult cancelled_result(const CompletionJob& in, double queue_seconds)
 }
 }  // namespace
 
-// Checks the job and sets up its completion; returns its prefill, or null when the job ended
-// at once (cancelled, refused, or nothing to run on the model).
+// Checks the job and sets up its completion; returns its prefill (with no PromptPrefill when the
+// prompt's prefill is reused), or null when the job ended at once (cancelled, refused, or
+// nothing to run on the model).
 std::unique_ptr<CompletionEngine::Prefilling> CompletionEngine::begin(const std::shared_ptr<Job>& job) {
   auto p = std::make_unique<Prefilling>();
   Running& r = p->r;
@@ -231,8 +232,14 @@ std::unique_ptr<CompletionEngine::Prefilling> CompletionEngine::begin(const std:
       deliver(*job, std::move(result));
       return nullptr;
     }
-    single_->reset();
     p->started = Clock::now();
+    // The prompt just prefilled, and nothing to report for its positions: start from that state,
+    // which is what running the prompt again would give (up to the rounding of where its chunks
+    // fall, which depends on the turn it starts in either way). A completion that reports the
+    // prompt's logprobs (echo) runs it again.
+    if (prefilled_prompt_ && *prefilled_prompt_ == in.prompt && !r.run->prompt_logits()) return p;
+    prefilled_prompt_.reset();
+    single_->reset();
     p->prefill = std::make_unique<PromptPrefill>(model_, in.prompt, *single_, prefill_logits_.data(),
                                                  r.run->prompt_logits());
     return p;
@@ -244,8 +251,8 @@ std::unique_ptr<CompletionEngine::Prefilling> CompletionEngine::begin(const std:
   return nullptr;
 }
 
-// Runs the next positions of the prompt (at most max_positions) and returns how many ran. Once
-// the whole prompt has run: samples the first token
+// Runs the next positions of the prompt (at most max_positions) and returns how many ran (none
+// when the prompt's prefill is reused). Once the whole prompt has run: samples the first token
 // and, unless the completion has ended already, gives it the next free sequence of the batch.
 int64_t CompletionEngine::advance_prefill(std::unique_ptr<Prefilling>& p, std::vector<Running>& running,
                                           int64_t max_positions) {
@@ -257,13 +264,19 @@ int64_t CompletionEngine::advance_prefill(std::unique_ptr<Prefilling>& p, std::v
       p.reset();
       return 0;
     }
-    ran = std::min(max_positions, p->prefill->remaining());
-    p->prefill->run(ran);
-    {
+    if (p->prefill) {
+      ran = std::min(max_positions, p->prefill->remaining());
+      p->prefill->run(ran);
+      {
+        std::lock_guard lk(mu_);
+        ++stats_.prefill_chunks;
+      }
+      if (!p->prefill->done()) return ran;
+      prefilled_prompt_ = r.job->in.prompt;
+    } else {  // begin() found this prompt already prefilled
       std::lock_guard lk(mu_);
-      ++stats_.prefill_chunks;
+      ++stats_.prefills_reused;
     }
-    if (!p->prefill->done()) return ran;
     r.decode_start = Clock::now();
     r.prefill_seconds = seconds_between(p->started, r.decode_start);
     r.next = r.run->step(prefill_logits_.data());

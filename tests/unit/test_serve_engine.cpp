@@ -231,6 +231,73 @@ TEST(ServeEngine, ALongPromptIsPrefilledBetweenDecodeSteps) {
   EXPECT_EQ(long_result.ids, run_completion(*model, nullptr, long_job, quiet).ids);
 }
 
+// The choices of one prompt (a request's n or best_of) share its prefill: the completion after
+// a prefill, with the same prompt, starts from that state instead of running the prompt again,
+// and comes out as it does alone. A completion that reports the prompt's logprobs (echo) runs
+// the prompt itself, and a different prompt in between ends the sharing.
+TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  std::vector<int32_t> prompt_a, prompt_b;
+  for (int t = 0; t < 20; ++t) prompt_a.push_back(int32_t(4 + (t * 13) % 500));
+  for (int t = 0; t < 12; ++t) prompt_b.push_back(int32_t(9 + (t * 7) % 500));
+  auto job = [](const std::vector<int32_t>& prompt, uint64_t seed) {
+    CompletionJob j;
+    j.prompt = prompt;
+    j.max_tokens = 6;
+    j.sampling = {1.2f, 0, 1.0f};
+    j.seed = seed;
+    return j;
+  };
+  std::vector<CompletionJob> jobs = {job(prompt_a, 1), job(prompt_a, 2), job(prompt_a, 3), job(prompt_a, 4),
+                                     job(prompt_a, 5), job(prompt_b, 6), job(prompt_a, 7)};
+  jobs[3].echo = true;  // reports the prompt's logprobs: runs the prompt again
+  jobs[3].logprobs = 2;
+  // A prompt whose prefill fails in its second chunk (an id outside the vocabulary), after its
+  // first chunk has overwritten the state: the next completion of prompt a must run it again.
+  std::vector<int32_t> failing = prompt_b;
+  failing.push_back(int32_t(model->config().vocab_size));
+  constexpr size_t kFailing = 7;
+  jobs.push_back(job(failing, 8));
+  jobs.push_back(job(prompt_a, 9));
+  // Reuse: jobs 1 and 2 (after 0's prefill) and 4 (after 3's). Job 6 follows prompt b's prefill,
+  // job 8 the failed one.
+  constexpr int64_t kReused = 3;
+  std::vector<CompletionResult> alone;
+  auto quiet = [](const CompletionChunk&) { return true; };
+  for (size_t i = 0; i < jobs.size(); ++i)
+    alone.push_back(i == kFailing ? CompletionResult{} : run_completion(*model, nullptr, jobs[i], quiet));
+
+  EngineOptions eo{16, 0, 8};
+  eo.prefill_chunk = 8;
+  CompletionEngine engine(*model, nullptr, eo);
+  std::vector<CompletionEngine::Ticket> tickets = engine.submit(jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SCOPED_TRACE("completion " + std::to_string(i));
+    if (i == kFailing) {
+      EXPECT_THROW(engine.wait(tickets[i]), ApiError);
+      continue;
+    }
+    const CompletionResult r = engine.wait(tickets[i]);
+    EXPECT_EQ(r.ids, alone[i].ids);
+    EXPECT_EQ(r.finish_reason, alone[i].finish_reason);
+    ASSERT_EQ(r.logprobs.has_value(), i == 3);
+    if (!r.logprobs) continue;
+    ASSERT_EQ(r.logprobs->size(), jobs[i].prompt.size() + r.ids.size());
+    for (size_t k = 1; k < r.logprobs->size(); ++k) {  // entry 0, the prompt's first token, has none
+      ASSERT_TRUE((*r.logprobs)[k].logprob.has_value()) << "entry " << k;
+      EXPECT_NEAR(*(*r.logprobs)[k].logprob, *(*alone[i].logprobs)[k].logprob, 1e-4) << "entry " << k;
+    }
+  }
+  // Prompts prefilled: a (3 chunks of at most 8), a again for the echo, b, a after b, the
+  // failing prompt's first chunk (or two: turns start where the budget left off), and a again.
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.prefills_reused, kReused);
+  EXPECT_GE(st.prefill_chunks, 3 + 3 + 2 + 3 + 1 + 3);
+  EXPECT_LE(st.prefill_chunks, 4 + 4 + 3 + 4 + 2 + 4);
+  EXPECT_EQ(st.completions, int64_t(jobs.size()));
+}
+
 // A job the context cannot hold is refused with a 400 (the request parser checks it first; the
 // engine does not rely on that).
 TEST(ServeEngine, AJobLongerThanTheContextIsA400) {
