@@ -3,7 +3,6 @@
 // tile's tokens, gate_up GEMM, SwiGLU, down GEMM, and a scatter that applies the unbiased router
 // weight. Skip-class tokens output 0 or weight*x.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>

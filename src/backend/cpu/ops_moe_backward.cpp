@@ -7,7 +7,6 @@
 // dGateUp += dH^T X over all the expert's rows, so no two threads write the same gradient row.
 // Skip-class tokens: dweight = dY . x and dX += weight * dY with skip_identity, else nothing.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
