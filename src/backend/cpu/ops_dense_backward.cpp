@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -143,15 +144,16 @@ void CpuBackend::route_backward(const int32_t* expert, const float* dweight, flo
 double CpuBackend::lm_head_loss(const float* y, const float* w, const float* bias, const int32_t* target, int64_t N,
                                 int64_t D, int64_t V, float scale, float* dy, float* dw, float* dbias) {
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(1) << 22) / V));  // ~16 MiB of logits
-  std::vector<float> logits(static_cast<size_t>(chunk * V));
+  // Uninitialised: each chunk's GEMM writes all of its rows before they are read.
+  const std::unique_ptr<float[]> logits(new float[size_t(chunk * V)]);
   double total = 0;
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
-    linear(y + r0 * D, w, bias, logits.data(), rows, D, V, false, 0);
+    linear(y + r0 * D, w, bias, logits.get(), rows, D, V, false, 0);
     std::vector<double> row_loss(static_cast<size_t>(rows), 0.0);
 #pragma omp parallel for if (rows * V > 65536)
     for (int64_t r = 0; r < rows; ++r) {
-      float* l = logits.data() + r * V;
+      float* l = logits.get() + r * V;
       const int32_t t = target[r0 + r];
       if (t < 0) {
         std::memset(l, 0, size_t(V) * 4);
@@ -170,7 +172,7 @@ double CpuBackend::lm_head_loss(const float* y, const float* w, const float* bia
       l[t] -= scale;
     }
     for (double x : row_loss) total += x;  // fixed order: reproducible
-    if (dy) linear_backward(y + r0 * D, w, logits.data(), dy + r0 * D, dw, dbias, rows, D, V, false, 0);
+    if (dy) linear_backward(y + r0 * D, w, logits.get(), dy + r0 * D, dw, dbias, rows, D, V, false, 0);
   }
   return total;
 }

@@ -47,9 +47,10 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
   const std::vector<MoeTile> grad_tiles =
       weight_gradient_tiles(plan, E, D, I, dgate_up != nullptr, ddown != nullptr);
 
-  // Grouped rows the weight gradients read: the inputs, weight*dY, act and dH.
-  std::vector<float> xs(size_t(routed * D)), dys(size_t(routed * D)), act(size_t(routed * I)),
-      dhid(size_t(routed * 2 * I));
+  // Grouped rows the weight gradients read: the inputs, weight*dY, act and dH. Uninitialised:
+  // the row tiles cover every routed row and write each of these rows whole.
+  const std::unique_ptr<float[]> xs(new float[size_t(routed * D)]), dys(new float[size_t(routed * D)]),
+      act(new float[size_t(routed * I)]), dhid(new float[size_t(routed * 2 * I)]);
   const bool parallel = routed * D > 65536;
   run_team(parallel, [&] {
     // Scratch for the largest tile, uninitialised.
@@ -66,11 +67,11 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
       const float* DN = a.down + tile.expert * D * I;
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t n = perm[size_t(r0 + i)];
-        std::memcpy(xs.data() + (r0 + i) * D, a.x + n * D, size_t(D) * 4);
+        std::memcpy(xs.get() + (r0 + i) * D, a.x + n * D, size_t(D) * 4);
         std::memcpy(dy_tile + i * D, dout + n * D, size_t(D) * 4);
         for (int64_t d = 0; d < D; ++d) dys[size_t((r0 + i) * D + d)] = a.weight[n] * dout[n * D + d];
       }
-      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.data() + r0 * D, D, GU, D, 0.0f, hid, 2 * I);
+      cpu_gemm(true, rows, 2 * I, D, 1.0f, xs.get() + r0 * D, D, GU, D, 0.0f, hid, 2 * I);
       cpu_gemm(false, rows, I, D, 1.0f, dy_tile, D, DN, I, 0.0f, da, I);
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t n = perm[size_t(r0 + i)];
@@ -78,8 +79,8 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
         const float* gate = hid + i * 2 * I;
         const float* up = gate + I;
         const float* da_row = da + i * I;
-        float* act_row = act.data() + (r0 + i) * I;
-        float* dgate = dhid.data() + (r0 + i) * 2 * I;
+        float* act_row = act.get() + (r0 + i) * I;
+        float* dgate = dhid.get() + (r0 + i) * 2 * I;
         float* dup = dgate + I;
         for (int64_t j = 0; j < I; ++j) {
           const float g = gate[j], u = up[j];
@@ -92,7 +93,7 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
         }
         dweight[n] = float(dot_of(da_row, act_row, I));
       }
-      cpu_gemm(false, rows, D, 2 * I, 1.0f, dhid.data() + r0 * 2 * I, 2 * I, GU, D, 0.0f, dx_tile, D);
+      cpu_gemm(false, rows, D, 2 * I, 1.0f, dhid.get() + r0 * 2 * I, 2 * I, GU, D, 0.0f, dx_tile, D);
       for (int64_t i = 0; i < rows; ++i) {
         float* dxn = dx + perm[size_t(r0 + i)] * D;
         const float* g = dx_tile + i * D;
@@ -105,10 +106,10 @@ void CpuBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, fl
       const MoeTile& tile = grad_tiles[t];
       const int64_t r0 = offsets[size_t(tile.expert)], rows = offsets[size_t(tile.expert + 1)] - r0;
       if (tile.down)
-        cpu_gemm_tn(tile.rows, I, rows, 1.0f, dys.data() + r0 * D + tile.row0, D, act.data() + r0 * I, I,
-                    1.0f, ddown + tile.expert * D * I + tile.row0 * I, I);
+        cpu_gemm_tn(tile.rows, I, rows, 1.0f, dys.get() + r0 * D + tile.row0, D, act.get() + r0 * I, I, 1.0f,
+                    ddown + tile.expert * D * I + tile.row0 * I, I);
       else
-        cpu_gemm_tn(tile.rows, D, rows, 1.0f, dhid.data() + r0 * 2 * I + tile.row0, 2 * I, xs.data() + r0 * D,
+        cpu_gemm_tn(tile.rows, D, rows, 1.0f, dhid.get() + r0 * 2 * I + tile.row0, 2 * I, xs.get() + r0 * D,
                     D, 1.0f, dgate_up + tile.expert * 2 * I * D + tile.row0 * D, D);
     }
   });
