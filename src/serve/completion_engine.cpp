@@ -233,15 +233,26 @@ std::unique_ptr<CompletionEngine::Prefilling> CompletionEngine::begin(const std:
       return nullptr;
     }
     p->started = Clock::now();
-    // The prompt just prefilled, and nothing to report for its positions: start from that state,
-    // which is what running the prompt again would give (up to the rounding of where its chunks
-    // fall, which depends on the turn it starts in either way). A completion that reports the
-    // prompt's logprobs (echo) runs it again.
-    if (prefilled_prompt_ && *prefilled_prompt_ == in.prompt && !r.run->prompt_logits()) return p;
-    prefilled_prompt_.reset();
-    single_->reset();
+    // The prompt just prefilled, or a prompt that extends it (the next turn of a conversation),
+    // with nothing to report for its positions: start from that state, which is what running the
+    // prompt again would give (up to the rounding of where its chunks fall, which depends on the
+    // turn it starts in either way), and prefill only what follows. A completion that reports
+    // the prompt's logprobs (echo) runs the whole prompt.
+    int64_t start = 0;
+    if (prefilled_prompt_ && !r.run->prompt_logits() && prefilled_prompt_->size() <= in.prompt.size() &&
+        std::equal(prefilled_prompt_->begin(), prefilled_prompt_->end(), in.prompt.begin())) {
+      if (prefilled_prompt_->size() == in.prompt.size()) return p;  // the same prompt: no prefill at all
+      start = int64_t(prefilled_prompt_->size());
+    } else {
+      single_->reset();
+    }
+    prefilled_prompt_.reset();  // single_ changes from here on
+    if (start > 0) {
+      std::lock_guard lk(mu_);
+      stats_.prefill_positions_reused += start;
+    }
     p->prefill = std::make_unique<PromptPrefill>(model_, in.prompt, *single_, prefill_logits_.data(),
-                                                 r.run->prompt_logits());
+                                                 r.run->prompt_logits(), start);
     return p;
   } catch (const ApiError& e) {
     deliver_error(*job, e.status(), e.type(), e.what());
@@ -266,6 +277,10 @@ int64_t CompletionEngine::advance_prefill(std::unique_ptr<Prefilling>& p, std::v
     }
     if (p->prefill) {
       ran = std::min(max_positions, p->prefill->remaining());
+      {
+        std::lock_guard lk(mu_);
+        stats_.prefill_positions += ran;  // given to the model, whether or not the chunk succeeds
+      }
       p->prefill->run(ran);
       {
         std::lock_guard lk(mu_);

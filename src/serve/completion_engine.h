@@ -3,7 +3,8 @@
 // the model. A completion joins the batch between two steps: its prompt is prefilled alone, in
 // chunks that alternate with the running completions' decode steps, and its decode state is then
 // copied into the next free sequence of the batch (a completion whose prompt is the one just
-// prefilled, as a request's n choices are, copies that state without running the prompt again);
+// prefilled, as a request's n choices are, copies that state without running the prompt again,
+// and one whose prompt extends it, as a conversation's next turn does, prefills only the rest);
 // it leaves between two steps too. Completions
 // waiting for a place sit in a FIFO queue guarded by a mutex. The engine thread also keeps the
 // model's OpenMP team and GPU work on one thread. A completion's text comes back on the
@@ -85,10 +86,12 @@ struct EngineOptions {
 
 // What the engine has done so far: completions finished (however they ended), forward passes
 // of the decoding batch, the tokens they fed, the largest batch decoded at once, the prompt
-// chunks prefilled, and the completions that reused the prefill before them (the same prompt).
+// chunks prefilled and the prompt positions given to the model in them, the completions that
+// reused the whole prefill before them (the same prompt), and the prompt positions not run
+// again because a prompt extended the one before.
 struct EngineStats {
   int64_t completions = 0, decode_steps = 0, decoded_tokens = 0, peak_batch = 0, prefill_chunks = 0;
-  int64_t prefills_reused = 0;
+  int64_t prefill_positions = 0, prefills_reused = 0, prefill_positions_reused = 0;
   // Now: completions in the batch or being prefilled (as of the engine's last turn), and
   // completions waiting in the queue.
   int64_t running = 0, waiting = 0;
@@ -162,7 +165,8 @@ class CompletionEngine {
   std::vector<float> prefill_logits_;            // [vocab]: the prompt's last position
   // The prompt whose whole prefill single_ and prefill_logits_ hold, while they hold one: the
   // next completion with the same prompt (another of a request's n or best_of choices) starts
-  // from it instead of running the prompt again.
+  // from it instead of running the prompt again; one whose prompt begins with it prefills only
+  // the positions after it.
   std::optional<std::vector<int32_t>> prefilled_prompt_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -9,13 +9,15 @@
 namespace zaya {
 
 PromptPrefill::PromptPrefill(Model& model, const std::vector<int32_t>& prompt, DecodeState& state,
-                             float* last_logits, PromptLogitsFn on_prompt_logits)
+                             float* last_logits, PromptLogitsFn on_prompt_logits, int64_t start)
     : model_(model),
       prompt_(prompt),
       state_(state),
       last_logits_(last_logits),
-      on_prompt_logits_(std::move(on_prompt_logits)) {
-  ZAYA_CHECK(!prompt.empty() && state.pos[0] == 0, "prefill needs a prompt and a fresh sequence");
+      on_prompt_logits_(std::move(on_prompt_logits)),
+      next_(start) {
+  ZAYA_CHECK(start >= 0 && start < int64_t(prompt.size()) && state.pos[0] == start,
+             "prefill needs a prompt and a sequence holding exactly its first `start` positions");
   if (on_prompt_logits_)
     rows_.resize(size_t(std::min(int64_t(prompt.size()), kPromptLogitsChunk) * model.config().vocab_size));
 }

@@ -233,14 +233,24 @@ TEST(ServeEngine, ALongPromptIsPrefilledBetweenDecodeSteps) {
 
 // The choices of one prompt (a request's n or best_of) share its prefill: the completion after
 // a prefill, with the same prompt, starts from that state instead of running the prompt again,
-// and comes out as it does alone. A completion that reports the prompt's logprobs (echo) runs
-// the prompt itself, and a different prompt in between ends the sharing.
+// and one whose prompt extends it (a conversation's next turn) prefills only the rest. Each comes
+// out as it does alone. A completion that reports the prompt's logprobs (echo) runs the whole
+// prompt, and a different prompt in between (even one whose prefill fails) ends the sharing.
 TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
   auto be = make_cpu_backend();
   auto model = tiny_model(*be);
   std::vector<int32_t> prompt_a, prompt_b;
   for (int t = 0; t < 20; ++t) prompt_a.push_back(int32_t(4 + (t * 13) % 500));
   for (int t = 0; t < 12; ++t) prompt_b.push_back(int32_t(9 + (t * 7) % 500));
+  auto extended = [](std::vector<int32_t> prompt, int extra) {
+    for (int t = 0; t < extra; ++t) prompt.push_back(int32_t(30 + 17 * int32_t(prompt.size()) % 400));
+    return prompt;
+  };
+  const std::vector<int32_t> turn2 = extended(prompt_a, 5), turn3 = extended(turn2, 3);
+  // A prompt whose prefill fails in its last chunk (an id outside the vocabulary), after its
+  // first chunk has overwritten the state: the next completion of prompt a must run it again.
+  std::vector<int32_t> failing = prompt_b;
+  failing.push_back(int32_t(model->config().vocab_size));
   auto job = [](const std::vector<int32_t>& prompt, uint64_t seed) {
     CompletionJob j;
     j.prompt = prompt;
@@ -249,20 +259,24 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
     j.seed = seed;
     return j;
   };
-  std::vector<CompletionJob> jobs = {job(prompt_a, 1), job(prompt_a, 2), job(prompt_a, 3), job(prompt_a, 4),
-                                     job(prompt_a, 5), job(prompt_b, 6), job(prompt_a, 7)};
-  jobs[3].echo = true;  // reports the prompt's logprobs: runs the prompt again
-  jobs[3].logprobs = 2;
-  // A prompt whose prefill fails in its second chunk (an id outside the vocabulary), after its
-  // first chunk has overwritten the state: the next completion of prompt a must run it again.
-  std::vector<int32_t> failing = prompt_b;
-  failing.push_back(int32_t(model->config().vocab_size));
+  std::vector<CompletionJob> jobs = {
+      job(prompt_a, 1),                    // 0: runs a
+      job(prompt_a, 2),                    // 1, 2: reuse it
+      job(prompt_a, 3), job(prompt_a, 4),  // 3: echo: runs a again
+      job(prompt_a, 5),                    // 4: reuses it
+      job(prompt_b, 6),                    // 5: runs b
+      job(prompt_a, 7),                    // 6: runs a
+      job(failing, 8),                     // 7: fails partway
+      job(prompt_a, 9),                    // 8: runs a
+      job(turn2, 10),                      // 9: runs turn 2's 5 new positions
+      job(turn3, 11),                      // 10: runs turn 3's 3 new positions
+      job(turn3, 12),                      // 11: echo: runs turn 3 whole
+  };
   constexpr size_t kFailing = 7;
-  jobs.push_back(job(failing, 8));
-  jobs.push_back(job(prompt_a, 9));
-  // Reuse: jobs 1 and 2 (after 0's prefill) and 4 (after 3's). Job 6 follows prompt b's prefill,
-  // job 8 the failed one.
-  constexpr int64_t kReused = 3;
+  for (size_t e : {size_t(3), size_t(11)}) {
+    jobs[e].echo = true;
+    jobs[e].logprobs = 2;
+  }
   std::vector<CompletionResult> alone;
   auto quiet = [](const CompletionChunk&) { return true; };
   for (size_t i = 0; i < jobs.size(); ++i)
@@ -281,7 +295,7 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
     const CompletionResult r = engine.wait(tickets[i]);
     EXPECT_EQ(r.ids, alone[i].ids);
     EXPECT_EQ(r.finish_reason, alone[i].finish_reason);
-    ASSERT_EQ(r.logprobs.has_value(), i == 3);
+    ASSERT_EQ(r.logprobs.has_value(), jobs[i].echo);
     if (!r.logprobs) continue;
     ASSERT_EQ(r.logprobs->size(), jobs[i].prompt.size() + r.ids.size());
     for (size_t k = 1; k < r.logprobs->size(); ++k) {  // entry 0, the prompt's first token, has none
@@ -289,12 +303,12 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
       EXPECT_NEAR(*(*r.logprobs)[k].logprob, *(*alone[i].logprobs)[k].logprob, 1e-4) << "entry " << k;
     }
   }
-  // Prompts prefilled: a (3 chunks of at most 8), a again for the echo, b, a after b, the
-  // failing prompt's first chunk (or two: turns start where the budget left off), and a again.
   const EngineStats st = engine.stats();
-  EXPECT_EQ(st.prefills_reused, kReused);
-  EXPECT_GE(st.prefill_chunks, 3 + 3 + 2 + 3 + 1 + 3);
-  EXPECT_LE(st.prefill_chunks, 4 + 4 + 3 + 4 + 2 + 4);
+  EXPECT_EQ(st.prefills_reused, 3);                 // jobs 1, 2 and 4
+  EXPECT_EQ(st.prefill_positions_reused, 20 + 25);  // jobs 9 and 10
+  // Positions given to the model: a, a (echo), b, a, the failing prompt's 13, a, 5, 3, and
+  // turn 3's 28 (echo).
+  EXPECT_EQ(st.prefill_positions, 20 + 20 + 12 + 20 + 13 + 20 + 5 + 3 + 28);
   EXPECT_EQ(st.completions, int64_t(jobs.size()));
 }
 
