@@ -201,6 +201,11 @@ class Backend {
   virtual void newton_schulz_batched(float* x, int64_t batch, int64_t rows, int64_t cols, int steps) {
     for (int64_t i = 0; i < batch; ++i) newton_schulz(x + i * rows * cols, rows, cols, steps);
   }
+  // Whether the optimizer batches the same-shape matrices of different tensors (every layer's
+  // q_proj, say) into one newton_schulz_batched call. A GPU gains from fewer, larger launches.
+  // The CPU's Newton-Schulz already runs its GEMMs near the machine's peak, and one tensor per
+  // call keeps its results independent of which tensors are stepped together (step_range).
+  virtual bool newton_schulz_across_tensors() const { return false; }
   // Muon momentum: m = mu * m + g; u = nesterov ? g + mu * m : m (u is NS's input).
   virtual void muon_momentum(float* /*m*/, const float* /*g*/, float* /*u*/, int64_t /*n*/, float /*mu*/,
                              bool /*nesterov*/) {

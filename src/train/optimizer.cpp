@@ -126,18 +126,33 @@ Optimizer::Optimizer(const ParamLayout& layout, const OptimizerConfig& cfg, Back
         muon_.push_back(m);
       }
       max_matrix = std::max(max_matrix, r.rows * r.cols * r.matrices);  // a tensor's experts at once
+      owned_muon_floats_ += r.rows * r.cols * r.matrices;
     } else if (r.kind == OptimKind::AdamW) {
       r.moment2_offset = m2_size_;
       m2_size_ += aligned16(p.numel);
     }
   }
   ns_calls_.assign(muon_.size(), 0);
-  work_size_ = max_matrix;
+  largest_muon_ = max_matrix;
   m1_ = be_.alloc(m1_size_);
   m2_ = be_.alloc(m2_size_);
-  work_ = be_.alloc(work_size_);
   be_.fill(m1_, 0.0f, m1_size_);
   be_.fill(m2_, 0.0f, m2_size_);
+  set_newton_schulz_across_tensors(be_.newton_schulz_across_tensors());
+}
+
+void Optimizer::set_newton_schulz_across_tensors(bool across, int64_t workspace_floats) {
+  if (workspace_floats < 0)
+    fail("optimizer", "a Newton-Schulz workspace of " + std::to_string(workspace_floats) + " floats");
+  int64_t size = largest_muon_;
+  if (across)
+    size = std::max(largest_muon_,
+                    std::min(owned_muon_floats_, workspace_floats > 0 ? workspace_floats : kNsGroupFloats));
+  be_.free(work_);
+  work_ = nullptr;
+  work_ = be_.alloc(size);
+  work_size_ = size;
+  ns_across_ = across;
 }
 
 Optimizer::~Optimizer() {
@@ -155,14 +170,33 @@ void Optimizer::step_range(size_t first, size_t last, float* params, const float
     fail("optimizer", "step_range [" + std::to_string(first) + ", " + std::to_string(last) +
                           ") is outside the layout's " + std::to_string(layout_.params.size()) + " tensors");
   if (!std::isfinite(lr) || lr < 0) fail("optimizer", "learning rate " + fmt_g(lr) + " is not a finite value >= 0");
+  // Muon tensors in batches: each alone, or those of one matrix shape together (shapes in the
+  // order they first appear, tensors in layout order) as the workspace holds them.
+  std::vector<std::vector<size_t>> batches;
+  std::vector<int64_t> batch_floats;
+  std::vector<std::pair<int64_t, int64_t>> batch_shape;
   for (size_t i = first; i < last; ++i) {
     if (!owned_[i]) continue;
-    switch (routes_[i].kind) {
-      case OptimKind::Muon: muon_step(i, params, grads, lr); break;
-      case OptimKind::AdamW: adamw_step(i, params, grads, lr); break;
-      case OptimKind::None: break;
+    const ParamRoute& r = routes_[i];
+    if (r.kind == OptimKind::AdamW) adamw_step(i, params, grads, lr);
+    if (r.kind != OptimKind::Muon) continue;
+    const int64_t floats = r.rows * r.cols * r.matrices;
+    size_t b = batches.size();
+    if (ns_across_)  // the last open batch of this shape, when the tensor fits in it
+      for (size_t k = batches.size(); k-- > 0;)
+        if (batch_shape[k] == std::make_pair(r.rows, r.cols)) {
+          if (batch_floats[k] + floats <= work_size_) b = k;
+          break;
+        }
+    if (b == batches.size()) {
+      batches.emplace_back();
+      batch_floats.push_back(0);
+      batch_shape.emplace_back(r.rows, r.cols);
     }
+    batches[b].push_back(i);
+    batch_floats[b] += floats;
   }
+  for (const std::vector<size_t>& batch : batches) muon_step(batch, params, grads, lr);
 }
 
 std::string Optimizer::routing_table() const {

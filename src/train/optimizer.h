@@ -97,7 +97,9 @@ class Optimizer {
   // floats, backend memory); only owned tensors' gradients are read. lr: the scheduled LR.
   void step(float* params, const float* grads, float lr);
   // One step on the owned tensors among [first, last) (indices into layout().params). Steps on
-  // disjoint ranges compose to exactly one step(); the step counts are per tensor.
+  // disjoint ranges compose to exactly one step() when Newton-Schulz runs per tensor (with it
+  // across tensors, to within the rounding of how the backend batches); the step counts are per
+  // tensor.
   void step_range(size_t first, size_t last, float* params, const float* grads, float lr);
 
   const ParamLayout& layout() const { return layout_; }
@@ -112,6 +114,17 @@ class Optimizer {
   // orthogonalised by Newton-Schulz (exactly once per step that covered it).
   const std::vector<MuonMatrix>& muon_matrices() const { return muon_; }
   const std::vector<int64_t>& ns_calls() const { return ns_calls_; }
+
+  // Newton-Schulz batching. Per tensor (a tensor's experts in one newton_schulz_batched call), or
+  // across tensors: the owned Muon matrices of one shape among a step's tensors go together, in
+  // layout order, in batches of at most `workspace_floats` elements (0: the larger of the largest
+  // tensor and kNsGroupFloats). The default is the backend's preference
+  // (Backend::newton_schulz_across_tensors). Reallocates the workspace.
+  void set_newton_schulz_across_tensors(bool across, int64_t workspace_floats = 0);
+  bool newton_schulz_across_tensors() const { return ns_across_; }
+  static constexpr int64_t kNsGroupFloats = int64_t(16) << 20;  // 64 MiB of fp32
+  // newton_schulz_batched calls made so far.
+  int64_t ns_batches() const { return ns_batches_; }
 
   // State arenas (backend memory) and per-tensor step counts (0 for tensors not owned).
   float* moment1() { return m1_; }
@@ -136,7 +149,9 @@ class Optimizer {
   void load_counters(const std::vector<StateCounter>& in);
 
  private:
-  void muon_step(size_t i, float* params, const float* grads, float lr);   // muon.cpp
+  // One Newton-Schulz batch: the Muon tensors `tensors` (owned, one matrix shape, together
+  // within the workspace) stepped together. muon.cpp.
+  void muon_step(const std::vector<size_t>& tensors, float* params, const float* grads, float lr);
   void adamw_step(size_t i, float* params, const float* grads, float lr);  // adamw.cpp
   bool owned(size_t i) const { return owned_[i]; }
 
@@ -150,8 +165,12 @@ class Optimizer {
   std::vector<int64_t> steps_;
   float* m1_ = nullptr;
   float* m2_ = nullptr;
-  float* work_ = nullptr;  // NS input/output of the largest Muon tensor (all its experts)
+  float* work_ =
+      nullptr;  // NS input/output: the largest Muon tensor (all its experts), or a batch across tensors
   int64_t m1_size_ = 0, m2_size_ = 0, work_size_ = 0;
+  int64_t largest_muon_ = 0, owned_muon_floats_ = 0;  // of the owned Muon tensors
+  bool ns_across_ = false;
+  int64_t ns_batches_ = 0;
 };
 
 }  // namespace zaya

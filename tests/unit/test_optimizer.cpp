@@ -406,6 +406,67 @@ TEST(Optimizer, RangeStepsComposeToOneStep) {
   EXPECT_EQ(full.ns_calls(), parts.ns_calls());
 }
 
+// Newton-Schulz across tensors: the owned Muon matrices of one shape go to the backend in one
+// batch (as many as the workspace holds), and every tensor comes out as it does stepped alone.
+// On one thread the CPU computes each matrix of a batch exactly as alone, so the steps must
+// agree bit for bit; the number of batches shows the grouping happened.
+TEST(Optimizer, NewtonSchulzAcrossTensorsBatchesEachShapeAndMatchesPerTensor) {
+  struct RestoreThreads {
+    int before = omp_get_max_threads();
+    ~RestoreThreads() { omp_set_num_threads(before); }
+  } restore;
+  omp_set_num_threads(1);
+  ModelConfig c = preset_config("zaya-tiny");
+  ParamLayout L = build_param_layout(c);
+  auto be = make_cpu_backend();
+  EXPECT_FALSE(be->newton_schulz_across_tensors());  // the CPU's default: one tensor per batch
+  std::vector<float> p_per, g;
+  fill_random(L, p_per, g, 47);
+  // Muon tensors by matrix shape, in layout order, and the largest tensor.
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> by_shape;  // shape -> floats of each tensor
+  int64_t muon_tensors = 0, largest = 0;
+  for (const ParamSpec& p : L.params) {
+    const ParamRoute r = route_param(p);
+    if (r.kind != OptimKind::Muon) continue;
+    by_shape[{r.rows, r.cols}].push_back(r.rows * r.cols * r.matrices);
+    ++muon_tensors;
+    largest = std::max(largest, r.rows * r.cols * r.matrices);
+  }
+  ASSERT_GT(muon_tensors, int64_t(by_shape.size()));  // some shape has several tensors
+  // Batches when each shape's tensors fill batches of `capacity` floats in order.
+  auto batches_of = [&](int64_t capacity) {
+    int64_t n = 0;
+    for (const auto& [shape, sizes] : by_shape) {
+      int64_t used = capacity;  // no open batch
+      for (int64_t f : sizes) {
+        if (used + f > capacity) ++n, used = 0;
+        used += f;
+      }
+    }
+    return n;
+  };
+  Optimizer per(L, OptimizerConfig{}, *be);
+  EXPECT_FALSE(per.newton_schulz_across_tensors());
+  for (int64_t capacity : {int64_t(0), largest + largest / 2}) {
+    SCOPED_TRACE("workspace " + std::to_string(capacity) + " floats");
+    std::vector<float> p_across = p_per, p_ref = p_per;
+    Optimizer ref(L, OptimizerConfig{}, *be), across(L, OptimizerConfig{}, *be);
+    across.set_newton_schulz_across_tensors(true, capacity);
+    EXPECT_TRUE(across.newton_schulz_across_tensors());
+    for (int s = 0; s < 2; ++s) {
+      ref.step(p_ref.data(), g.data(), 2e-3f);
+      across.step(p_across.data(), g.data(), 2e-3f);
+    }
+    EXPECT_EQ(ref.ns_batches(), 2 * muon_tensors);
+    EXPECT_EQ(across.ns_batches(), 2 * batches_of(capacity > 0 ? capacity : Optimizer::kNsGroupFloats));
+    EXPECT_LT(across.ns_batches(), ref.ns_batches());
+    EXPECT_EQ(max_abs_diff(p_ref.data(), p_across.data(), L.total), 0.0);
+    EXPECT_EQ(max_abs_diff(ref.moment1(), across.moment1(), ref.moment1_size()), 0.0);
+    EXPECT_EQ(ref.step_counts(), across.step_counts());
+    EXPECT_EQ(ref.ns_calls(), across.ns_calls());
+  }
+}
+
 TEST(Optimizer, ShardOwnsOnlyItsTensors) {
   ModelConfig c = preset_config("zaya-tiny");
   ParamLayout L = build_param_layout(c);

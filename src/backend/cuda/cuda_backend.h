@@ -106,6 +106,7 @@ class CudaBackend final : public Backend {
                       int64_t V, float scale, float* dy, float* dw, float* dbias) override;
   void newton_schulz(float* x, int64_t rows, int64_t cols, int steps) override;
   void newton_schulz_batched(float* x, int64_t batch, int64_t rows, int64_t cols, int steps) override;
+  bool newton_schulz_across_tensors() const override { return true; }
   void muon_momentum(float* m, const float* g, float* u, int64_t n, float mu, bool nesterov) override;
   void muon_update(float* w, const float* x, int64_t n, float lr, float scale, float wd) override;
   void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
