@@ -2,6 +2,7 @@
 #include "serve/best_of.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "core/error.h"
@@ -9,13 +10,17 @@
 namespace zaya {
 
 double mean_token_logprob(const CompletionResult& candidate) {
-  return candidate.scored_tokens > 0 ? candidate.logprob_sum / double(candidate.scored_tokens) : 0.0;
+  const double mean =
+      candidate.scored_tokens > 0 ? candidate.logprob_sum / double(candidate.scored_tokens) : NAN;
+  return std::isnan(mean) ? -INFINITY : mean;
 }
 
 std::vector<CompletionResult> keep_best_of(std::vector<CompletionResult> candidates, int64_t best_of,
                                            int64_t n) {
-  ZAYA_CHECK(n >= 1 && best_of >= n && int64_t(candidates.size()) % best_of == 0,
-             "keep_best_of: expected groups of best_of >= n >= 1 candidates");
+  if (!(n >= 1 && best_of >= n && int64_t(candidates.size()) % best_of == 0))
+    fail("serve", "best_of: " + std::to_string(candidates.size()) + " candidates cannot be kept " +
+                      std::to_string(n) + " of every " + std::to_string(best_of) +
+                      "; expected groups of best_of >= n >= 1 candidates");
   const int64_t prompts = int64_t(candidates.size()) / best_of;
   std::vector<CompletionResult> kept;
   kept.reserve(size_t(prompts * n));

@@ -9,8 +9,8 @@
 
 namespace zaya {
 
-// A candidate's rank: the mean of its scored tokens' log-probabilities (0 when none was scored,
-// as with max_tokens 0).
+// A candidate's rank: the mean of its scored tokens' log-probabilities; -infinity (last) when
+// none was scored (max_tokens 0, or cancelled before its first token) or the mean is NaN.
 double mean_token_logprob(const CompletionResult& candidate);
 
 // candidates holds `prompts` groups of best_of results, prompt-major (candidate j of prompt i

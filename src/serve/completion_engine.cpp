@@ -146,7 +146,8 @@ CompletionResult CompletionEngine::wait(Ticket& ticket, const ChunkFn& on_chunk)
 // The completion whose prompt is being prefilled into single_, one chunk per turn of the loop.
 struct CompletionEngine::Prefilling {
   Running r;
-  std::unique_ptr<PromptPrefill> prefill;
+  std::unique_ptr<PromptPrefill> prefill;  // null: the same prompt as the prefill before, reused whole
+  int64_t reused_positions = 0;            // prompt positions the prefill before already ran
   Clock::time_point started;
 };
 
@@ -241,16 +242,13 @@ std::unique_ptr<CompletionEngine::Prefilling> CompletionEngine::begin(const std:
     int64_t start = 0;
     if (prefilled_prompt_ && !r.run->prompt_logits() && prefilled_prompt_->size() <= in.prompt.size() &&
         std::equal(prefilled_prompt_->begin(), prefilled_prompt_->end(), in.prompt.begin())) {
-      if (prefilled_prompt_->size() == in.prompt.size()) return p;  // the same prompt: no prefill at all
       start = int64_t(prefilled_prompt_->size());
-    } else {
-      single_->reset();
+      ZAYA_CHECK(single_->pos[0] == start, "the remembered prefill does not match its decode state");
+      if (start == int64_t(in.prompt.size())) return p;  // the same prompt: no prefill at all
     }
-    prefilled_prompt_.reset();  // single_ changes from here on
-    if (start > 0) {
-      std::lock_guard lk(mu_);
-      stats_.prefill_positions_reused += start;
-    }
+    prefilled_prompt_.reset();  // single_ changes from here on (forgotten first: a reset may throw)
+    if (start == 0) single_->reset();
+    p->reused_positions = start;
     p->prefill = std::make_unique<PromptPrefill>(model_, in.prompt, *single_, prefill_logits_.data(),
                                                  r.run->prompt_logits(), start);
     return p;
@@ -288,6 +286,8 @@ int64_t CompletionEngine::advance_prefill(std::unique_ptr<Prefilling>& p, std::v
       }
       if (!p->prefill->done()) return ran;
       prefilled_prompt_ = r.job->in.prompt;
+      std::lock_guard lk(mu_);
+      stats_.prefill_positions_reused += p->reused_positions;
     } else {  // begin() found this prompt already prefilled
       std::lock_guard lk(mu_);
       ++stats_.prefills_reused;

@@ -88,7 +88,7 @@ struct EngineOptions {
 // of the decoding batch, the tokens they fed, the largest batch decoded at once, the prompt
 // chunks prefilled and the prompt positions given to the model in them, the completions that
 // reused the whole prefill before them (the same prompt), and the prompt positions not run
-// again because a prompt extended the one before.
+// again because a prompt extended the one before (counted once its prefill has finished).
 struct EngineStats {
   int64_t completions = 0, decode_steps = 0, decoded_tokens = 0, peak_batch = 0, prefill_chunks = 0;
   int64_t prefill_positions = 0, prefills_reused = 0, prefill_positions_reused = 0;

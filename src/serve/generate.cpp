@@ -16,8 +16,11 @@ PromptPrefill::PromptPrefill(Model& model, const std::vector<int32_t>& prompt, D
       last_logits_(last_logits),
       on_prompt_logits_(std::move(on_prompt_logits)),
       next_(start) {
-  ZAYA_CHECK(start >= 0 && start < int64_t(prompt.size()) && state.pos[0] == start,
-             "prefill needs a prompt and a sequence holding exactly its first `start` positions");
+  if (!(start >= 0 && start < int64_t(prompt.size()) && state.pos[0] == start))
+    fail("prefill", "a prompt of " + std::to_string(prompt.size()) +
+                        " tokens cannot be prefilled from position " + std::to_string(start) +
+                        " of a sequence at position " + std::to_string(state.pos[0]) +
+                        "; expected 0 <= start < the prompt's length, with the sequence at start");
   if (on_prompt_logits_)
     rows_.resize(size_t(std::min(int64_t(prompt.size()), kPromptLogitsChunk) * model.config().vocab_size));
 }

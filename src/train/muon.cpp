@@ -24,8 +24,10 @@ void Optimizer::muon_step(const std::vector<size_t>& tensors, float* params, con
   int64_t used = 0;
   for (size_t i : tensors) {
     const ParamRoute& r = routes_[i];
-    ZAYA_CHECK(r.kind == OptimKind::Muon && r.first_matrix >= 0 && r.rows == rows && r.cols == cols,
-               "muon_step on a tensor Muon does not own, or of another shape");
+    if (!(r.kind == OptimKind::Muon && r.first_matrix >= 0 && r.rows == rows && r.cols == cols))
+      fail("optimizer", "Muon step of '" + layout_.params[i].name +
+                            "': not a Muon tensor this optimizer owns, or not of its batch's matrix shape " +
+                            std::to_string(rows) + "x" + std::to_string(cols));
     const int64_t total = n * r.matrices;
     ZAYA_CHECK(used + total <= work_size_, "Muon workspace too small");
     be_.muon_momentum(m1_ + r.moment1_offset, grads + layout_.params[i].offset, work_ + used, total, mu,

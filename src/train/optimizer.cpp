@@ -143,14 +143,15 @@ Optimizer::Optimizer(const ParamLayout& layout, const OptimizerConfig& cfg, Back
 
 void Optimizer::set_newton_schulz_across_tensors(bool across, int64_t workspace_floats) {
   if (workspace_floats < 0)
-    fail("optimizer", "a Newton-Schulz workspace of " + std::to_string(workspace_floats) + " floats");
+    fail("optimizer", "Newton-Schulz workspace of " + std::to_string(workspace_floats) +
+                          " floats; expected >= 0 (0: the default)");
   int64_t size = largest_muon_;
   if (across)
     size = std::max(largest_muon_,
                     std::min(owned_muon_floats_, workspace_floats > 0 ? workspace_floats : kNsGroupFloats));
+  float* fresh = be_.alloc(size);  // before the old one goes: a failed allocation leaves it in place
   be_.free(work_);
-  work_ = nullptr;
-  work_ = be_.alloc(size);
+  work_ = fresh;
   work_size_ = size;
   ns_across_ = across;
 }

@@ -247,9 +247,10 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
     return prompt;
   };
   const std::vector<int32_t> turn2 = extended(prompt_a, 5), turn3 = extended(turn2, 3);
-  // A prompt whose prefill fails in its last chunk (an id outside the vocabulary), after its
-  // first chunk has overwritten the state: the next completion of prompt a must run it again.
-  std::vector<int32_t> failing = prompt_b;
+  // A prompt that extends a but fails in its last chunk (an id outside the vocabulary), after
+  // its first chunk has moved the state on from a: the next completion of a must run a again,
+  // and the one after, extending a, must not extend that state.
+  std::vector<int32_t> failing = extended(prompt_a, 10);
   failing.push_back(int32_t(model->config().vocab_size));
   auto job = [](const std::vector<int32_t>& prompt, uint64_t seed) {
     CompletionJob j;
@@ -266,7 +267,7 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
       job(prompt_a, 5),                    // 4: reuses it
       job(prompt_b, 6),                    // 5: runs b
       job(prompt_a, 7),                    // 6: runs a
-      job(failing, 8),                     // 7: fails partway
+      job(failing, 8),                     // 7: extends a, fails in its second chunk
       job(prompt_a, 9),                    // 8: runs a
       job(turn2, 10),                      // 9: runs turn 2's 5 new positions
       job(turn3, 11),                      // 10: runs turn 3's 3 new positions
@@ -306,9 +307,9 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
   const EngineStats st = engine.stats();
   EXPECT_EQ(st.prefills_reused, 3);                 // jobs 1, 2 and 4
   EXPECT_EQ(st.prefill_positions_reused, 20 + 25);  // jobs 9 and 10
-  // Positions given to the model: a, a (echo), b, a, the failing prompt's 13, a, 5, 3, and
-  // turn 3's 28 (echo).
-  EXPECT_EQ(st.prefill_positions, 20 + 20 + 12 + 20 + 13 + 20 + 5 + 3 + 28);
+  // Positions given to the model: a, a (echo), b, a, the failing prompt's 11 after a, a, 5, 3,
+  // and turn 3's 28 (echo). Its 20 reused positions do not count: its prefill never finished.
+  EXPECT_EQ(st.prefill_positions, 20 + 20 + 12 + 20 + 11 + 20 + 5 + 3 + 28);
   EXPECT_EQ(st.completions, int64_t(jobs.size()));
 }
 

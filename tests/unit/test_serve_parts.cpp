@@ -243,19 +243,24 @@ std::vector<int32_t> names(const std::vector<CompletionResult>& results) {
 
 TEST(ServeBestOf, KeepsEachPromptsLikeliestPerTokenFirst) {
   // Means: 10: -1.0, 11: -0.5, 12: -2.0, 13: -0.5 (a tie with 11, which comes first);
-  // 20: -3.0, 21: 0 (no token scored), 22: -0.25, 23: -4.0.
+  // 20: -3.0, 21: none (no token scored: last), 22: -0.25, 23: -4.0, 24: NaN (last too).
   std::vector<CompletionResult> all = {candidate(10, -3.0, 3), candidate(11, -2.0, 4), candidate(12, -2.0, 1),
                                        candidate(13, -1.5, 3), candidate(20, -6.0, 2), candidate(21, 0.0, 0),
                                        candidate(22, -1.0, 4), candidate(23, -4.0, 1)};
   EXPECT_DOUBLE_EQ(mean_token_logprob(all[1]), -0.5);
-  EXPECT_EQ(mean_token_logprob(all[5]), 0.0);
+  EXPECT_EQ(mean_token_logprob(all[5]), -INFINITY);
+  EXPECT_EQ(mean_token_logprob(candidate(24, NAN, 2)), -INFINITY);
   // The mean, not the sum: 11 (sum -2 over 4) beats 10 (sum -3 over 3) and 12 (sum -2 over 1).
-  EXPECT_EQ(names(keep_best_of(all, 4, 2)), (std::vector<int32_t>{11, 13, 21, 22}));
-  EXPECT_EQ(names(keep_best_of(all, 4, 4)), (std::vector<int32_t>{11, 13, 10, 12, 21, 22, 20, 23}));
-  EXPECT_EQ(names(keep_best_of(all, 4, 1)), (std::vector<int32_t>{11, 21}));
+  EXPECT_EQ(names(keep_best_of(all, 4, 2)), (std::vector<int32_t>{11, 13, 22, 20}));
+  EXPECT_EQ(names(keep_best_of(all, 4, 4)), (std::vector<int32_t>{11, 13, 10, 12, 22, 20, 23, 21}));
+  EXPECT_EQ(names(keep_best_of(all, 4, 1)), (std::vector<int32_t>{11, 22}));
   // Groups of 2: (10, 11), (12, 13), (20, 21), (22, 23).
-  EXPECT_EQ(names(keep_best_of(all, 2, 1)), (std::vector<int32_t>{11, 13, 21, 22}));
-  EXPECT_EQ(names(keep_best_of(all, 8, 3)), (std::vector<int32_t>{21, 22, 11}));
+  EXPECT_EQ(names(keep_best_of(all, 2, 1)), (std::vector<int32_t>{11, 13, 20, 22}));
+  EXPECT_EQ(names(keep_best_of(all, 8, 3)), (std::vector<int32_t>{22, 11, 13}));
+  // A NaN candidate ranks with the unscored ones, after every finite mean.
+  std::vector<CompletionResult> with_nan = {candidate(30, NAN, 2), candidate(31, -9.0, 1),
+                                            candidate(32, 0.0, 0)};
+  EXPECT_EQ(names(keep_best_of(with_nan, 3, 3)), (std::vector<int32_t>{31, 30, 32}));
   // The kept results are whole: their other fields travel with them.
   all[3].text = "thirteen";
   EXPECT_EQ(keep_best_of(all, 4, 2)[1].text, "thirteen");

@@ -107,11 +107,13 @@ void run_serve(const ServeCliOptions& o) {
   std::snprintf(
       done, sizeof done,
       "stopped after %lld completion%s; %lld tokens decoded in %lld steps (mean batch %.2f); prompts "
-      "prefilled in %lld chunks; %lld completions reused the prefill of the same prompt before them, and "
-      "%lld prompt positions were not run again (a prompt extending the one before)",
+      "prefilled in %lld chunks (%lld positions); %lld completions reused the prefill of the same prompt "
+      "before "
+      "them, and %lld prompt positions were not run again (a prompt extending the one before)",
       (long long)st.completions, st.completions == 1 ? "" : "s", (long long)st.decoded_tokens,
       (long long)st.decode_steps, st.decode_steps ? double(st.decoded_tokens) / double(st.decode_steps) : 0.0,
-      (long long)st.prefill_chunks, (long long)st.prefills_reused, (long long)st.prefill_positions_reused);
+      (long long)st.prefill_chunks, (long long)st.prefill_positions, (long long)st.prefills_reused,
+      (long long)st.prefill_positions_reused);
   log::info(done);
 }
 

@@ -87,19 +87,6 @@ __global__ void k_swiglu(const float* hid, float* act, int64_t rows, int64_t I, 
   }
 }
 
-__global__ void k_swiglu_backward(const float* hid, const float* dact, float* dhid, int64_t rows, int64_t I,
-                                  const int32_t* rows_dev) {
-  if (rows_dev && *rows_dev < rows) rows = *rows_dev;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * I; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / I, j = i % I;
-    const float g = hid[r * 2 * I + j], u = hid[r * 2 * I + I + j];
-    const float sg = 1.0f / (1.0f + expf(-g));
-    const float da = dact[i];
-    dhid[r * 2 * I + j] = da * u * sg * (1.0f + g * (1.0f - sg));
-    dhid[r * 2 * I + I + j] = da * g * sg;
-  }
-}
-
 }  // namespace
 
 GpuMoePlan gpu_plan_moe(CudaBackend& be, const int32_t* expert, int64_t N, int64_t E, bool to_host) {
@@ -141,13 +128,6 @@ void gpu_gather_rows(gpuStream_t s, const float* src, const int32_t* perm, const
 void gpu_swiglu(gpuStream_t s, const float* hid, float* act, int64_t rows, int64_t I, const int32_t* rows_dev) {
   if (rows * I == 0) return;
   gpu_launch(k_swiglu, gpu_blocks(rows * I), kGpuThreads, 0, s, hid, act, rows, I, rows_dev);
-  GPU_LAUNCH_CHECK();
-}
-
-void gpu_swiglu_backward(gpuStream_t s, const float* hid, const float* dact, float* dhid, int64_t rows, int64_t I,
-                         const int32_t* rows_dev) {
-  if (rows * I == 0) return;
-  gpu_launch(k_swiglu_backward, gpu_blocks(rows * I), kGpuThreads, 0, s, hid, dact, dhid, rows, I, rows_dev);
   GPU_LAUNCH_CHECK();
 }
 

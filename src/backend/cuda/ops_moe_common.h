@@ -32,9 +32,6 @@ void gpu_gather_rows(gpuStream_t s, const float* src, const int32_t* perm, const
 // routed count on the device: rows past it are not computed).
 void gpu_swiglu(gpuStream_t s, const float* hid, float* act, int64_t rows, int64_t I,
                 const int32_t* rows_dev = nullptr);
-// dhid from dact and hid (SwiGLU backward), over the same rows.
-void gpu_swiglu_backward(gpuStream_t s, const float* hid, const float* dact, float* dhid, int64_t rows, int64_t I,
-                         const int32_t* rows_dev = nullptr);
 
 // The same operand starting `rows` stored rows further down.
 inline GemmOperand operand_rows(GemmOperand o, int64_t rows) {
