@@ -955,9 +955,11 @@ TEST(ServeCli, PrintsItsUrlServesAndStopsOnSigterm) {
   EXPECT_NE(log.find("decoding up to 3 completions together"), std::string::npos) << log;
   // One completion of 3 tokens (the bad request never reached the engine): the first token comes
   // from the prefill of its 5-token prompt (3 chunks of at most 2), two from decode steps.
-  EXPECT_NE(log.find("stopped after 1 completion; 2 tokens decoded in 2 steps (mean batch 1.00); prompts "
-                     "prefilled in 3 chunks"),
-            std::string::npos)
+  EXPECT_NE(
+      log.find("stopped after 1 completion; 2 tokens decoded in 2 steps (mean batch 1.00); prompts "
+               "prefilled in 3 chunks (5 positions); 0 completions reused the prefill of the same prompt "
+               "before them; 0 prompt positions not run again"),
+      std::string::npos)
       << log;
   fs::remove_all(dir);
 }

@@ -103,18 +103,21 @@ void run_serve(const ServeCliOptions& o) {
   }).detach();
   server.stop();
   const EngineStats st = server.engine_stats();
-  char done[400];
-  std::snprintf(
-      done, sizeof done,
-      "stopped after %lld completion%s; %lld tokens decoded in %lld steps (mean batch %.2f); prompts "
-      "prefilled in %lld chunks (%lld positions); %lld completions reused the prefill of the same prompt "
-      "before "
-      "them, and %lld prompt positions were not run again (a prompt extending the one before)",
-      (long long)st.completions, st.completions == 1 ? "" : "s", (long long)st.decoded_tokens,
-      (long long)st.decode_steps, st.decode_steps ? double(st.decoded_tokens) / double(st.decode_steps) : 0.0,
-      (long long)st.prefill_chunks, (long long)st.prefill_positions, (long long)st.prefills_reused,
-      (long long)st.prefill_positions_reused);
-  log::info(done);
+  auto count = [](int64_t n, const std::string& one, const std::string& many) {
+    return std::to_string(n) + " " + (n == 1 ? one : many);
+  };
+  char mean_batch[32];
+  std::snprintf(mean_batch, sizeof mean_batch, "%.2f",
+                st.decode_steps ? double(st.decoded_tokens) / double(st.decode_steps) : 0.0);
+  log::info("stopped after " + count(st.completions, "completion", "completions") + "; " +
+            count(st.decoded_tokens, "token", "tokens") + " decoded in " +
+            count(st.decode_steps, "step", "steps") + " (mean batch " + mean_batch +
+            "); prompts prefilled in " + count(st.prefill_chunks, "chunk", "chunks") + " (" +
+            count(st.prefill_positions, "position", "positions") + "); " +
+            count(st.prefills_reused, "completion", "completions") +
+            " reused the prefill of the same prompt before them; " +
+            count(st.prefill_positions_reused, "prompt position", "prompt positions") +
+            " not run again (a prompt extending the one before)");
 }
 
 }  // namespace
