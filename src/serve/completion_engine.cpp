@@ -64,10 +64,12 @@ CompletionEngine::CompletionEngine(Model& model, const Tokenizer* tokenizer, Eng
                       std::to_string(c.max_position_embeddings));
   batch_ = std::make_unique<DecodeState>(c, model.backend(), opt_.max_batch, context_);
   single_ = std::make_unique<DecodeState>(c, model.backend(), 1, context_);
+  finished_ = std::make_unique<DecodeState>(c, model.backend(), 1, context_);
   if (opt_.prefill_chunk < 1)
     fail("serve", "a prefill chunk must hold at least 1 position, got " + std::to_string(opt_.prefill_chunk));
   logits_.resize(size_t(opt_.max_batch * c.vocab_size));
   prefill_logits_.resize(size_t(c.vocab_size));
+  finished_logits_.resize(size_t(c.vocab_size));
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -78,7 +80,7 @@ int64_t CompletionEngine::decode_state_bytes() const {
   const int64_t per_sequence =
       c.num_hidden_layers *
       (2 * context_ * c.kv_dim() + c.conv_state_rows() * c.conv_channels() + c.kv_dim() / 2);
-  return (opt_.max_batch + 1) * per_sequence * int64_t(sizeof(float));
+  return (opt_.max_batch + 2) * per_sequence * int64_t(sizeof(float));
 }
 
 EngineStats CompletionEngine::stats() const {
@@ -147,7 +149,8 @@ CompletionResult CompletionEngine::wait(Ticket& ticket, const ChunkFn& on_chunk)
 struct CompletionEngine::Prefilling {
   Running r;
   std::unique_ptr<PromptPrefill> prefill;  // null: the same prompt as the prefill before, reused whole
-  int64_t reused_positions = 0;            // prompt positions the prefill before already ran
+  int64_t reused_positions = 0;            // prompt positions a state kept before already ran
+  bool continues_finished = false;         // that state was the last finished completion's
   Clock::time_point started;
 };
 
@@ -189,6 +192,14 @@ void CompletionEngine::loop() {
 }
 
 namespace {
+// The length of kept when it is a prefix of prompt (the positions a state holding kept has
+// already run), else 0.
+int64_t kept_prefix(const std::optional<std::vector<int32_t>>& kept, const std::vector<int32_t>& prompt) {
+  if (!kept || kept->size() > prompt.size() || !std::equal(kept->begin(), kept->end(), prompt.begin()))
+    return 0;
+  return int64_t(kept->size());
+}
+
 CompletionResult cancelled_result(const CompletionJob& in, double queue_seconds) {
   CompletionResult r;
   r.prompt_tokens = int64_t(in.prompt.size());
@@ -234,17 +245,32 @@ std::unique_ptr<CompletionEngine::Prefilling> CompletionEngine::begin(const std:
       return nullptr;
     }
     p->started = Clock::now();
-    // The prompt just prefilled, or a prompt that extends it (the next turn of a conversation),
-    // with nothing to report for its positions: start from that state, which is what running the
-    // prompt again would give (up to the rounding of where its chunks fall, which depends on the
-    // turn it starts in either way), and prefill only what follows. A completion that reports
-    // the prompt's logprobs (echo) runs the whole prompt.
+    // The prompt just prefilled, or the tokens of the last finished completion, or a prompt that
+    // extends either (the next turn of a conversation), with nothing to report for its
+    // positions: start from the state that holds the most of the prompt, which is what running
+    // the prompt again would give (up to rounding: where its chunks fall, and positions that a
+    // finished completion fed one at a time), and prefill only what follows. A completion that
+    // reports the prompt's logprobs (echo) runs the whole prompt.
     int64_t start = 0;
-    if (prefilled_prompt_ && !r.run->prompt_logits() && prefilled_prompt_->size() <= in.prompt.size() &&
-        std::equal(prefilled_prompt_->begin(), prefilled_prompt_->end(), in.prompt.begin())) {
-      start = int64_t(prefilled_prompt_->size());
-      ZAYA_CHECK(single_->pos[0] == start, "the remembered prefill does not match its decode state");
-      if (start == int64_t(in.prompt.size())) return p;  // the same prompt: no prefill at all
+    if (!r.run->prompt_logits()) {
+      const int64_t from_prefill = kept_prefix(prefilled_prompt_, in.prompt);
+      const int64_t from_finished = kept_prefix(finished_tokens_, in.prompt);
+      if (from_finished > from_prefill) {
+        ZAYA_CHECK(finished_->pos[0] == from_finished, "the kept completion does not match its decode state");
+        prefilled_prompt_.reset();  // single_ changes from here on (forgotten first: a copy may throw)
+        single_->copy_sequence(*finished_, 0, 0);
+        start = from_finished;
+        p->continues_finished = true;
+        if (start == int64_t(in.prompt.size())) {  // exactly its tokens: no prefill at all
+          prefill_logits_ = finished_logits_;
+          prefilled_prompt_ = in.prompt;
+          return p;
+        }
+      } else if (from_prefill > 0) {
+        start = from_prefill;
+        ZAYA_CHECK(single_->pos[0] == start, "the remembered prefill does not match its decode state");
+        if (start == int64_t(in.prompt.size())) return p;  // the same prompt: no prefill at all
+      }
     }
     prefilled_prompt_.reset();  // single_ changes from here on (forgotten first: a reset may throw)
     if (start == 0) single_->reset();
@@ -288,9 +314,11 @@ int64_t CompletionEngine::advance_prefill(std::unique_ptr<Prefilling>& p, std::v
       prefilled_prompt_ = r.job->in.prompt;
       std::lock_guard lk(mu_);
       stats_.prefill_positions_reused += p->reused_positions;
-    } else {  // begin() found this prompt already prefilled
+      if (p->continues_finished) ++stats_.finished_continued;
+    } else {  // begin() found this prompt already run
       std::lock_guard lk(mu_);
       ++stats_.prefills_reused;
+      if (p->continues_finished) ++stats_.finished_continued;
     }
     r.decode_start = Clock::now();
     r.prefill_seconds = seconds_between(p->started, r.decode_start);
@@ -335,7 +363,9 @@ void CompletionEngine::decode_step(std::vector<Running>& running) {
     return;
   }
   std::vector<bool> failed(size_t(B), false);
+  std::vector<int64_t> logits_row(static_cast<size_t>(B));  // running[i]'s logits, while sequences move
   for (int64_t i = 0; i < B; ++i) {
+    logits_row[size_t(i)] = i;
     Running& r = running[size_t(i)];
     try {
       r.next = r.run->step(logits_.data() + i * V);
@@ -356,6 +386,8 @@ void CompletionEngine::decode_step(std::vector<Running>& running) {
       result.queue_seconds = r.queue_seconds;
       result.prefill_seconds = r.prefill_seconds;
       result.decode_seconds = seconds_between(r.decode_start, Clock::now());
+      if (result.finish_reason != "cancelled")
+        keep_finished(r, int64_t(i), logits_.data() + logits_row[i] * V);
       deliver(*r.job, std::move(result));
     }
     const size_t last = running.size() - 1;
@@ -363,8 +395,28 @@ void CompletionEngine::decode_step(std::vector<Running>& running) {
       batch_->copy_sequence(*batch_, int64_t(last), int64_t(i));
       running[i] = std::move(running[last]);
       failed[i] = failed[last];
+      logits_row[i] = logits_row[last];
     }
     running.pop_back();
+  }
+}
+
+// Keeps the state of the completion that just finished in sequence seq of the batch, with the
+// tokens it holds and the logits after them, in place of the one kept before. A failure only
+// means nothing is kept: the completion itself has finished well.
+void CompletionEngine::keep_finished(const Running& r, int64_t seq, const float* logits) {
+  finished_tokens_.reset();  // forgotten first: the copy may throw
+  try {
+    const int64_t n = batch_->pos[size_t(seq)];
+    const std::vector<int32_t>& tokens = r.run->tokens();
+    ZAYA_CHECK(n >= 1 && n <= int64_t(tokens.size()), "a finished completion's state holds " +
+                                                          std::to_string(n) + " positions for " +
+                                                          std::to_string(tokens.size()) + " tokens");
+    finished_->copy_sequence(*batch_, seq, 0);
+    std::copy(logits, logits + model_.config().vocab_size, finished_logits_.begin());
+    finished_tokens_.emplace(tokens.begin(), tokens.begin() + n);
+  } catch (const std::exception&) {
+    finished_tokens_.reset();
   }
 }
 

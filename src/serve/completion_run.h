@@ -39,6 +39,10 @@ class CompletionRun {
   // completion has ended (EOS, a stop sequence, max_tokens, or cancellation).
   int32_t step(const float* logits);
 
+  // The prompt and every token sampled so far (the last one sampled has not been fed to the
+  // model yet, and never is once the completion has ended).
+  const std::vector<int32_t>& tokens() const { return seen_; }
+
   // Sends what is still unsent (the echo, the held-back tail) and returns the result. Once,
   // after step() returned -1, or at once when nothing was to be generated.
   CompletionResult finish();

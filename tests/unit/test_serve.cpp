@@ -494,8 +494,9 @@ TEST(ServeCli, PrintsItsUrlServesAndStopsOnSigterm) {
   // from the prefill of its 5-token prompt (3 chunks of at most 2), two from decode steps.
   EXPECT_NE(
       log.find("stopped after 1 completion; 2 tokens decoded in 2 steps (mean batch 1.00); prompts "
-               "prefilled in 3 chunks (5 positions); 0 completions reused the prefill of the same prompt "
-               "before them; 0 prompt positions not run again"),
+               "prefilled in 3 chunks (5 positions); 0 completions reused the whole prefill of an earlier "
+               "prompt or completion; 0 prompt positions not run again (a prompt extending one of them); "
+               "0 completions continued a finished completion (a conversation's next turn)"),
       std::string::npos)
       << log;
   fs::remove_all(dir);

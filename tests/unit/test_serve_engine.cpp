@@ -1,6 +1,7 @@
 // The inference server's completion engine without HTTP (src/serve/completion_engine.h): its
 // queue and shutdown, continuous batching (completions decoded together come out as each does
-// alone), chunked prefill between decode steps, and the context it serves.
+// alone), chunked prefill between decode steps, and the context it serves. What it reuses of
+// earlier prompts and completions: test_serve_engine_reuse.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -229,88 +230,6 @@ TEST(ServeEngine, ALongPromptIsPrefilledBetweenDecodeSteps) {
   auto quiet = [](const CompletionChunk&) { return true; };
   EXPECT_EQ(running_result.ids, run_completion(*model, nullptr, running_job, quiet).ids);
   EXPECT_EQ(long_result.ids, run_completion(*model, nullptr, long_job, quiet).ids);
-}
-
-// The choices of one prompt (a request's n or best_of) share its prefill: the completion after
-// a prefill, with the same prompt, starts from that state instead of running the prompt again,
-// and one whose prompt extends it (a conversation's next turn) prefills only the rest. Each comes
-// out as it does alone. A completion that reports the prompt's logprobs (echo) runs the whole
-// prompt, and a different prompt in between (even one whose prefill fails) ends the sharing.
-TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
-  auto be = make_cpu_backend();
-  auto model = tiny_model(*be);
-  std::vector<int32_t> prompt_a, prompt_b;
-  for (int t = 0; t < 20; ++t) prompt_a.push_back(int32_t(4 + (t * 13) % 500));
-  for (int t = 0; t < 12; ++t) prompt_b.push_back(int32_t(9 + (t * 7) % 500));
-  auto extended = [](std::vector<int32_t> prompt, int extra) {
-    for (int t = 0; t < extra; ++t) prompt.push_back(int32_t(30 + 17 * int32_t(prompt.size()) % 400));
-    return prompt;
-  };
-  const std::vector<int32_t> turn2 = extended(prompt_a, 5), turn3 = extended(turn2, 3);
-  // A prompt that extends a but fails in its last chunk (an id outside the vocabulary), after
-  // its first chunk has moved the state on from a: the next completion of a must run a again,
-  // and the one after, extending a, must not extend that state.
-  std::vector<int32_t> failing = extended(prompt_a, 10);
-  failing.push_back(int32_t(model->config().vocab_size));
-  auto job = [](const std::vector<int32_t>& prompt, uint64_t seed) {
-    CompletionJob j;
-    j.prompt = prompt;
-    j.max_tokens = 6;
-    j.sampling = {1.2f, 0, 1.0f};
-    j.seed = seed;
-    return j;
-  };
-  std::vector<CompletionJob> jobs = {
-      job(prompt_a, 1),                    // 0: runs a
-      job(prompt_a, 2),                    // 1, 2: reuse it
-      job(prompt_a, 3), job(prompt_a, 4),  // 3: echo: runs a again
-      job(prompt_a, 5),                    // 4: reuses it
-      job(prompt_b, 6),                    // 5: runs b
-      job(prompt_a, 7),                    // 6: runs a
-      job(failing, 8),                     // 7: extends a, fails in its second chunk
-      job(prompt_a, 9),                    // 8: runs a
-      job(turn2, 10),                      // 9: runs turn 2's 5 new positions
-      job(turn3, 11),                      // 10: runs turn 3's 3 new positions
-      job(turn3, 12),                      // 11: echo: runs turn 3 whole
-  };
-  constexpr size_t kFailing = 7;
-  for (size_t e : {size_t(3), size_t(11)}) {
-    jobs[e].echo = true;
-    jobs[e].logprobs = 2;
-  }
-  std::vector<CompletionResult> alone;
-  auto quiet = [](const CompletionChunk&) { return true; };
-  for (size_t i = 0; i < jobs.size(); ++i)
-    alone.push_back(i == kFailing ? CompletionResult{} : run_completion(*model, nullptr, jobs[i], quiet));
-
-  EngineOptions eo{16, 0, 8};
-  eo.prefill_chunk = 8;
-  CompletionEngine engine(*model, nullptr, eo);
-  std::vector<CompletionEngine::Ticket> tickets = engine.submit(jobs);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    SCOPED_TRACE("completion " + std::to_string(i));
-    if (i == kFailing) {
-      EXPECT_THROW(engine.wait(tickets[i]), ApiError);
-      continue;
-    }
-    const CompletionResult r = engine.wait(tickets[i]);
-    EXPECT_EQ(r.ids, alone[i].ids);
-    EXPECT_EQ(r.finish_reason, alone[i].finish_reason);
-    ASSERT_EQ(r.logprobs.has_value(), jobs[i].echo);
-    if (!r.logprobs) continue;
-    ASSERT_EQ(r.logprobs->size(), jobs[i].prompt.size() + r.ids.size());
-    for (size_t k = 1; k < r.logprobs->size(); ++k) {  // entry 0, the prompt's first token, has none
-      ASSERT_TRUE((*r.logprobs)[k].logprob.has_value()) << "entry " << k;
-      EXPECT_NEAR(*(*r.logprobs)[k].logprob, *(*alone[i].logprobs)[k].logprob, 1e-4) << "entry " << k;
-    }
-  }
-  const EngineStats st = engine.stats();
-  EXPECT_EQ(st.prefills_reused, 3);                 // jobs 1, 2 and 4
-  EXPECT_EQ(st.prefill_positions_reused, 20 + 25);  // jobs 9 and 10
-  // Positions given to the model: a, a (echo), b, a, the failing prompt's 11 after a, a, 5, 3,
-  // and turn 3's 28 (echo). Its 20 reused positions do not count: its prefill never finished.
-  EXPECT_EQ(st.prefill_positions, 20 + 20 + 12 + 20 + 11 + 20 + 5 + 3 + 28);
-  EXPECT_EQ(st.completions, int64_t(jobs.size()));
 }
 
 // A job the context cannot hold is refused with a 400 (the request parser checks it first; the

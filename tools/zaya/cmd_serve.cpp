@@ -115,9 +115,11 @@ void run_serve(const ServeCliOptions& o) {
             "); prompts prefilled in " + count(st.prefill_chunks, "chunk", "chunks") + " (" +
             count(st.prefill_positions, "position", "positions") + "); " +
             count(st.prefills_reused, "completion", "completions") +
-            " reused the prefill of the same prompt before them; " +
+            " reused the whole prefill of an earlier prompt or completion; " +
             count(st.prefill_positions_reused, "prompt position", "prompt positions") +
-            " not run again (a prompt extending the one before)");
+            " not run again (a prompt extending one of them); " +
+            count(st.finished_continued, "completion", "completions") +
+            " continued a finished completion (a conversation's next turn)");
 }
 
 }  // namespace

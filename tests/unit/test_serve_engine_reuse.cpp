@@ -1,0 +1,271 @@
+// What the completion engine (src/serve/completion_engine.h) reuses instead of running the model
+// again: the prefill of the prompt before (a request's n or best_of choices, a prompt extending
+// it) and the state of the last finished completion (a conversation's next turn, which sends the
+// reply back). Every completion must come out as it does alone, and the positions given to the
+// model and those reused are counted exactly.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../common/tiny_serve_model.h"
+#include "serve/api_error.h"
+#include "serve/completion_engine.h"
+#include "serve/completion_run.h"
+
+namespace zaya {
+namespace {
+
+using test::tiny_model;
+
+// The choices of one prompt (a request's n or best_of) share its prefill: the completion after
+// a prefill, with the same prompt, starts from that state instead of running the prompt again,
+// and one whose prompt extends it (a conversation's next turn) prefills only the rest. Each comes
+// out as it does alone. A completion that reports the prompt's logprobs (echo) runs the whole
+// prompt, and a different prompt in between (even one whose prefill fails) ends the sharing.
+TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  std::vector<int32_t> prompt_a, prompt_b;
+  for (int t = 0; t < 20; ++t) prompt_a.push_back(int32_t(4 + (t * 13) % 500));
+  for (int t = 0; t < 12; ++t) prompt_b.push_back(int32_t(9 + (t * 7) % 500));
+  auto extended = [](std::vector<int32_t> prompt, int extra) {
+    for (int t = 0; t < extra; ++t) prompt.push_back(int32_t(30 + 17 * int32_t(prompt.size()) % 400));
+    return prompt;
+  };
+  const std::vector<int32_t> turn2 = extended(prompt_a, 5), turn3 = extended(turn2, 3);
+  // A prompt that extends a but fails in its last chunk (an id outside the vocabulary), after
+  // its first chunk has moved the state on from a: the next completion of a must run a again,
+  // and the one after, extending a, must not extend that state.
+  std::vector<int32_t> failing = extended(prompt_a, 10);
+  failing.push_back(int32_t(model->config().vocab_size));
+  auto job = [](const std::vector<int32_t>& prompt, uint64_t seed) {
+    CompletionJob j;
+    j.prompt = prompt;
+    j.max_tokens = 6;
+    j.sampling = {1.2f, 0, 1.0f};
+    j.seed = seed;
+    return j;
+  };
+  std::vector<CompletionJob> jobs = {
+      job(prompt_a, 1),                    // 0: runs a
+      job(prompt_a, 2),                    // 1, 2: reuse it
+      job(prompt_a, 3), job(prompt_a, 4),  // 3: echo: runs a again
+      job(prompt_a, 5),                    // 4: reuses it
+      job(prompt_b, 6),                    // 5: runs b
+      job(prompt_a, 7),                    // 6: runs a
+      job(failing, 8),                     // 7: extends a, fails in its second chunk
+      job(prompt_a, 9),                    // 8: runs a
+      job(turn2, 10),                      // 9: runs turn 2's 5 new positions
+      job(turn3, 11),                      // 10: runs turn 3's 3 new positions
+      job(turn3, 12),                      // 11: echo: runs turn 3 whole
+  };
+  constexpr size_t kFailing = 7;
+  for (size_t e : {size_t(3), size_t(11)}) {
+    jobs[e].echo = true;
+    jobs[e].logprobs = 2;
+  }
+  std::vector<CompletionResult> alone;
+  auto quiet = [](const CompletionChunk&) { return true; };
+  for (size_t i = 0; i < jobs.size(); ++i)
+    alone.push_back(i == kFailing ? CompletionResult{} : run_completion(*model, nullptr, jobs[i], quiet));
+
+  EngineOptions eo{16, 0, 8};
+  eo.prefill_chunk = 8;
+  CompletionEngine engine(*model, nullptr, eo);
+  std::vector<CompletionEngine::Ticket> tickets = engine.submit(jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SCOPED_TRACE("completion " + std::to_string(i));
+    if (i == kFailing) {
+      EXPECT_THROW(engine.wait(tickets[i]), ApiError);
+      continue;
+    }
+    const CompletionResult r = engine.wait(tickets[i]);
+    EXPECT_EQ(r.ids, alone[i].ids);
+    EXPECT_EQ(r.finish_reason, alone[i].finish_reason);
+    ASSERT_EQ(r.logprobs.has_value(), jobs[i].echo);
+    if (!r.logprobs) continue;
+    ASSERT_EQ(r.logprobs->size(), jobs[i].prompt.size() + r.ids.size());
+    for (size_t k = 1; k < r.logprobs->size(); ++k) {  // entry 0, the prompt's first token, has none
+      ASSERT_TRUE((*r.logprobs)[k].logprob.has_value()) << "entry " << k;
+      EXPECT_NEAR(*(*r.logprobs)[k].logprob, *(*alone[i].logprobs)[k].logprob, 1e-4) << "entry " << k;
+    }
+  }
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.prefills_reused, 3);                 // jobs 1, 2 and 4
+  EXPECT_EQ(st.prefill_positions_reused, 20 + 25);  // jobs 9 and 10
+  // Positions given to the model: a, a (echo), b, a, the failing prompt's 11 after a, a, 5, 3,
+  // and turn 3's 28 (echo). Its 20 reused positions do not count: its prefill never finished.
+  EXPECT_EQ(st.prefill_positions, 20 + 20 + 12 + 20 + 11 + 20 + 5 + 3 + 28);
+  EXPECT_EQ(st.completions, int64_t(jobs.size()));
+}
+
+CompletionJob sampled_job(const std::vector<int32_t>& prompt, uint64_t seed) {
+  CompletionJob j;
+  j.prompt = prompt;
+  j.max_tokens = 6;
+  j.sampling = {1.2f, 0, 1.0f};
+  j.seed = seed;
+  return j;
+}
+
+// The tokens a finished completion's decode state holds: its prompt and what it generated, less
+// the last token when max_tokens ended it (sampled, never fed). EOS is not among the ids.
+std::vector<int32_t> fed_tokens(const CompletionJob& job, const CompletionResult& result) {
+  std::vector<int32_t> t = job.prompt;
+  t.insert(t.end(), result.ids.begin(), result.ids.end());
+  if (result.finish_reason == "length") t.pop_back();
+  return t;
+}
+
+std::vector<int32_t> followed_by(std::vector<int32_t> tokens, int extra, int salt) {
+  for (int t = 0; t < extra; ++t) tokens.push_back(int32_t(40 + (salt * 31 + 11 * t) % 450));
+  return tokens;
+}
+
+// A conversation's next turn sends the whole exchange back: its prompt, the reply and a new
+// message. The engine keeps the last finished completion's state, so the turn runs only what
+// its reply's last token (never fed) and the new message add; a prompt of exactly those tokens
+// runs nothing. With a batch of one, each job begins only once the one before has finished, so
+// what is kept when each begins is known. Each comes out as it does alone.
+TEST(ServeEngine, AConversationsNextTurnContinuesTheFinishedCompletion) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  auto quiet = [](const CompletionChunk&) { return true; };
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < 20; ++t) prompt.push_back(int32_t(4 + (t * 13) % 500));
+
+  // The replies, from runs alone, to build the turns that send them back.
+  const CompletionJob first = sampled_job(prompt, 1);
+  const CompletionResult first_alone = run_completion(*model, nullptr, first, quiet);
+  ASSERT_EQ(first_alone.finish_reason, "length");
+  std::vector<int32_t> turn2 = prompt;
+  turn2.insert(turn2.end(), first_alone.ids.begin(), first_alone.ids.end());
+  turn2 = followed_by(turn2, 4, 1);
+  const CompletionJob second = sampled_job(turn2, 2);
+  const CompletionResult second_alone = run_completion(*model, nullptr, second, quiet);
+  const std::vector<int32_t> second_fed = fed_tokens(second, second_alone);
+
+  std::vector<CompletionJob> jobs = {
+      first,                                     // 0: runs the prompt (20 positions)
+      second,                                    // 1: continues 0: runs its last token and 4 more
+      sampled_job(second_fed, 3),                // 2: exactly what 1 holds: runs nothing
+      sampled_job(followed_by(turn2, 3, 2), 4),  // 3: echo: runs its whole prompt
+  };
+  jobs[3].echo = true;
+  jobs[3].logprobs = 1;
+  std::vector<CompletionResult> alone = {first_alone, second_alone};
+  for (size_t i = 2; i < jobs.size(); ++i) alone.push_back(run_completion(*model, nullptr, jobs[i], quiet));
+
+  EngineOptions eo{16, 0, 1};
+  eo.prefill_chunk = 8;
+  CompletionEngine engine(*model, nullptr, eo);
+  std::vector<CompletionEngine::Ticket> tickets = engine.submit(jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SCOPED_TRACE("completion " + std::to_string(i));
+    const CompletionResult r = engine.wait(tickets[i]);
+    EXPECT_EQ(r.ids, alone[i].ids);
+    EXPECT_EQ(r.finish_reason, alone[i].finish_reason);
+  }
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.finished_continued, 2);         // jobs 1 and 2
+  EXPECT_EQ(st.prefills_reused, 1);            // job 2
+  EXPECT_EQ(st.prefill_positions_reused, 25);  // job 1: the prompt and 5 of its 6 reply tokens
+  EXPECT_EQ(st.prefill_positions, int64_t(20 + 5 + jobs[3].prompt.size()));
+  EXPECT_EQ(st.completions, int64_t(jobs.size()));
+}
+
+// When both the prompt prefilled last and the last finished completion begin a prompt, it
+// continues from whichever holds more of it. With a batch of two: 0 decodes while 1, which
+// extends 0's prompt and 5 of its reply tokens, is prefilled; 2 waits for a place, which 0's
+// finish makes, and then extends 1's prompt (35 positions) rather than 0's finished state (25).
+// A cancelled completion is not kept: 4 (0's prompt, cancelled at its first token) leaves the
+// finished state as it was, so 5, continuing 3's reply, still finds it.
+TEST(ServeEngine, APromptContinuesWhicheverKeptStateHoldsMoreOfIt) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  auto quiet = [](const CompletionChunk&) { return true; };
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < 20; ++t) prompt.push_back(int32_t(9 + (t * 7) % 500));
+  const CompletionJob first = sampled_job(prompt, 5);
+  const CompletionResult first_alone = run_completion(*model, nullptr, first, quiet);
+  ASSERT_EQ(first_alone.finish_reason, "length");  // the order below assumes every max_tokens is reached
+  CompletionJob second = sampled_job(followed_by(fed_tokens(first, first_alone), 10, 3), 6);
+  second.max_tokens = 12;  // still decoding when 0 finishes
+  const CompletionJob third = sampled_job(followed_by(second.prompt, 3, 4), 7);
+
+  std::vector<CompletionJob> jobs = {first, second, third};
+  std::vector<CompletionResult> alone = {first_alone};
+  for (size_t i = 1; i < jobs.size(); ++i) {
+    alone.push_back(run_completion(*model, nullptr, jobs[i], quiet));
+    ASSERT_EQ(alone[i].finish_reason, "length") << "completion " << i;
+  }
+
+  EngineOptions eo{16, 0, 2};
+  eo.prefill_chunk = 8;
+  CompletionEngine engine(*model, nullptr, eo);
+  std::vector<CompletionEngine::Ticket> tickets = engine.submit(jobs);
+  std::vector<CompletionResult> got;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SCOPED_TRACE("completion " + std::to_string(i));
+    got.push_back(engine.wait(tickets[i]));
+    EXPECT_EQ(got[i].ids, alone[i].ids);
+  }
+  EngineStats st = engine.stats();
+  EXPECT_EQ(st.finished_continued, 0);
+  EXPECT_EQ(st.prefill_positions_reused, 20 + 35);  // job 1 extends 0's prompt, job 2 1's
+  EXPECT_EQ(st.prefill_positions, 20 + 15 + 3);
+
+  // 1 finished last (12 tokens, against 2's 6 begun 3 steps after it): a turn continuing it
+  // finds its state, even after a completion cancelled in between: by its second token, so in
+  // the batch (the engine sees the cancellation at that token or the next; max_tokens is the
+  // whole context, so that it is still running then).
+  CompletionJob cancelled = sampled_job(prompt, 8);
+  cancelled.max_tokens = engine.context() - int64_t(prompt.size());
+  int chunks = 0;
+  EXPECT_EQ(engine.run(cancelled, [&](const CompletionChunk&) { return ++chunks < 2; }).finish_reason,
+            "cancelled");
+  const std::vector<int32_t> kept = fed_tokens(jobs[1], got[1]);
+  const CompletionJob next_turn = sampled_job(followed_by(kept, 2, 5), 9);
+  EXPECT_EQ(engine.run(next_turn).ids, run_completion(*model, nullptr, next_turn, quiet).ids);
+  const EngineStats after = engine.stats();
+  EXPECT_EQ(after.finished_continued, 1) << "a cancelled completion replaced the one kept before it";
+  EXPECT_EQ(after.prefill_positions_reused, st.prefill_positions_reused + int64_t(kept.size()));
+}
+
+// Two completions that end in the same decode step: the first's sequence is freed and the
+// batch's last moves into it before the second is seen to end, so the second is kept from its
+// new place, with the logits of its old one. A prompt of exactly its tokens starts from those
+// logits (greedy, with the first token's log-probability compared: another row's logits give
+// another token or value).
+TEST(ServeEngine, ACompletionEndingAfterAMoveIsKeptWithItsOwnLogits) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  auto quiet = [](const CompletionChunk&) { return true; };
+  std::vector<int32_t> prompt_a, prompt_b;
+  for (int t = 0; t < 7; ++t) prompt_a.push_back(int32_t(5 + (t * 29) % 500));
+  for (int t = 0; t < 9; ++t) prompt_b.push_back(int32_t(8 + (t * 37) % 500));
+  const std::vector<CompletionJob> jobs = {sampled_job(prompt_a, 11), sampled_job(prompt_b, 12)};
+  std::vector<CompletionResult> alone;
+  for (const CompletionJob& j : jobs) {
+    alone.push_back(run_completion(*model, nullptr, j, quiet));
+    ASSERT_EQ(alone.back().finish_reason, "length");  // both end at the same step
+  }
+  CompletionJob exact = sampled_job(fed_tokens(jobs[1], alone[1]), 13);
+  exact.sampling = {0.0f, 0, 1.0f};
+  exact.logprobs = 0;
+  const CompletionResult exact_alone = run_completion(*model, nullptr, exact, quiet);
+
+  CompletionEngine engine(*model, nullptr, EngineOptions{16, 0, 2});  // both prompts in one turn
+  std::vector<CompletionEngine::Ticket> tickets = engine.submit(jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(engine.wait(tickets[i]).ids, alone[i].ids);
+  const CompletionResult r = engine.run(exact);
+  EXPECT_EQ(engine.stats().finished_continued, 1);
+  EXPECT_EQ(r.ids, exact_alone.ids);
+  ASSERT_TRUE(r.logprobs && exact_alone.logprobs && !r.logprobs->empty());
+  ASSERT_EQ(r.logprobs->size(), exact_alone.logprobs->size());
+  EXPECT_NEAR(*r.logprobs->front().logprob, *exact_alone.logprobs->front().logprob, 1e-4);
+}
+
+}  // namespace
+}  // namespace zaya
