@@ -29,6 +29,13 @@ DecodeState::DecodeState(const ModelConfig& c, Backend& be, int64_t b, int64_t c
   reset();
 }
 
+int64_t DecodeState::bytes(const ModelConfig& c, int64_t batch, int64_t capacity) {
+  const int64_t per_sequence =
+      c.num_hidden_layers *
+      (2 * capacity * c.kv_dim() + c.conv_state_rows() * c.conv_channels() + c.kv_dim() / 2);
+  return batch * per_sequence * int64_t(sizeof(float));
+}
+
 DecodeState::~DecodeState() {
   for (auto& L : layers) {
     be_.free(L.k);

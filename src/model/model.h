@@ -29,6 +29,8 @@ class DecodeState {
   // (moving a sequence within the batch) or another one of the same model, of any batch and
   // capacity: a prompt prefilled alone joins a decoding batch this way.
   void copy_sequence(const DecodeState& from, int64_t from_seq, int64_t to_seq);
+  // Bytes a state of this shape holds on its backend.
+  static int64_t bytes(const ModelConfig& c, int64_t batch, int64_t capacity);
 
   struct Layer {
     float* k = nullptr;     // [B, S, Hkv, dh]

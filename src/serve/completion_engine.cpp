@@ -64,23 +64,18 @@ CompletionEngine::CompletionEngine(Model& model, const Tokenizer* tokenizer, Eng
                       std::to_string(c.max_position_embeddings));
   batch_ = std::make_unique<DecodeState>(c, model.backend(), opt_.max_batch, context_);
   single_ = std::make_unique<DecodeState>(c, model.backend(), 1, context_);
-  finished_ = std::make_unique<DecodeState>(c, model.backend(), 1, context_);
+  kept_ = std::make_unique<KeptStates>(c, model.backend(), opt_.keep_bytes);
   if (opt_.prefill_chunk < 1)
     fail("serve", "a prefill chunk must hold at least 1 position, got " + std::to_string(opt_.prefill_chunk));
   logits_.resize(size_t(opt_.max_batch * c.vocab_size));
   prefill_logits_.resize(size_t(c.vocab_size));
-  finished_logits_.resize(size_t(c.vocab_size));
   thread_ = std::thread([this] { loop(); });
 }
 
 CompletionEngine::~CompletionEngine() { shutdown(); }
 
 int64_t CompletionEngine::decode_state_bytes() const {
-  const ModelConfig& c = model_.config();
-  const int64_t per_sequence =
-      c.num_hidden_layers *
-      (2 * context_ * c.kv_dim() + c.conv_state_rows() * c.conv_channels() + c.kv_dim() / 2);
-  return (opt_.max_batch + 2) * per_sequence * int64_t(sizeof(float));
+  return DecodeState::bytes(model_.config(), opt_.max_batch + 1, context_);
 }
 
 EngineStats CompletionEngine::stats() const {
@@ -150,7 +145,7 @@ struct CompletionEngine::Prefilling {
   Running r;
   std::unique_ptr<PromptPrefill> prefill;  // null: the same prompt as the prefill before, reused whole
   int64_t reused_positions = 0;            // prompt positions a state kept before already ran
-  bool continues_finished = false;         // that state was the last finished completion's
+  bool continues_finished = false;         // that state was a finished completion's
   Clock::time_point started;
 };
 
@@ -245,7 +240,7 @@ std::unique_ptr<CompletionEngine::Prefilling> CompletionEngine::begin(const std:
       return nullptr;
     }
     p->started = Clock::now();
-    // The prompt just prefilled, or the tokens of the last finished completion, or a prompt that
+    // The prompt just prefilled, or the tokens of a finished completion, or a prompt that
     // extends either (the next turn of a conversation), with nothing to report for its
     // positions: start from the state that holds the most of the prompt, which is what running
     // the prompt again would give (up to rounding: where its chunks fall, and positions that a
@@ -254,15 +249,15 @@ std::unique_ptr<CompletionEngine::Prefilling> CompletionEngine::begin(const std:
     int64_t start = 0;
     if (!r.run->prompt_logits()) {
       const int64_t from_prefill = kept_prefix(prefilled_prompt_, in.prompt);
-      const int64_t from_finished = kept_prefix(finished_tokens_, in.prompt);
+      const KeptStates::Entry* kept = kept_->longest_prefix(in.prompt);
+      const int64_t from_finished = kept ? int64_t(kept->tokens.size()) : 0;
       if (from_finished > from_prefill) {
-        ZAYA_CHECK(finished_->pos[0] == from_finished, "the kept completion does not match its decode state");
         prefilled_prompt_.reset();  // single_ changes from here on (forgotten first: a copy may throw)
-        single_->copy_sequence(*finished_, 0, 0);
+        single_->copy_sequence(*kept->state, 0, 0);
         start = from_finished;
         p->continues_finished = true;
         if (start == int64_t(in.prompt.size())) {  // exactly its tokens: no prefill at all
-          prefill_logits_ = finished_logits_;
+          prefill_logits_ = kept->logits;
           prefilled_prompt_ = in.prompt;
           return p;
         }
@@ -402,22 +397,21 @@ void CompletionEngine::decode_step(std::vector<Running>& running) {
 }
 
 // Keeps the state of the completion that just finished in sequence seq of the batch, with the
-// tokens it holds and the logits after them, in place of the one kept before. A failure only
-// means nothing is kept: the completion itself has finished well.
+// tokens it holds and the logits after them. A failure only means it is not kept: the
+// completion itself has finished well.
 void CompletionEngine::keep_finished(const Running& r, int64_t seq, const float* logits) {
-  finished_tokens_.reset();  // forgotten first: the copy may throw
   try {
     const int64_t n = batch_->pos[size_t(seq)];
     const std::vector<int32_t>& tokens = r.run->tokens();
     ZAYA_CHECK(n >= 1 && n <= int64_t(tokens.size()), "a finished completion's state holds " +
                                                           std::to_string(n) + " positions for " +
                                                           std::to_string(tokens.size()) + " tokens");
-    finished_->copy_sequence(*batch_, seq, 0);
-    std::copy(logits, logits + model_.config().vocab_size, finished_logits_.begin());
-    finished_tokens_.emplace(tokens.begin(), tokens.begin() + n);
+    kept_->keep(std::vector<int32_t>(tokens.begin(), tokens.begin() + n), *batch_, seq, logits);
   } catch (const std::exception&) {
-    finished_tokens_.reset();
   }
+  std::lock_guard lk(mu_);  // exact when the completion is delivered, which follows
+  stats_.kept = int64_t(kept_->size());
+  stats_.kept_bytes = kept_->bytes();
 }
 
 void CompletionEngine::deliver(Job& job, CompletionResult result) {

@@ -5,9 +5,10 @@
 // copied into the next free sequence of the batch (a completion whose prompt is the one just
 // prefilled, as a request's n choices are, copies that state without running the prompt again,
 // and one whose prompt extends it, as a conversation's next turn does, prefills only the rest);
-// it leaves between two steps too. The last completion to finish is kept as well (its prompt and
-// the tokens it generated), so that a conversation's next turn, which sends both back followed by
-// the new message, prefills only that message. Completions
+// it leaves between two steps too. Finished completions are kept as well (their prompts and the
+// tokens they generated, up to a memory budget, least recently used first out), so that a
+// conversation's next turn, which sends both back followed by the new message, prefills only
+// that message. Completions
 // waiting for a place sit in a FIFO queue guarded by a mutex. The engine thread also keeps the
 // model's OpenMP team and GPU work on one thread. A completion's text comes back on the
 // caller's own thread as it is released, so an HTTP handler can stream it; the caller cancels
@@ -29,6 +30,7 @@
 
 #include "data/tokenizer.h"
 #include "model/model.h"
+#include "serve/kept_states.h"
 #include "serve/logprobs.h"
 #include "serve/sampling.h"
 
@@ -84,6 +86,9 @@ struct EngineOptions {
   // Positions (prompt + generated) one completion may use, and the length of every decode state
   // the engine holds: 0 = the model's max_position_embeddings; at most that.
   int64_t context = 0;
+  // Bytes of decode states kept after completions finish, for the next turns of conversations
+  // (kept_states.h); 0 keeps none.
+  int64_t keep_bytes = int64_t(1) << 30;
 };
 
 // What the engine has done so far: completions finished (however they ended), forward passes
@@ -91,14 +96,14 @@ struct EngineOptions {
 // chunks prefilled and the prompt positions given to the model in them, the completions that
 // reused a whole prefill before them (the same prompt), the prompt positions not run again
 // because a prompt extended one run before (counted once its prefill has finished), and the
-// completions that started from a finished completion's state (a conversation's next turn).
+// completions that started from a finished completion's kept state (a conversation's next turn).
 struct EngineStats {
   int64_t completions = 0, decode_steps = 0, decoded_tokens = 0, peak_batch = 0, prefill_chunks = 0;
   int64_t prefill_positions = 0, prefills_reused = 0, prefill_positions_reused = 0;
   int64_t finished_continued = 0;
-  // Now: completions in the batch or being prefilled (as of the engine's last turn), and
-  // completions waiting in the queue.
-  int64_t running = 0, waiting = 0;
+  // Now: completions in the batch or being prefilled (as of the engine's last turn), completions
+  // waiting in the queue, and the finished completions' states kept and their bytes.
+  int64_t running = 0, waiting = 0, kept = 0, kept_bytes = 0;
 };
 
 class CompletionEngine {
@@ -145,9 +150,10 @@ class CompletionEngine {
   EngineStats stats() const;
 
   int64_t context() const { return context_; }  // the positions one completion may use
-  // Bytes of the decode states the engine holds (max_batch + 2 context-long sequences: the
-  // batch, one prompt's prefill and the last finished completion).
+  // Bytes of the decode states the engine holds (max_batch + 1 context-long sequences: the
+  // batch and one prompt's prefill), and the most the finished completions' kept states take.
   int64_t decode_state_bytes() const;
+  int64_t keep_bytes() const { return opt_.keep_bytes; }
 
  private:
   struct Running;
@@ -174,13 +180,10 @@ class CompletionEngine {
   // from it instead of running the prompt again; one whose prompt begins with it prefills only
   // the positions after it.
   std::optional<std::vector<int32_t>> prefilled_prompt_;
-  // The last completion to finish in the batch: the tokens its decode state holds (its prompt
-  // and every generated token but the last, which was never fed), that state and the logits
-  // after it. A prompt that begins with those tokens (the next turn of that conversation) starts
-  // from it when no prefill before covers more of the prompt.
-  std::optional<std::vector<int32_t>> finished_tokens_;
-  std::unique_ptr<DecodeState> finished_;
-  std::vector<float> finished_logits_;  // [vocab]
+  // The states of completions that finished in the batch: a prompt that begins with one's
+  // tokens (the next turn of that conversation) starts from it when no prefill before covers
+  // more of the prompt.
+  std::unique_ptr<KeptStates> kept_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;

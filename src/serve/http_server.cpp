@@ -96,9 +96,9 @@ struct HttpServer::Impl {
   Impl(Model& m, const Tokenizer* t, ServerOptions o)
       : tok(t),
         opt(std::move(o)),
-        engine(
-            m, t,
-            EngineOptions{opt.max_queue, opt.compute_threads, opt.max_batch, opt.prefill_chunk, opt.context}),
+        engine(m, t,
+               EngineOptions{opt.max_queue, opt.compute_threads, opt.max_batch, opt.prefill_chunk,
+                             opt.context, opt.keep_bytes}),
         limits{m.config().vocab_size, engine.context()},
         created(unix_now()) {
     std::random_device rd;

@@ -25,6 +25,7 @@ struct ServerOptions {
   int64_t max_batch = 8;                     // completions decoded together (continuous batching)
   int64_t prefill_chunk = 256;               // prompt positions prefilled between two decode steps
   int64_t context = 0;                       // positions per completion served (0: the model's)
+  int64_t keep_bytes = int64_t(1) << 30;     // finished completions' states kept for next turns
   int compute_threads = 0;                   // OpenMP threads for the model (0 = OpenMP's default)
   size_t max_body_bytes = size_t(16) << 20;  // larger request bodies get a 413
   bool log_requests = true;                  // one line per request on the zaya log (stderr)

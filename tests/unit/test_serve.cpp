@@ -433,9 +433,9 @@ TEST(ServeCli, PrintsItsUrlServesAndStopsOnSigterm) {
   const std::string log_path = (dir / "stderr.log").string();
   posix_spawn_file_actions_addopen(&fa, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   const std::string binary = std::string(ZAYA_BINARY_DIR) + "/bin/zaya", model_dir = (dir / "model").string();
-  std::vector<std::string> args = {binary,      "serve", "--model", model_dir, "--port",          "0",
-                                   "--threads", "1",     "--batch", "3",       "--prefill-chunk", "2",
-                                   "--context", "100"};
+  std::vector<std::string> args = {binary,      "serve", "--model",    model_dir, "--port",          "0",
+                                   "--threads", "1",     "--batch",    "3",       "--prefill-chunk", "2",
+                                   "--context", "100",   "--keep-mib", "64"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -490,6 +490,7 @@ TEST(ServeCli, PrintsItsUrlServesAndStopsOnSigterm) {
       << log;
   EXPECT_NE(log.find("received SIGTERM"), std::string::npos) << log;
   EXPECT_NE(log.find("decoding up to 3 completions together"), std::string::npos) << log;
+  EXPECT_NE(log.find("keeping the states of finished completions, up to 64 MiB"), std::string::npos) << log;
   // One completion of 3 tokens (the bad request never reached the engine): the first token comes
   // from the prefill of its 5-token prompt (3 chunks of at most 2), two from decode steps.
   EXPECT_NE(

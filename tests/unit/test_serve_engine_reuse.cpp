@@ -1,6 +1,6 @@
 // What the completion engine (src/serve/completion_engine.h) reuses instead of running the model
 // again: the prefill of the prompt before (a request's n or best_of choices, a prompt extending
-// it) and the state of the last finished completion (a conversation's next turn, which sends the
+// it) and the kept states of finished completions (a conversation's next turn, which sends the
 // reply back). Every completion must come out as it does alone, and the positions given to the
 // model and those reused are counted exactly.
 #include <gtest/gtest.h>
@@ -124,7 +124,7 @@ std::vector<int32_t> followed_by(std::vector<int32_t> tokens, int extra, int sal
 }
 
 // A conversation's next turn sends the whole exchange back: its prompt, the reply and a new
-// message. The engine keeps the last finished completion's state, so the turn runs only what
+// message. The engine keeps finished completions' states, so the turn runs only what
 // its reply's last token (never fed) and the new message add; a prompt of exactly those tokens
 // runs nothing. With a batch of one, each job begins only once the one before has finished, so
 // what is kept when each begins is known. Each comes out as it does alone.
@@ -175,12 +175,11 @@ TEST(ServeEngine, AConversationsNextTurnContinuesTheFinishedCompletion) {
   EXPECT_EQ(st.completions, int64_t(jobs.size()));
 }
 
-// When both the prompt prefilled last and the last finished completion begin a prompt, it
+// When both the prompt prefilled last and a kept finished completion begin a prompt, it
 // continues from whichever holds more of it. With a batch of two: 0 decodes while 1, which
 // extends 0's prompt and 5 of its reply tokens, is prefilled; 2 waits for a place, which 0's
 // finish makes, and then extends 1's prompt (35 positions) rather than 0's finished state (25).
-// A cancelled completion is not kept: 4 (0's prompt, cancelled at its first token) leaves the
-// finished state as it was, so 5, continuing 3's reply, still finds it.
+// A cancelled completion is not kept.
 TEST(ServeEngine, APromptContinuesWhicheverKeptStateHoldsMoreOfIt) {
   auto be = make_cpu_backend();
   auto model = tiny_model(*be);
@@ -216,21 +215,22 @@ TEST(ServeEngine, APromptContinuesWhicheverKeptStateHoldsMoreOfIt) {
   EXPECT_EQ(st.prefill_positions_reused, 20 + 35);  // job 1 extends 0's prompt, job 2 1's
   EXPECT_EQ(st.prefill_positions, 20 + 15 + 3);
 
-  // 1 finished last (12 tokens, against 2's 6 begun 3 steps after it): a turn continuing it
-  // finds its state, even after a completion cancelled in between: by its second token, so in
-  // the batch (the engine sees the cancellation at that token or the next; max_tokens is the
-  // whole context, so that it is still running then).
+  // A completion cancelled by its second token, so in the batch (the engine sees the
+  // cancellation at that token or the next; max_tokens is the whole context, so that it is still
+  // running then), is not kept; a turn continuing 1 finds 1's state.
   CompletionJob cancelled = sampled_job(prompt, 8);
   cancelled.max_tokens = engine.context() - int64_t(prompt.size());
   int chunks = 0;
   EXPECT_EQ(engine.run(cancelled, [&](const CompletionChunk&) { return ++chunks < 2; }).finish_reason,
             "cancelled");
+  EXPECT_EQ(engine.stats().kept, 3) << "0, 1 and 2 are kept; the cancelled completion must not be";
   const std::vector<int32_t> kept = fed_tokens(jobs[1], got[1]);
   const CompletionJob next_turn = sampled_job(followed_by(kept, 2, 5), 9);
   EXPECT_EQ(engine.run(next_turn).ids, run_completion(*model, nullptr, next_turn, quiet).ids);
   const EngineStats after = engine.stats();
-  EXPECT_EQ(after.finished_continued, 1) << "a cancelled completion replaced the one kept before it";
+  EXPECT_EQ(after.finished_continued, 1);
   EXPECT_EQ(after.prefill_positions_reused, st.prefill_positions_reused + int64_t(kept.size()));
+  EXPECT_EQ(after.kept, 4);
 }
 
 // Two completions that end in the same decode step: the first's sequence is freed and the
@@ -265,6 +265,59 @@ TEST(ServeEngine, ACompletionEndingAfterAMoveIsKeptWithItsOwnLogits) {
   ASSERT_TRUE(r.logprobs && exact_alone.logprobs && !r.logprobs->empty());
   ASSERT_EQ(r.logprobs->size(), exact_alone.logprobs->size());
   EXPECT_NEAR(*r.logprobs->front().logprob, *exact_alone.logprobs->front().logprob, 1e-4);
+}
+
+// Conversations interleaved, as several clients' are: each turn 2 comes after the other
+// conversation's turn 1 and still continues its own turn 1, which stays kept beside the other.
+// With keep_bytes 0 nothing is kept and every turn runs its whole prompt (past the prefill just
+// before it), with the same results.
+TEST(ServeEngine, InterleavedConversationsEachContinueTheirOwnTurn) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  auto quiet = [](const CompletionChunk&) { return true; };
+  std::vector<CompletionJob> first, second;
+  for (int c = 0; c < 2; ++c) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < 16; ++t) prompt.push_back(int32_t(6 + (t * (11 + 4 * c) + c) % 500));
+    first.push_back(sampled_job(prompt, uint64_t(20 + c)));
+    const CompletionResult reply = run_completion(*model, nullptr, first.back(), quiet);
+    std::vector<int32_t> turn2 = prompt;
+    turn2.insert(turn2.end(), reply.ids.begin(), reply.ids.end());
+    second.push_back(sampled_job(followed_by(turn2, 3, 7 + c), uint64_t(30 + c)));
+  }
+  const std::vector<CompletionJob> jobs = {first[0], first[1], second[0], second[1]};
+  std::vector<CompletionResult> alone;
+  for (const CompletionJob& j : jobs) alone.push_back(run_completion(*model, nullptr, j, quiet));
+
+  for (const int64_t keep_bytes : {int64_t(1) << 30, int64_t(0)}) {
+    SCOPED_TRACE("keep_bytes " + std::to_string(keep_bytes));
+    EngineOptions eo{16, 0, 1};  // one at a time, in order
+    eo.keep_bytes = keep_bytes;
+    CompletionEngine engine(*model, nullptr, eo);
+    std::vector<CompletionEngine::Ticket> tickets = engine.submit(jobs);
+    int64_t turn2_positions = 0, turn2_reused = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      EXPECT_EQ(engine.wait(tickets[i]).ids, alone[i].ids) << "completion " << i;
+      if (i < 2) continue;
+      const int64_t kept = int64_t(fed_tokens(jobs[i - 2], alone[i - 2]).size());
+      turn2_reused += kept;
+      turn2_positions += int64_t(jobs[i].prompt.size()) - kept;
+    }
+    const EngineStats st = engine.stats();
+    if (keep_bytes > 0) {
+      EXPECT_EQ(st.finished_continued, 2);
+      EXPECT_EQ(st.prefill_positions_reused, turn2_reused);
+      EXPECT_EQ(st.prefill_positions, 16 + 16 + turn2_positions);
+      EXPECT_EQ(st.kept, 4);
+      EXPECT_GT(st.kept_bytes, 0);
+    } else {
+      EXPECT_EQ(st.finished_continued, 0);
+      EXPECT_EQ(st.prefill_positions_reused, 0);
+      EXPECT_EQ(st.prefill_positions, 16 + 16 + int64_t(jobs[2].prompt.size() + jobs[3].prompt.size()));
+      EXPECT_EQ(st.kept, 0);
+      EXPECT_EQ(st.kept_bytes, 0);
+    }
+  }
 }
 
 }  // namespace

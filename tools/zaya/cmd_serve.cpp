@@ -24,7 +24,7 @@ struct ServeCliOptions {
   std::string model_dir, tokenizer, host = "127.0.0.1", backend = "cpu";
   int port = 8080, threads = 0, http_threads = 32;
   size_t max_queue = 16;
-  int64_t batch = 8, prefill_chunk = 256, context = 0;
+  int64_t batch = 8, prefill_chunk = 256, context = 0, keep_mib = 1024;
 };
 
 // The id clients see: the model directory's name ("runs/x/model/" -> "model").
@@ -68,6 +68,7 @@ void run_serve(const ServeCliOptions& o) {
   so.max_batch = o.batch;
   so.prefill_chunk = o.prefill_chunk;
   so.context = o.context;
+  so.keep_bytes = o.keep_mib << 20;
   HttpServer server(*model, tok.get(), so);
   server.start();
   char batch_line[200];
@@ -77,6 +78,10 @@ void run_serve(const ServeCliOptions& o) {
       "lower it)",
       (long long)o.batch, double(server.decode_state_bytes()) / double(1 << 20));
   log::info(batch_line);
+  log::info(o.keep_mib > 0
+                ? "keeping the states of finished completions, up to " + std::to_string(o.keep_mib) +
+                      " MiB, so that a conversation's next turn prefills only its new message (--keep-mib)"
+                : "keeping no finished completions (--keep-mib 0): every turn prefills its whole prompt");
   log::info("serving '" + so.model_id + "' (vocab " + std::to_string(c.vocab_size) + ", context " +
             std::to_string(o.context > 0 ? o.context : c.max_position_embeddings) + ", backend " + o.backend +
             ", " +
@@ -155,6 +160,12 @@ void add_serve(CLI::App& app) {
                   "Every decode state is this long")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--keep-mib", o.keep_mib,
+                  "MiB of finished completions' decode states kept so that a conversation's next turn, "
+                  "which sends the reply back, prefills only its new message (least recently used "
+                  "first out); 0 = none")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   cmd->add_option("--max-queue", o.max_queue, "Completions that may wait for the model; more get HTTP 503")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

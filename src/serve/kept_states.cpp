@@ -1,0 +1,59 @@
+// The inference engine's kept decode states (see kept_states.h).
+#include "serve/kept_states.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+
+namespace zaya {
+
+KeptStates::KeptStates(const ModelConfig& config, Backend& backend, int64_t budget_bytes)
+    : cfg_(config), be_(backend), budget_(budget_bytes) {
+  if (budget_ < 0)
+    fail("serve", "the kept states' budget must be at least 0 bytes, got " + std::to_string(budget_));
+}
+
+int64_t KeptStates::entry_bytes(int64_t tokens) const {
+  return DecodeState::bytes(cfg_, 1, tokens) + cfg_.vocab_size * int64_t(sizeof(float));
+}
+
+bool KeptStates::keep(const std::vector<int32_t>& tokens, const DecodeState& state, int64_t seq,
+                      const float* logits) {
+  ZAYA_CHECK(seq >= 0 && seq < state.batch && state.pos[size_t(seq)] == int64_t(tokens.size()),
+             "a kept state must have consumed exactly its tokens");
+  entries_.remove_if([&](const Entry& e) {
+    if (e.tokens != tokens) return false;
+    bytes_ -= e.bytes;
+    return true;
+  });
+  const int64_t need = entry_bytes(int64_t(tokens.size()));
+  if (tokens.empty() || need > budget_) return false;
+  while (bytes_ + need > budget_) {
+    bytes_ -= entries_.back().bytes;
+    entries_.pop_back();
+  }
+  Entry e;
+  e.tokens = tokens;
+  e.state = std::make_unique<DecodeState>(cfg_, be_, 1, int64_t(tokens.size()));
+  e.state->copy_sequence(state, seq, 0);
+  e.logits.assign(logits, logits + cfg_.vocab_size);
+  e.bytes = need;
+  bytes_ += need;
+  entries_.push_front(std::move(e));
+  return true;
+}
+
+const KeptStates::Entry* KeptStates::longest_prefix(const std::vector<int32_t>& prompt) {
+  auto best = entries_.end();
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    const std::vector<int32_t>& t = it->tokens;
+    if (t.size() > prompt.size() || (best != entries_.end() && t.size() <= best->tokens.size())) continue;
+    if (std::equal(t.begin(), t.end(), prompt.begin())) best = it;
+  }
+  if (best == entries_.end()) return nullptr;
+  entries_.splice(entries_.begin(), entries_, best);  // the most recently used now
+  return &entries_.front();
+}
+
+}  // namespace zaya

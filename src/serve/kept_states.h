@@ -1,0 +1,52 @@
+// The decode states the inference engine keeps after completions finish, so that a prompt that
+// begins with one of them (a conversation's next turn, which sends back the exchange so far)
+// runs only what follows. An entry holds the tokens its state has consumed (the completion's
+// prompt and every generated token but the last, which was never fed), a state sized to them,
+// and the logits after the last of them. Several conversations can be continued this way at
+// once; once the entries' bytes would exceed the budget, the least recently used go first.
+// Used from the engine's thread only.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <vector>
+
+#include "model/model.h"
+
+namespace zaya {
+
+class KeptStates {
+ public:
+  struct Entry {
+    std::vector<int32_t> tokens;         // what state has consumed, in order
+    std::unique_ptr<DecodeState> state;  // one sequence, tokens.size() positions
+    std::vector<float> logits;           // [vocab]: after the last token
+    int64_t bytes = 0;                   // the state and the logits
+  };
+
+  // budget_bytes 0 keeps nothing.
+  KeptStates(const ModelConfig& config, Backend& backend, int64_t budget_bytes);
+
+  // Keeps sequence seq of state, which has consumed tokens, with the logits after them (vocab
+  // floats); an entry of the same tokens is replaced. Evicts the least recently used entries
+  // as the budget requires; returns false, keeping nothing, when the entry alone exceeds it.
+  bool keep(const std::vector<int32_t>& tokens, const DecodeState& state, int64_t seq, const float* logits);
+
+  // The entry whose tokens are the longest prefix of prompt (the whole prompt included), or
+  // null; a found entry becomes the most recently used. Valid until the next keep().
+  const Entry* longest_prefix(const std::vector<int32_t>& prompt);
+
+  // What an entry of this many tokens takes.
+  int64_t entry_bytes(int64_t tokens) const;
+  int64_t bytes() const { return bytes_; }
+  int64_t budget() const { return budget_; }
+  size_t size() const { return entries_.size(); }
+
+ private:
+  const ModelConfig& cfg_;
+  Backend& be_;
+  int64_t budget_, bytes_ = 0;
+  std::list<Entry> entries_;  // most recently used first
+};
+
+}  // namespace zaya

@@ -1,0 +1,153 @@
+// The decode states the inference engine keeps after completions finish
+// (src/serve/kept_states.h): a kept entry is a faithful copy of its sequence, sized to its tokens;
+// the longest kept prefix of a prompt is found; identical tokens replace their entry; the least
+// recently used entries go first once the budget is reached; an entry over the whole budget is
+// not kept.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "../common/tiny_serve_model.h"
+#include "core/error.h"
+#include "serve/kept_states.h"
+
+namespace zaya {
+namespace {
+
+using test::tiny_model;
+
+std::vector<int32_t> tokens_from(int32_t first, int n) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(int32_t(3 + (first + 17 * i) % 400));
+  return t;
+}
+
+// Two sequences run through the model; sequence s of the batch has consumed runs[s].
+struct RunStates {
+  std::vector<std::vector<int32_t>> runs;
+  std::unique_ptr<DecodeState> state;
+  std::vector<float> logits;  // [2, vocab]
+};
+
+RunStates run_two(Model& model, const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  RunStates r;
+  r.runs = {a, b};
+  EXPECT_EQ(a.size(), b.size());
+  const int64_t T = int64_t(a.size()), V = model.config().vocab_size;
+  r.state = std::make_unique<DecodeState>(model.config(), model.backend(), 2, 64);
+  std::vector<int32_t> ids = a;
+  ids.insert(ids.end(), b.begin(), b.end());
+  r.logits.resize(size_t(2 * V));
+  ForwardOutputs out;
+  out.logits = r.logits.data();
+  out.last_only = true;
+  model.forward(ids.data(), 2, T, r.state.get(), out);
+  return r;
+}
+
+TEST(ServeKeptStates, AnEntryIsAFaithfulCopySizedToItsTokens) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  const ModelConfig& c = model->config();
+  RunStates r = run_two(*model, tokens_from(1, 12), tokens_from(2, 12));
+  KeptStates kept(c, *be, int64_t(1) << 30);
+  ASSERT_TRUE(kept.keep(r.runs[1], *r.state, 1, r.logits.data() + c.vocab_size));
+  EXPECT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept.bytes(), kept.entry_bytes(12));
+  EXPECT_EQ(kept.entry_bytes(12), DecodeState::bytes(c, 1, 12) + c.vocab_size * 4);
+
+  std::vector<int32_t> prompt = r.runs[1];
+  prompt.push_back(7);
+  const KeptStates::Entry* e = kept.longest_prefix(prompt);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->tokens, r.runs[1]);
+  ASSERT_EQ(e->state->capacity, 12);
+  EXPECT_EQ(e->state->pos[0], 12);
+  const int64_t kv = c.kv_dim(), conv = c.conv_state_rows() * c.conv_channels();
+  for (size_t l = 0; l < e->state->layers.size(); ++l) {
+    const DecodeState::Layer& got = e->state->layers[l];
+    const DecodeState::Layer& want = r.state->layers[l];
+    for (int64_t i = 0; i < 12 * kv; ++i) {  // sequence 1 of a 64-position state
+      ASSERT_EQ(got.k[i], want.k[64 * kv + i]) << "layer " << l << " key " << i;
+      ASSERT_EQ(got.v[i], want.v[64 * kv + i]) << "layer " << l << " value " << i;
+    }
+    for (int64_t i = 0; i < conv; ++i) ASSERT_EQ(got.conv[i], want.conv[conv + i]) << "layer " << l;
+    for (int64_t i = 0; i < kv / 2; ++i) ASSERT_EQ(got.vdel[i], want.vdel[kv / 2 + i]) << "layer " << l;
+  }
+  for (int64_t i = 0; i < c.vocab_size; ++i)
+    ASSERT_EQ(e->logits[size_t(i)], r.logits[size_t(c.vocab_size + i)]);
+
+  // A state that has consumed other than the tokens named is refused.
+  EXPECT_THROW(kept.keep(tokens_from(3, 11), *r.state, 0, r.logits.data()), Error);
+}
+
+TEST(ServeKeptStates, TheLongestPrefixIsFoundAndUseOrdersEviction) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  const ModelConfig& c = model->config();
+  const std::vector<int32_t> a = tokens_from(1, 10), b = tokens_from(2, 10);
+  RunStates r = run_two(*model, a, b);
+  // Shorter entries: a's first 6 tokens, run alone.
+  const std::vector<int32_t> a6(a.begin(), a.begin() + 6), b6(b.begin(), b.begin() + 6);
+  RunStates r6 = run_two(*model, a6, b6);
+  const float* logits = r.logits.data();
+
+  const int64_t entry10 = KeptStates(c, *be, 0).entry_bytes(10);
+  KeptStates kept(c, *be, 3 * entry10);  // a, b and a 6-token entry, not two of those
+  ASSERT_TRUE(kept.keep(a6, *r6.state, 0, logits));
+  ASSERT_TRUE(kept.keep(a, *r.state, 0, logits));
+  std::vector<int32_t> a_more = a;
+  a_more.push_back(9);
+  ASSERT_NE(kept.longest_prefix(a_more), nullptr);
+  EXPECT_EQ(kept.longest_prefix(a_more)->tokens, a);  // not a6
+  EXPECT_EQ(kept.longest_prefix(a)->tokens, a);       // the whole prompt
+  std::vector<int32_t> a_diverging = a;
+  a_diverging[7] += 1;
+  ASSERT_NE(kept.longest_prefix(a_diverging), nullptr);
+  EXPECT_EQ(kept.longest_prefix(a_diverging)->tokens, a6);
+  EXPECT_EQ(kept.longest_prefix(std::vector<int32_t>(a.begin(), a.begin() + 5)),
+            nullptr);  // shorter than any
+  EXPECT_EQ(kept.longest_prefix(b), nullptr);
+
+  // Identical tokens replace their entry.
+  ASSERT_TRUE(kept.keep(a, *r.state, 0, logits));
+  EXPECT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept.bytes(), kept.entry_bytes(10) + kept.entry_bytes(6));
+
+  // Use order: a6 was used last (a_diverging), then a was kept again: a is the most recent and
+  // a6 the least. b fits beside both. Then a6 is used, so b6 evicts a (now the least recently
+  // used) and nothing more.
+  ASSERT_TRUE(kept.keep(b, *r.state, 1, logits));
+  EXPECT_EQ(kept.size(), 3u);
+  ASSERT_NE(kept.longest_prefix(a_diverging), nullptr);  // a6: now the most recent
+  ASSERT_TRUE(kept.keep(b6, *r6.state, 1, logits));      // over the budget by one entry: a goes
+  EXPECT_EQ(kept.size(), 3u);
+  EXPECT_LE(kept.bytes(), kept.budget());
+  EXPECT_EQ(kept.longest_prefix(a_more)->tokens, a6) << "a, the least recently used, should have gone";
+  EXPECT_EQ(kept.longest_prefix(b)->tokens, b);
+  EXPECT_EQ(kept.longest_prefix(b6)->tokens, b6);
+}
+
+TEST(ServeKeptStates, AnEntryOverTheWholeBudgetIsNotKept) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  const ModelConfig& c = model->config();
+  const std::vector<int32_t> a = tokens_from(4, 10), b = tokens_from(5, 10);
+  RunStates r = run_two(*model, a, b);
+  KeptStates none(c, *be, 0);
+  EXPECT_FALSE(none.keep(a, *r.state, 0, r.logits.data()));
+  EXPECT_EQ(none.size(), 0u);
+  EXPECT_EQ(none.bytes(), 0);
+  KeptStates one(c, *be, none.entry_bytes(10));
+  EXPECT_TRUE(one.keep(a, *r.state, 0, r.logits.data()));
+  EXPECT_TRUE(one.keep(b, *r.state, 1, r.logits.data()));  // a goes
+  EXPECT_EQ(one.size(), 1u);
+  EXPECT_EQ(one.longest_prefix(a), nullptr);
+  KeptStates too_small(c, *be, none.entry_bytes(10) - 1);
+  EXPECT_FALSE(too_small.keep(a, *r.state, 0, r.logits.data()));
+  EXPECT_EQ(too_small.size(), 0u);
+  EXPECT_THROW(KeptStates(c, *be, -1), Error);
+}
+
+}  // namespace
+}  // namespace zaya
