@@ -18,15 +18,28 @@ DecodeState::DecodeState(const ModelConfig& c, Backend& be, int64_t b, int64_t c
   const int64_t kv = kv_;
   conv_n_ = batch * c.conv_state_rows() * c.conv_channels();
   vdel_n_ = batch * kv / 2;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    Layer L;
-    L.k = be.alloc(batch * capacity * kv);
-    L.v = be.alloc(batch * capacity * kv);
-    L.conv = be.alloc(conv_n_);
-    L.vdel = be.alloc(vdel_n_);
-    layers.push_back(L);
+  // An allocation that fails (a GPU out of memory) frees what came before it: the server
+  // allocates states while it runs (kept_states.h) and must not leak when one does not fit.
+  try {
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      Layer& L = layers.emplace_back();
+      L.k = be.alloc(batch * capacity * kv);
+      L.v = be.alloc(batch * capacity * kv);
+      L.conv = be.alloc(conv_n_);
+      L.vdel = be.alloc(vdel_n_);
+    }
+    reset();
+  } catch (...) {
+    release();
+    throw;
   }
-  reset();
+}
+
+void DecodeState::release() {
+  for (Layer& L : layers)
+    for (float* p : {L.k, L.v, L.conv, L.vdel})
+      if (p) be_.free(p);
+  layers.clear();
 }
 
 int64_t DecodeState::bytes(const ModelConfig& c, int64_t batch, int64_t capacity) {
@@ -36,14 +49,7 @@ int64_t DecodeState::bytes(const ModelConfig& c, int64_t batch, int64_t capacity
   return batch * per_sequence * int64_t(sizeof(float));
 }
 
-DecodeState::~DecodeState() {
-  for (auto& L : layers) {
-    be_.free(L.k);
-    be_.free(L.v);
-    be_.free(L.conv);
-    be_.free(L.vdel);
-  }
-}
+DecodeState::~DecodeState() { release(); }
 
 void DecodeState::reset() {
   std::fill(pos.begin(), pos.end(), 0);

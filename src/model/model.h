@@ -45,6 +45,7 @@ class DecodeState {
  private:
   Backend& be_;
   int64_t kv_, conv_n_, vdel_n_;
+  void release();  // frees every layer's buffers
 };
 
 struct ForwardOutputs {

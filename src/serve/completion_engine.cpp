@@ -253,9 +253,14 @@ std::unique_ptr<CompletionEngine::Prefilling> CompletionEngine::begin(const std:
       const int64_t from_finished = kept ? int64_t(kept->tokens.size()) : 0;
       if (from_finished > from_prefill) {
         prefilled_prompt_.reset();  // single_ changes from here on (forgotten first: a copy may throw)
-        single_->copy_sequence(*kept->state, 0, 0);
-        start = from_finished;
-        p->continues_finished = true;
+        try {
+          single_->copy_sequence(*kept->state, 0, 0);
+          kept_->touch(kept);
+          start = from_finished;
+          p->continues_finished = true;
+        } catch (const std::exception&) {
+          start = 0;  // the copy failed (a GPU error): run the whole prompt instead
+        }
         if (start == int64_t(in.prompt.size())) {  // exactly its tokens: no prefill at all
           prefill_logits_ = kept->logits;
           prefilled_prompt_ = in.prompt;

@@ -23,7 +23,8 @@ bool KeptStates::keep(const std::vector<int32_t>& tokens, const DecodeState& sta
   ZAYA_CHECK(seq >= 0 && seq < state.batch && state.pos[size_t(seq)] == int64_t(tokens.size()),
              "a kept state must have consumed exactly its tokens");
   entries_.remove_if([&](const Entry& e) {
-    if (e.tokens != tokens) return false;
+    if (e.tokens.size() > tokens.size() || !std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin()))
+      return false;
     bytes_ -= e.bytes;
     return true;
   });
@@ -39,21 +40,28 @@ bool KeptStates::keep(const std::vector<int32_t>& tokens, const DecodeState& sta
   e.state->copy_sequence(state, seq, 0);
   e.logits.assign(logits, logits + cfg_.vocab_size);
   e.bytes = need;
-  bytes_ += need;
   entries_.push_front(std::move(e));
+  bytes_ += need;
   return true;
 }
 
-const KeptStates::Entry* KeptStates::longest_prefix(const std::vector<int32_t>& prompt) {
-  auto best = entries_.end();
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    const std::vector<int32_t>& t = it->tokens;
-    if (t.size() > prompt.size() || (best != entries_.end() && t.size() <= best->tokens.size())) continue;
-    if (std::equal(t.begin(), t.end(), prompt.begin())) best = it;
+const KeptStates::Entry* KeptStates::longest_prefix(const std::vector<int32_t>& prompt) const {
+  const Entry* best = nullptr;
+  for (const Entry& e : entries_) {
+    const std::vector<int32_t>& t = e.tokens;
+    if (t.size() > prompt.size() || (best && t.size() <= best->tokens.size())) continue;
+    if (std::equal(t.begin(), t.end(), prompt.begin())) best = &e;
   }
-  if (best == entries_.end()) return nullptr;
-  entries_.splice(entries_.begin(), entries_, best);  // the most recently used now
-  return &entries_.front();
+  return best;
+}
+
+void KeptStates::touch(const Entry* entry) {
+  for (auto it = entries_.begin(); it != entries_.end(); ++it)
+    if (&*it == entry) {
+      entries_.splice(entries_.begin(), entries_, it);
+      return;
+    }
+  ZAYA_CHECK(false, "touch: the entry is not kept");
 }
 
 }  // namespace zaya

@@ -28,13 +28,17 @@ class KeptStates {
   KeptStates(const ModelConfig& config, Backend& backend, int64_t budget_bytes);
 
   // Keeps sequence seq of state, which has consumed tokens, with the logits after them (vocab
-  // floats); an entry of the same tokens is replaced. Evicts the least recently used entries
-  // as the budget requires; returns false, keeping nothing, when the entry alone exceeds it.
+  // floats). Entries whose tokens begin the new ones (the same tokens, or the turns of the
+  // conversation before it) are dropped: a conversation holds one entry, not one per turn. Evicts
+  // the least recently used entries as the budget requires; returns false, keeping nothing, when
+  // the entry alone exceeds it.
   bool keep(const std::vector<int32_t>& tokens, const DecodeState& state, int64_t seq, const float* logits);
 
   // The entry whose tokens are the longest prefix of prompt (the whole prompt included), or
-  // null; a found entry becomes the most recently used. Valid until the next keep().
-  const Entry* longest_prefix(const std::vector<int32_t>& prompt);
+  // null. Valid until the next keep().
+  const Entry* longest_prefix(const std::vector<int32_t>& prompt) const;
+  // Makes an entry (from longest_prefix) the most recently used: call it when the entry is used.
+  void touch(const Entry* entry);
 
   // What an entry of this many tokens takes.
   int64_t entry_bytes(int64_t tokens) const;

@@ -1,8 +1,8 @@
 // The decode states the inference engine keeps after completions finish
 // (src/serve/kept_states.h): a kept entry is a faithful copy of its sequence, sized to its tokens;
-// the longest kept prefix of a prompt is found; identical tokens replace their entry; the least
-// recently used entries go first once the budget is reached; an entry over the whole budget is
-// not kept.
+// the longest kept prefix of a prompt is found; an entry replaces those whose tokens begin its
+// own; the least recently used entries go first once the budget is reached; an entry over the
+// whole budget is not kept.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -87,15 +87,16 @@ TEST(ServeKeptStates, TheLongestPrefixIsFoundAndUseOrdersEviction) {
   const ModelConfig& c = model->config();
   const std::vector<int32_t> a = tokens_from(1, 10), b = tokens_from(2, 10);
   RunStates r = run_two(*model, a, b);
-  // Shorter entries: a's first 6 tokens, run alone.
+  // Shorter entries: the first 6 tokens of a and b, run alone.
   const std::vector<int32_t> a6(a.begin(), a.begin() + 6), b6(b.begin(), b.begin() + 6);
   RunStates r6 = run_two(*model, a6, b6);
   const float* logits = r.logits.data();
 
   const int64_t entry10 = KeptStates(c, *be, 0).entry_bytes(10);
   KeptStates kept(c, *be, 3 * entry10);  // a, b and a 6-token entry, not two of those
-  ASSERT_TRUE(kept.keep(a6, *r6.state, 0, logits));
   ASSERT_TRUE(kept.keep(a, *r.state, 0, logits));
+  ASSERT_TRUE(kept.keep(a6, *r6.state, 0, logits));  // kept after a: a does not begin it
+  EXPECT_EQ(kept.size(), 2u);
   std::vector<int32_t> a_more = a;
   a_more.push_back(9);
   ASSERT_NE(kept.longest_prefix(a_more), nullptr);
@@ -109,23 +110,29 @@ TEST(ServeKeptStates, TheLongestPrefixIsFoundAndUseOrdersEviction) {
             nullptr);  // shorter than any
   EXPECT_EQ(kept.longest_prefix(b), nullptr);
 
-  // Identical tokens replace their entry.
-  ASSERT_TRUE(kept.keep(a, *r.state, 0, logits));
-  EXPECT_EQ(kept.size(), 2u);
-  EXPECT_EQ(kept.bytes(), kept.entry_bytes(10) + kept.entry_bytes(6));
-
-  // Use order: a6 was used last (a_diverging), then a was kept again: a is the most recent and
-  // a6 the least. b fits beside both. Then a6 is used, so b6 evicts a (now the least recently
-  // used) and nothing more.
-  ASSERT_TRUE(kept.keep(b, *r.state, 1, logits));
+  // Use order: only touch() makes an entry the most recently used. a6 was kept last; touching a
+  // makes a6 the least recently used. b fits beside both; b6 then evicts a6 and nothing more.
+  kept.touch(kept.longest_prefix(a));
+  ASSERT_TRUE(kept.keep(b6, *r6.state, 1, logits));
   EXPECT_EQ(kept.size(), 3u);
-  ASSERT_NE(kept.longest_prefix(a_diverging), nullptr);  // a6: now the most recent
-  ASSERT_TRUE(kept.keep(b6, *r6.state, 1, logits));      // over the budget by one entry: a goes
+  kept.longest_prefix(a_diverging);                // found, not touched: a6 stays the least recently used
+  ASSERT_TRUE(kept.keep(b, *r.state, 1, logits));  // drops b6, which begins it: no eviction
+  EXPECT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept.longest_prefix(b6), nullptr) << "b6 begins b, so keeping b drops it";
+  EXPECT_EQ(kept.bytes(), 2 * entry10 + kept.entry_bytes(6));
+  ASSERT_TRUE(kept.keep(b6, *r6.state, 1, logits));  // over the budget by one entry: a6 goes
   EXPECT_EQ(kept.size(), 3u);
   EXPECT_LE(kept.bytes(), kept.budget());
-  EXPECT_EQ(kept.longest_prefix(a_more)->tokens, a6) << "a, the least recently used, should have gone";
+  EXPECT_EQ(kept.longest_prefix(a_diverging), nullptr) << "a6, the least recently used, should have gone";
+  EXPECT_EQ(kept.longest_prefix(a_more)->tokens, a);
   EXPECT_EQ(kept.longest_prefix(b)->tokens, b);
   EXPECT_EQ(kept.longest_prefix(b6)->tokens, b6);
+
+  // The same tokens again replace their entry.
+  ASSERT_TRUE(kept.keep(a, *r.state, 0, logits));
+  EXPECT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept.bytes(), 2 * entry10 + kept.entry_bytes(6));
+  EXPECT_THROW(kept.touch(nullptr), Error);
 }
 
 TEST(ServeKeptStates, AnEntryOverTheWholeBudgetIsNotKept) {
