@@ -1,0 +1,97 @@
+// Inference on the GPU against the CPU, as `zaya generate` and the server's engine run it: a
+// prompt prefilled in two chunks into a decode state, its sequence copied into a batch of two
+// beside another prompt, token-by-token decode of both, then one sequence copied out into a
+// state sized to its positions (the server's kept states), back into a fresh one and continued
+// with a chunk and two more decode steps. Every step's logits must match the CPU's doing the
+// same, within the GEMM mode's tolerance (fp32 GEMMs: 1e-4 of the largest logit), and the
+// states' positions must agree. Fixtures with a 3-tap convolution (its state holds more rows)
+// and a sliding window (decode past the window). Skipped ("skipped: no GPU") without a device.
+#include "gpu_test_support.h"
+#include "grad_fixtures.h"
+#include "model/model.h"
+#include "model/model_io.h"
+
+namespace zaya {
+namespace {
+
+using namespace gpu_test;
+
+struct DecodeRun {
+  std::vector<std::vector<float>> logits;  // one entry per forward, in order
+  std::vector<int64_t> positions;          // the states' positions after each stage
+};
+
+// The same sequence of decode-state operations on either backend.
+DecodeRun run_decode(Model& model) {
+  const ModelConfig& c = model.config();
+  Backend& be = model.backend();
+  const int64_t V = c.vocab_size, S = 32;
+  DecodeRun run;
+  auto forward = [&](const std::vector<int32_t>& ids, int64_t B, DecodeState& state) {
+    std::vector<float> logits(static_cast<size_t>(B * V));
+    ForwardOutputs out;
+    out.logits = logits.data();
+    out.last_only = true;
+    model.forward(ids.data(), B, int64_t(ids.size()) / B, &state, out);
+    run.logits.push_back(std::move(logits));
+  };
+  auto ids = [&](int32_t first, int n) {
+    std::vector<int32_t> t;
+    for (int i = 0; i < n; ++i) t.push_back(int32_t((first + 7 * i) % V));
+    return t;
+  };
+  DecodeState single(c, be, 1, S), batch(c, be, 2, S);
+  forward(ids(3, 5), 1, single);  // prompt a in two chunks
+  forward(ids(11, 7), 1, single);
+  batch.copy_sequence(single, 0, 1);
+  single.reset();
+  forward(ids(5, 9), 1, single);  // prompt b in one
+  batch.copy_sequence(single, 0, 0);
+  for (int step = 0; step < 6; ++step)
+    forward({int32_t((2 + step) % V), int32_t((9 + 3 * step) % V)}, 2, batch);
+  run.positions = {batch.pos[0], batch.pos[1]};
+
+  DecodeState kept(c, be, 1, batch.pos[1]);  // a's sequence, sized to it
+  kept.copy_sequence(batch, 1, 0);
+  DecodeState next(c, be, 1, S);
+  next.copy_sequence(kept, 0, 0);
+  forward(ids(17, 4), 1, next);  // the next turn's new tokens
+  for (int step = 0; step < 2; ++step) forward({int32_t((4 + 5 * step) % V)}, 1, next);
+  run.positions.push_back(kept.pos[0]);
+  run.positions.push_back(next.pos[0]);
+  return run;
+}
+
+class GpuDecode : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(GpuDecode, PrefillCopiesAndDecodeMatchCpu) {
+  if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+  const auto& [fixture, mode_index] = GetParam();
+  const GemmMode mode = gemm_modes()[size_t(mode_index)];
+  const std::string dir = test::source_path("tests/fixtures/" + fixture);
+  CpuBackend cpu;
+  auto cpu_model = load_model(dir, cpu);
+  const DecodeRun want = run_decode(*cpu_model);
+  auto gpu = make_gpu(mode);
+  auto gpu_model = load_model(dir, *gpu);
+  gpu->set_weights_frozen(true);  // as the server runs it (bf16 shadows where GEMMs are bf16)
+  const DecodeRun got = run_decode(*gpu_model);
+  gpu->set_weights_frozen(false);
+  EXPECT_EQ(got.positions, want.positions);
+  EXPECT_EQ(want.positions, (std::vector<int64_t>{15, 18, 18, 24}));
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  for (size_t i = 0; i < want.logits.size(); ++i)
+    expect_close(got.logits[i], want.logits[i], mode.tol,
+                 fixture + " " + mode.name + " forward " + std::to_string(i));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuDecode,
+                         ::testing::Combine(::testing::Values("conv_t3_gqa2", "gqa2_sliding_identity_untied"),
+                                            ::testing::Values(1, 2)),  // fp32 and tiled_fp32 GEMMs
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  gemm_modes()[size_t(std::get<1>(info.param))].name;
+                         });
+
+}  // namespace
+}  // namespace zaya
