@@ -8,6 +8,13 @@
 
 namespace zaya {
 
+namespace {
+// Whether prefix is a strict prefix of tokens.
+bool begins_strictly(const std::vector<int32_t>& prefix, const std::vector<int32_t>& tokens) {
+  return prefix.size() < tokens.size() && std::equal(prefix.begin(), prefix.end(), tokens.begin());
+}
+}  // namespace
+
 KeptStates::KeptStates(const ModelConfig& config, Backend& backend, int64_t budget_bytes)
     : cfg_(config), be_(backend), budget_(budget_bytes) {
   if (budget_ < 0)
@@ -22,12 +29,19 @@ bool KeptStates::keep(const std::vector<int32_t>& tokens, const DecodeState& sta
                       const float* logits) {
   ZAYA_CHECK(seq >= 0 && seq < state.batch && state.pos[size_t(seq)] == int64_t(tokens.size()),
              "a kept state must have consumed exactly its tokens");
+  // An entry of the same tokens goes; entries whose tokens begin these (the turns of the
+  // conversation before) move to the end of the eviction order.
   entries_.remove_if([&](const Entry& e) {
-    if (e.tokens.size() > tokens.size() || !std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin()))
-      return false;
+    if (e.tokens != tokens) return false;
     bytes_ -= e.bytes;
     return true;
   });
+  std::list<Entry> earlier_turns;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    const auto here = it++;
+    if (begins_strictly(here->tokens, tokens)) earlier_turns.splice(earlier_turns.end(), entries_, here);
+  }
+  entries_.splice(entries_.end(), earlier_turns);
   const int64_t need = entry_bytes(int64_t(tokens.size()));
   if (tokens.empty() || need > budget_) return false;
   while (bytes_ + need > budget_) {

@@ -28,10 +28,11 @@ class KeptStates {
   KeptStates(const ModelConfig& config, Backend& backend, int64_t budget_bytes);
 
   // Keeps sequence seq of state, which has consumed tokens, with the logits after them (vocab
-  // floats). Entries whose tokens begin the new ones (the same tokens, or the turns of the
-  // conversation before it) are dropped: a conversation holds one entry, not one per turn. Evicts
-  // the least recently used entries as the budget requires; returns false, keeping nothing, when
-  // the entry alone exceeds it.
+  // floats). An entry of the same tokens is replaced. Entries whose tokens begin the new ones
+  // (the turns of the conversation before it) become the first to evict: they serve only a turn
+  // sent again, so a long conversation does not crowd out the others. Evicts as the budget
+  // requires, the least recently used first; returns false, keeping nothing, when the entry
+  // alone exceeds the budget.
   bool keep(const std::vector<int32_t>& tokens, const DecodeState& state, int64_t seq, const float* logits);
 
   // The entry whose tokens are the longest prefix of prompt (the whole prompt included), or

