@@ -11,6 +11,7 @@
 // bf16 gradients are therefore checked on the same fixtures with a decisive routing.
 #include <cctype>
 
+#include "decisive_routing.h"
 #include "gpu_test_support.h"
 #include "grad_fixtures.h"
 #include "model/config.h"
@@ -96,23 +97,6 @@ TEST_P(GpuModelGrads, EveryParameterGradientMatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelGrads, ::testing::ValuesIn(grad_cases()),
                          [](const auto& info) { return info.param; });
-
-// The bf16 gradients on a routing that cannot flip: the selection bias of expert (l mod E) is
-// raised by 10 in every layer, so every token's argmax is decided by far more than any rounding
-// (the mixing weight is still the unbiased softmax probability, so the routers get gradients).
-void make_routing_decisive(Model& m) {
-  const ModelConfig& c = m.config();
-  for (const ParamSpec& p : m.layout().params) {
-    const std::string suffix = "mlp.gate.balancing_biases";
-    if (p.name.size() < suffix.size() || p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
-    const int64_t layer = std::stoll(p.name.substr(std::string("model.layers.").size()));
-    std::vector<float> b(static_cast<size_t>(p.numel));
-    m.backend().to_host(b.data(), m.params() + p.offset, p.numel * 4);
-    b[size_t(layer % c.num_experts)] += 10.0f;
-    m.backend().from_host(m.params() + p.offset, b.data(), p.numel * 4);
-  }
-}
 
 // Under every bf16 MoE path: per-expert BLASLt GEMMs, and device-grouped GEMMs on the tensor
 // cores and with the portable kernel.
