@@ -18,6 +18,13 @@ namespace {
 
 using test::tiny_model;
 
+// n token ids: first + (t * step) mod 500 for t = 0 .. n-1 (inside the tiny model's vocabulary).
+std::vector<int32_t> ids_in_steps(int n, int first, int step) {
+  std::vector<int32_t> ids;
+  for (int t = 0; t < n; ++t) ids.push_back(int32_t(first + (t * step) % 500));
+  return ids;
+}
+
 // The choices of one prompt (a request's n or best_of) share its prefill: the completion after
 // a prefill, with the same prompt, starts from that state instead of running the prompt again,
 // and one whose prompt extends it (a conversation's next turn) prefills only the rest. Each comes
@@ -26,9 +33,7 @@ using test::tiny_model;
 TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
   auto be = make_cpu_backend();
   auto model = tiny_model(*be);
-  std::vector<int32_t> prompt_a, prompt_b;
-  for (int t = 0; t < 20; ++t) prompt_a.push_back(int32_t(4 + (t * 13) % 500));
-  for (int t = 0; t < 12; ++t) prompt_b.push_back(int32_t(9 + (t * 7) % 500));
+  const std::vector<int32_t> prompt_a = ids_in_steps(20, 4, 13), prompt_b = ids_in_steps(12, 9, 7);
   auto extended = [](std::vector<int32_t> prompt, int extra) {
     for (int t = 0; t < extra; ++t) prompt.push_back(int32_t(30 + 17 * int32_t(prompt.size()) % 400));
     return prompt;
@@ -132,8 +137,7 @@ TEST(ServeEngine, AConversationsNextTurnContinuesTheFinishedCompletion) {
   auto be = make_cpu_backend();
   auto model = tiny_model(*be);
   auto quiet = [](const CompletionChunk&) { return true; };
-  std::vector<int32_t> prompt;
-  for (int t = 0; t < 20; ++t) prompt.push_back(int32_t(4 + (t * 13) % 500));
+  const std::vector<int32_t> prompt = ids_in_steps(20, 4, 13);
 
   // The replies, from runs alone, to build the turns that send them back.
   const CompletionJob first = sampled_job(prompt, 1);
@@ -184,8 +188,7 @@ TEST(ServeEngine, APromptContinuesWhicheverKeptStateHoldsMoreOfIt) {
   auto be = make_cpu_backend();
   auto model = tiny_model(*be);
   auto quiet = [](const CompletionChunk&) { return true; };
-  std::vector<int32_t> prompt;
-  for (int t = 0; t < 20; ++t) prompt.push_back(int32_t(9 + (t * 7) % 500));
+  const std::vector<int32_t> prompt = ids_in_steps(20, 9, 7);
   const CompletionJob first = sampled_job(prompt, 5);
   const CompletionResult first_alone = run_completion(*model, nullptr, first, quiet);
   ASSERT_EQ(first_alone.finish_reason, "length");  // the order below assumes every max_tokens is reached
@@ -243,9 +246,7 @@ TEST(ServeEngine, ACompletionEndingAfterAMoveIsKeptWithItsOwnLogits) {
   auto be = make_cpu_backend();
   auto model = tiny_model(*be);
   auto quiet = [](const CompletionChunk&) { return true; };
-  std::vector<int32_t> prompt_a, prompt_b;
-  for (int t = 0; t < 7; ++t) prompt_a.push_back(int32_t(5 + (t * 29) % 500));
-  for (int t = 0; t < 9; ++t) prompt_b.push_back(int32_t(8 + (t * 37) % 500));
+  const std::vector<int32_t> prompt_a = ids_in_steps(7, 5, 29), prompt_b = ids_in_steps(9, 8, 37);
   const std::vector<CompletionJob> jobs = {sampled_job(prompt_a, 11), sampled_job(prompt_b, 12)};
   std::vector<CompletionResult> alone;
   for (const CompletionJob& j : jobs) {

@@ -5,6 +5,7 @@
 // used entries; an entry over the whole budget is not kept.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <vector>
 
 #include "../common/tiny_serve_model.h"
@@ -45,6 +46,22 @@ RunStates run_two(Model& model, const std::vector<int32_t>& a, const std::vector
   return r;
 }
 
+// The tiny model, and two 10-token sequences a and b run through it together, and again their
+// first 6 tokens (a6, b6).
+struct TwoSequences {
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  std::unique_ptr<Model> model = tiny_model(*be);
+  std::vector<int32_t> a, b, a6, b6;
+  RunStates r, r6;
+  TwoSequences(int32_t first_a, int32_t first_b)
+      : a(tokens_from(first_a, 10)),
+        b(tokens_from(first_b, 10)),
+        a6(a.begin(), a.begin() + 6),
+        b6(b.begin(), b.begin() + 6),
+        r(run_two(*model, a, b)),
+        r6(run_two(*model, a6, b6)) {}
+};
+
 TEST(ServeKeptStates, AnEntryIsAFaithfulCopySizedToItsTokens) {
   auto be = make_cpu_backend();
   auto model = tiny_model(*be);
@@ -82,18 +99,12 @@ TEST(ServeKeptStates, AnEntryIsAFaithfulCopySizedToItsTokens) {
 }
 
 TEST(ServeKeptStates, TheLongestPrefixIsFoundAndUseOrdersEviction) {
-  auto be = make_cpu_backend();
-  auto model = tiny_model(*be);
-  const ModelConfig& c = model->config();
-  const std::vector<int32_t> a = tokens_from(1, 10), b = tokens_from(2, 10);
-  RunStates r = run_two(*model, a, b);
-  // Shorter entries: the first 6 tokens of a and b, run alone.
-  const std::vector<int32_t> a6(a.begin(), a.begin() + 6), b6(b.begin(), b.begin() + 6);
-  RunStates r6 = run_two(*model, a6, b6);
+  TwoSequences t(1, 2);
+  const auto &a = t.a, &b = t.b, &a6 = t.a6, &b6 = t.b6;
+  const RunStates &r = t.r, &r6 = t.r6;
   const float* logits = r.logits.data();
-
-  const int64_t entry10 = KeptStates(c, *be, 0).entry_bytes(10);
-  KeptStates kept(c, *be, 3 * entry10);  // a, b and a 6-token entry, not two of those
+  const int64_t entry10 = KeptStates(t.model->config(), *t.be, 0).entry_bytes(10);
+  KeptStates kept(t.model->config(), *t.be, 3 * entry10);  // a, b and a 6-token entry, not two of those
   ASSERT_TRUE(kept.keep(a, *r.state, 0, logits));
   ASSERT_TRUE(kept.keep(a6, *r6.state, 0, logits));  // kept after a: a does not begin it
   EXPECT_EQ(kept.size(), 2u);
@@ -138,16 +149,13 @@ TEST(ServeKeptStates, TheLongestPrefixIsFoundAndUseOrdersEviction) {
 // A conversation's earlier turn stays while there is room (a turn sent again continues from it)
 // but is the first to go: here it goes rather than an entry used less recently than it.
 TEST(ServeKeptStates, AnEarlierTurnOfAConversationIsTheFirstToGo) {
-  auto be = make_cpu_backend();
-  auto model = tiny_model(*be);
-  const ModelConfig& c = model->config();
-  const std::vector<int32_t> a = tokens_from(6, 10), b = tokens_from(7, 10);
-  RunStates r = run_two(*model, a, b);
-  const std::vector<int32_t> a6(a.begin(), a.begin() + 6), b6(b.begin(), b.begin() + 6);
-  RunStates r6 = run_two(*model, a6, b6);
+  TwoSequences t(6, 7);
+  const auto &a = t.a, &b = t.b, &a6 = t.a6;
+  const RunStates &r = t.r, &r6 = t.r6;
   const float* logits = r.logits.data();
-  const int64_t e10 = KeptStates(c, *be, 0).entry_bytes(10), e6 = KeptStates(c, *be, 0).entry_bytes(6);
-  KeptStates kept(c, *be, 3 * e10 + e6 - 1);  // b, a6 and a fit; one more 10-token entry evicts one
+  const ModelConfig& c = t.model->config();
+  const int64_t e10 = KeptStates(c, *t.be, 0).entry_bytes(10), e6 = KeptStates(c, *t.be, 0).entry_bytes(6);
+  KeptStates kept(c, *t.be, 3 * e10 + e6 - 1);  // b, a6 and a fit; one more 10-token entry evicts one
   ASSERT_TRUE(kept.keep(b, *r.state, 1, logits));
   ASSERT_TRUE(kept.keep(a6, *r6.state, 0, logits));
   ASSERT_TRUE(kept.keep(a, *r.state, 0, logits));  // a's next turn: a6 stays, last in line
@@ -167,11 +175,11 @@ TEST(ServeKeptStates, AnEarlierTurnOfAConversationIsTheFirstToGo) {
 }
 
 TEST(ServeKeptStates, AnEntryOverTheWholeBudgetIsNotKept) {
-  auto be = make_cpu_backend();
-  auto model = tiny_model(*be);
-  const ModelConfig& c = model->config();
-  const std::vector<int32_t> a = tokens_from(4, 10), b = tokens_from(5, 10);
-  RunStates r = run_two(*model, a, b);
+  TwoSequences t(4, 5);
+  const auto &a = t.a, &b = t.b;
+  const RunStates& r = t.r;
+  const ModelConfig& c = t.model->config();
+  Backend* be = t.be.get();
   KeptStates none(c, *be, 0);
   EXPECT_FALSE(none.keep(a, *r.state, 0, r.logits.data()));
   EXPECT_EQ(none.size(), 0u);
