@@ -190,9 +190,7 @@ namespace {
 // The length of kept when it is a prefix of prompt (the positions a state holding kept has
 // already run), else 0.
 int64_t kept_prefix(const std::optional<std::vector<int32_t>>& kept, const std::vector<int32_t>& prompt) {
-  if (!kept || kept->size() > prompt.size() || !std::equal(kept->begin(), kept->end(), prompt.begin()))
-    return 0;
-  return int64_t(kept->size());
+  return kept && begins_with(prompt, *kept) ? int64_t(kept->size()) : 0;
 }
 
 CompletionResult cancelled_result(const CompletionJob& in, double queue_seconds) {

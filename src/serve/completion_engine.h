@@ -151,9 +151,9 @@ class CompletionEngine {
 
   int64_t context() const { return context_; }  // the positions one completion may use
   // Bytes of the decode states the engine holds (max_batch + 1 context-long sequences: the
-  // batch and one prompt's prefill), and the most the finished completions' kept states take.
+  // batch and one prompt's prefill; the kept states of finished completions come on top, up to
+  // EngineOptions::keep_bytes).
   int64_t decode_state_bytes() const;
-  int64_t keep_bytes() const { return opt_.keep_bytes; }
 
  private:
   struct Running;

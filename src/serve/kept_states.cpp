@@ -8,13 +8,6 @@
 
 namespace zaya {
 
-namespace {
-// Whether prefix is a strict prefix of tokens.
-bool begins_strictly(const std::vector<int32_t>& prefix, const std::vector<int32_t>& tokens) {
-  return prefix.size() < tokens.size() && std::equal(prefix.begin(), prefix.end(), tokens.begin());
-}
-}  // namespace
-
 KeptStates::KeptStates(const ModelConfig& config, Backend& backend, int64_t budget_bytes)
     : cfg_(config), be_(backend), budget_(budget_bytes) {
   if (budget_ < 0)
@@ -31,15 +24,16 @@ bool KeptStates::keep(const std::vector<int32_t>& tokens, const DecodeState& sta
              "a kept state must have consumed exactly its tokens");
   // An entry of the same tokens goes; entries whose tokens begin these (the turns of the
   // conversation before) move to the end of the eviction order.
-  entries_.remove_if([&](const Entry& e) {
-    if (e.tokens != tokens) return false;
-    bytes_ -= e.bytes;
-    return true;
-  });
   std::list<Entry> earlier_turns;
   for (auto it = entries_.begin(); it != entries_.end();) {
     const auto here = it++;
-    if (begins_strictly(here->tokens, tokens)) earlier_turns.splice(earlier_turns.end(), entries_, here);
+    if (!begins_with(tokens, here->tokens)) continue;
+    if (here->tokens.size() == tokens.size()) {
+      bytes_ -= here->bytes;
+      entries_.erase(here);
+    } else {
+      earlier_turns.splice(earlier_turns.end(), entries_, here);
+    }
   }
   entries_.splice(entries_.end(), earlier_turns);
   const int64_t need = entry_bytes(int64_t(tokens.size()));
@@ -61,11 +55,8 @@ bool KeptStates::keep(const std::vector<int32_t>& tokens, const DecodeState& sta
 
 const KeptStates::Entry* KeptStates::longest_prefix(const std::vector<int32_t>& prompt) const {
   const Entry* best = nullptr;
-  for (const Entry& e : entries_) {
-    const std::vector<int32_t>& t = e.tokens;
-    if (t.size() > prompt.size() || (best && t.size() <= best->tokens.size())) continue;
-    if (std::equal(t.begin(), t.end(), prompt.begin())) best = &e;
-  }
+  for (const Entry& e : entries_)
+    if ((!best || e.tokens.size() > best->tokens.size()) && begins_with(prompt, e.tokens)) best = &e;
   return best;
 }
 

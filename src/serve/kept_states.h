@@ -6,6 +6,7 @@
 // once; once the entries' bytes would exceed the budget, the least recently used go first.
 // Used from the engine's thread only.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -14,6 +15,11 @@
 #include "model/model.h"
 
 namespace zaya {
+
+// Whether tokens begins with prefix (prefix no longer than tokens, the same up to its end).
+inline bool begins_with(const std::vector<int32_t>& tokens, const std::vector<int32_t>& prefix) {
+  return prefix.size() <= tokens.size() && std::equal(prefix.begin(), prefix.end(), tokens.begin());
+}
 
 class KeptStates {
  public:
