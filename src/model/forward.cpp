@@ -26,7 +26,7 @@ void check_segments(const int32_t* segment_start, int64_t B, int64_t T) {
 }
 
 void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state, const ForwardOutputs& out,
-                    const int32_t* segment_start) {
+                    const int32_t* segment_start, int64_t first_seq) {
   const ModelConfig& c = cfg_;
   const int64_t N = B * T, D = c.hidden_size, C = c.conv_channels(), Dq = c.q_dim(), Dk = c.kv_dim(),
                 R = c.router_hidden_size, E = c.num_experts, V = c.vocab_size, L = c.num_hidden_layers;
@@ -45,10 +45,11 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
     fresh = std::make_unique<DecodeState>(c, be_, B, T);
     state = fresh.get();
   }
-  if (state->batch < B)
+  if (first_seq < 0 || first_seq + B > state->batch)
     fail("model", "decode state holds " + std::to_string(state->batch) + " sequences but the input has " +
-                      std::to_string(B));
-  std::vector<int64_t> pos0(state->pos.begin(), state->pos.begin() + B), positions(static_cast<size_t>(N));
+                      std::to_string(B) + " from sequence " + std::to_string(first_seq));
+  std::vector<int64_t> pos0(state->pos.begin() + first_seq, state->pos.begin() + first_seq + B),
+      positions(static_cast<size_t>(N));
   for (int64_t b = 0; b < B; ++b) {
     if (pos0[size_t(b)] + T > state->capacity)
       fail("model", "sequence " + std::to_string(b) + " would reach " + std::to_string(pos0[size_t(b)] + T) +
@@ -74,8 +75,18 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
   be_.affine(r, w_.input_scale, w_.input_bias, N, D);
 
   for (int64_t l = 0; l < L; ++l) {
-    DecodeState::Layer& st = state->layers[size_t(l)];
-    BlockShape shape{B, T, pos0.data(), positions.data(), st.k, st.v, state->capacity, st.conv, st.vdel, segment_start};
+    const DecodeState::Layer& st = state->layers[size_t(l)];
+    const int64_t S = state->capacity, kv = c.kv_dim(), P = c.conv_state_rows();
+    BlockShape shape{B,
+                     T,
+                     pos0.data(),
+                     positions.data(),
+                     st.k + first_seq * S * kv,
+                     st.v + first_seq * S * kv,
+                     S,
+                     st.conv + first_seq * P * C,
+                     st.vdel + first_seq * (kv / 2),
+                     segment_start};
     forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, rho, a);
     be_.copy(rho, a.rh, N * R);
     if (out.experts) be_.to_host(out.experts + l * N, a.expert, N * 4);
@@ -83,7 +94,7 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
     if (out.router_probs) be_.to_host(out.router_probs + l * N * (E + 1), a.probs, N * (E + 1) * 4);
   }
 
-  for (int64_t b = 0; b < B; ++b) state->pos[size_t(b)] += T;
+  for (int64_t b = 0; b < B; ++b) state->pos[size_t(first_seq + b)] += T;
   if (out.targets) {
     ZAYA_CHECK(out.loss_sum && out.loss_tokens, "ForwardOutputs.targets needs loss_sum and loss_tokens");
     float* y = s.f(N * D);

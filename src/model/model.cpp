@@ -59,6 +59,16 @@ void DecodeState::reset() {
   }
 }
 
+void DecodeState::reset_sequence(int64_t seq) {
+  ZAYA_CHECK(seq >= 0 && seq < batch, "reset_sequence: sequence index out of range");
+  const int64_t conv = conv_n_ / batch, vdel = vdel_n_ / batch;
+  for (auto& L : layers) {
+    be_.fill(L.conv + seq * conv, 0.0f, conv);
+    be_.fill(L.vdel + seq * vdel, 0.0f, vdel);
+  }
+  pos[size_t(seq)] = 0;
+}
+
 void DecodeState::copy_sequence(const DecodeState& from, int64_t from_seq, int64_t to_seq) {
   ZAYA_CHECK(from_seq >= 0 && from_seq < from.batch && to_seq >= 0 && to_seq < batch,
              "copy_sequence: sequence index out of range");

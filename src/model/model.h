@@ -24,6 +24,7 @@ class DecodeState {
   DecodeState(const DecodeState&) = delete;
   DecodeState& operator=(const DecodeState&) = delete;
   void reset();  // all sequences back to position 0 with zero state
+  void reset_sequence(int64_t seq);  // one sequence back to position 0 with zero state
   // Makes sequence to_seq here a copy of sequence from_seq of `from` (its pos tokens of keys
   // and values, its conv and delayed-value states and its position). `from` may be this state
   // (moving a sequence within the batch) or another one of the same model, of any batch and
@@ -101,13 +102,14 @@ class Model {
   void init_random(uint64_t seed);
 
   // ids: host [B, T]. state == nullptr runs fresh sequences starting at position 0; otherwise
-  // the batch continues the state's first B sequences (B <= state->batch), each from its own
-  // position, and the others are left as they are.
+  // the batch continues the state's sequences first_seq .. first_seq + B - 1 (within
+  // state->batch), each from its own position, and the others are left as they are: a server
+  // prefills new prompts in some sequences of its batch while others decode.
   // segment_start (reset_at_document_boundary, spec decision 7): host [B, T], the index within
   // its row of each token's document start; each document then runs as its own fresh sequence
   // (CCA conv, delayed value, attention and RoPE positions restart). Fresh sequences only.
   void forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state, const ForwardOutputs& out,
-               const int32_t* segment_start = nullptr);
+               const int32_t* segment_start = nullptr, int64_t first_seq = 0);
 
   // Training step on fresh sequences: forward with saved activations, then the hand-written
   // backward. targets: host [B, T], -1 = not counted. Adds d(loss_scale * sum of token

@@ -10,42 +10,9 @@
 
 #include "core/error.h"
 #include "serve/api_error.h"
-#include "serve/completion_run.h"
-#include "serve/generate.h"
+#include "serve/completion_engine_parts.h"
 
 namespace zaya {
-
-using Clock = std::chrono::steady_clock;
-
-namespace {
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-}  // namespace
-
-struct CompletionEngine::Job {
-  CompletionJob in;
-  Clock::time_point queued_at = Clock::now();
-  std::atomic<bool> cancelled{false};
-  std::mutex m;  // guards what follows
-  std::condition_variable cv;
-  std::deque<CompletionChunk> chunks;
-  bool done = false;
-  // A failure, as plain values: the caller throws a fresh ApiError on its own thread (an
-  // exception object shared across threads is freed by whichever thread lets go last).
-  int error_status = 0;  // 0: none
-  std::string error_type, error_message;
-  CompletionResult result;
-};
-
-// A completion in the decoding batch; running[i] lives in sequence i of batch_.
-struct CompletionEngine::Running {
-  std::shared_ptr<Job> job;
-  std::unique_ptr<CompletionRun> run;
-  int32_t next = -1;  // the token to feed at the next step; -1: ended
-  double queue_seconds = 0, prefill_seconds = 0;
-  Clock::time_point decode_start;
-};
 
 CompletionEngine::Ticket::~Ticket() {
   if (job_) job_->cancelled = true;  // harmless once done; frees the slot if still running
@@ -63,19 +30,18 @@ CompletionEngine::CompletionEngine(Model& model, const Tokenizer* tokenizer, Eng
                       " positions exceeds the model's max_position_embeddings " +
                       std::to_string(c.max_position_embeddings));
   batch_ = std::make_unique<DecodeState>(c, model.backend(), opt_.max_batch, context_);
-  single_ = std::make_unique<DecodeState>(c, model.backend(), 1, context_);
   kept_ = std::make_unique<KeptStates>(c, model.backend(), opt_.keep_bytes);
   if (opt_.prefill_chunk < 1)
     fail("serve", "a prefill chunk must hold at least 1 position, got " + std::to_string(opt_.prefill_chunk));
   logits_.resize(size_t(opt_.max_batch * c.vocab_size));
-  prefill_logits_.resize(size_t(c.vocab_size));
+  prefill_logits_.resize(size_t(opt_.max_batch * c.vocab_size));
   thread_ = std::thread([this] { loop(); });
 }
 
 CompletionEngine::~CompletionEngine() { shutdown(); }
 
 int64_t CompletionEngine::decode_state_bytes() const {
-  return DecodeState::bytes(model_.config(), opt_.max_batch + 1, context_);
+  return DecodeState::bytes(model_.config(), opt_.max_batch, context_);
 }
 
 EngineStats CompletionEngine::stats() const {
@@ -140,208 +106,40 @@ CompletionResult CompletionEngine::wait(Ticket& ticket, const ChunkFn& on_chunk)
   return std::move(job->result);
 }
 
-// The completion whose prompt is being prefilled into single_, one chunk per turn of the loop.
-struct CompletionEngine::Prefilling {
-  Running r;
-  std::unique_ptr<PromptPrefill> prefill;  // null: the same prompt as the prefill before, reused whole
-  int64_t reused_positions = 0;            // prompt positions a state kept before already ran
-  bool continues_finished = false;         // that state was a finished completion's
-  Clock::time_point started;
-};
-
 void CompletionEngine::loop() {
 #ifdef _OPENMP
   if (opt_.threads > 0) omp_set_num_threads(opt_.threads);  // per thread: set on the one that runs the model
 #endif
-  std::vector<Running> running;
-  running.reserve(size_t(opt_.max_batch));
-  std::unique_ptr<Prefilling> prefilling;
+  running_.reserve(size_t(opt_.max_batch));
   for (;;) {
     {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !queue_.empty() || !running.empty() || prefilling; });
-      if (stopping_ && running.empty() && !prefilling) return;  // shutdown() fails whatever is still queued
+      cv_.wait(lk,
+               [&] { return stopping_ || !queue_.empty() || !running_.empty() || !group_.empty() || held_; });
+      // shutdown() fails whatever is still queued
+      if (stopping_ && running_.empty() && group_.empty() && !held_) return;
     }
-    // Prefill up to prefill_chunk prompt positions: the rest of a prompt begun earlier, then
-    // new prompts while the batch has room, then one decode step for everything running.
+    // Prefill up to prefill_chunk prompt positions: the group begun earlier, then new groups
+    // while the batch has room, then one decode step for everything running.
     int64_t budget = opt_.prefill_chunk;
     while (budget > 0) {
-      if (!prefilling) {
-        std::shared_ptr<Job> next;
-        {
-          std::lock_guard lk(mu_);
-          if (stopping_ || queue_.empty() || int64_t(running.size()) >= opt_.max_batch) break;
-          next = std::move(queue_.front());
-          queue_.pop_front();
-        }
-        prefilling = begin(next);
-        if (!prefilling) continue;  // it ended at once
-      }
-      budget -= advance_prefill(prefilling, running, budget);
-      if (prefilling) break;  // the budget ran out within this prompt
+      if (group_.empty() && !form_group()) break;  // nothing (more) to take from the queue
+      if (group_.empty()) continue;                // what it took ended at once
+      const int64_t ran = advance_group(budget);
+      budget -= ran;
+      if (ran == 0 && !group_.empty()) break;
     }
-    if (!running.empty()) decode_step(running);
+    if (!running_.empty()) decode_step();
+    const int64_t now_running = int64_t(running_.size()) + in_prefill();
     std::lock_guard lk(mu_);
-    stats_.running = int64_t(running.size()) + (prefilling ? 1 : 0);
+    stats_.running = now_running;
   }
-}
-
-namespace {
-// The length of kept when it is a prefix of prompt (the positions a state holding kept has
-// already run), else 0.
-int64_t kept_prefix(const std::optional<std::vector<int32_t>>& kept, const std::vector<int32_t>& prompt) {
-  return kept && begins_with(prompt, *kept) ? int64_t(kept->size()) : 0;
-}
-
-CompletionResult cancelled_result(const CompletionJob& in, double queue_seconds) {
-  CompletionResult r;
-  r.prompt_tokens = int64_t(in.prompt.size());
-  r.finish_reason = "cancelled";
-  r.queue_seconds = queue_seconds;
-  return r;
-}
-}  // namespace
-
-// Checks the job and sets up its completion; returns its prefill (with no PromptPrefill when the
-// prompt's prefill is reused), or null when the job ended at once (cancelled, refused, or
-// nothing to run on the model).
-std::unique_ptr<CompletionEngine::Prefilling> CompletionEngine::begin(const std::shared_ptr<Job>& job) {
-  auto p = std::make_unique<Prefilling>();
-  Running& r = p->r;
-  r.job = job;
-  r.queue_seconds = seconds_between(job->queued_at, Clock::now());
-  try {
-    const CompletionJob& in = job->in;
-    const int64_t context = context_, need = int64_t(in.prompt.size()) + in.max_tokens;
-    if (in.prompt.empty() || need > context)
-      throw ApiError(400, "invalid_request_error",
-                     "the prompt's " + std::to_string(in.prompt.size()) + " tokens + max_tokens " +
-                         std::to_string(in.max_tokens) + " must fit the model's context of " +
-                         std::to_string(context));
-    if (job->cancelled || stopping_) {
-      deliver(*job, cancelled_result(in, r.queue_seconds));
-      return nullptr;
-    }
-    r.run = std::make_unique<CompletionRun>(model_.config(), tok_, in, [job, this](CompletionChunk chunk) {
-      chunk.produced_at = Clock::now();
-      {
-        std::lock_guard lk(job->m);
-        job->chunks.push_back(std::move(chunk));
-      }
-      job->cv.notify_all();
-      return !job->cancelled && !stopping_;
-    });
-    if (!r.run->needs_model()) {
-      CompletionResult result = r.run->finish();
-      result.queue_seconds = r.queue_seconds;
-      deliver(*job, std::move(result));
-      return nullptr;
-    }
-    p->started = Clock::now();
-    // The prompt just prefilled, or the tokens of a finished completion, or a prompt that
-    // extends either (the next turn of a conversation), with nothing to report for its
-    // positions: start from the state that holds the most of the prompt, which is what running
-    // the prompt again would give (up to rounding: where its chunks fall, and positions that a
-    // finished completion fed one at a time), and prefill only what follows. A completion that
-    // reports the prompt's logprobs (echo) runs the whole prompt.
-    int64_t start = 0;
-    if (!r.run->prompt_logits()) {
-      const int64_t from_prefill = kept_prefix(prefilled_prompt_, in.prompt);
-      const KeptStates::Entry* kept = kept_->longest_prefix(in.prompt);
-      const int64_t from_finished = kept ? int64_t(kept->tokens.size()) : 0;
-      if (from_finished > from_prefill) {
-        prefilled_prompt_.reset();  // single_ changes from here on (forgotten first: a copy may throw)
-        try {
-          single_->copy_sequence(*kept->state, 0, 0);
-          kept_->touch(kept);
-          start = from_finished;
-          p->continues_finished = true;
-        } catch (const std::exception&) {
-          start = 0;  // the copy failed (a GPU error): run the whole prompt instead
-        }
-        if (start == int64_t(in.prompt.size())) {  // exactly its tokens: no prefill at all
-          prefill_logits_ = kept->logits;
-          prefilled_prompt_ = in.prompt;
-          return p;
-        }
-      } else if (from_prefill > 0) {
-        start = from_prefill;
-        ZAYA_CHECK(single_->pos[0] == start, "the remembered prefill does not match its decode state");
-        if (start == int64_t(in.prompt.size())) return p;  // the same prompt: no prefill at all
-      }
-    }
-    prefilled_prompt_.reset();  // single_ changes from here on (forgotten first: a reset may throw)
-    if (start == 0) single_->reset();
-    p->reused_positions = start;
-    p->prefill = std::make_unique<PromptPrefill>(model_, in.prompt, *single_, prefill_logits_.data(),
-                                                 r.run->prompt_logits(), start);
-    return p;
-  } catch (const ApiError& e) {
-    deliver_error(*job, e.status(), e.type(), e.what());
-  } catch (const std::exception& e) {
-    deliver_error(*job, 500, "server_error", std::string("internal error: ") + e.what());
-  }
-  return nullptr;
-}
-
-// Runs the next positions of the prompt (at most max_positions) and returns how many ran (none
-// when the prompt's prefill is reused). Once the whole prompt has run: samples the first token
-// and, unless the completion has ended already, gives it the next free sequence of the batch.
-int64_t CompletionEngine::advance_prefill(std::unique_ptr<Prefilling>& p, std::vector<Running>& running,
-                                          int64_t max_positions) {
-  Running& r = p->r;
-  int64_t ran = 0;
-  try {
-    if (r.job->cancelled || stopping_) {
-      deliver(*r.job, cancelled_result(r.job->in, r.queue_seconds));
-      p.reset();
-      return 0;
-    }
-    if (p->prefill) {
-      ran = std::min(max_positions, p->prefill->remaining());
-      {
-        std::lock_guard lk(mu_);
-        stats_.prefill_positions += ran;  // given to the model, whether or not the chunk succeeds
-      }
-      p->prefill->run(ran);
-      {
-        std::lock_guard lk(mu_);
-        ++stats_.prefill_chunks;
-      }
-      if (!p->prefill->done()) return ran;
-      prefilled_prompt_ = r.job->in.prompt;
-      std::lock_guard lk(mu_);
-      stats_.prefill_positions_reused += p->reused_positions;
-      if (p->continues_finished) ++stats_.finished_continued;
-    } else {  // begin() found this prompt already run
-      std::lock_guard lk(mu_);
-      ++stats_.prefills_reused;
-      if (p->continues_finished) ++stats_.finished_continued;
-    }
-    r.decode_start = Clock::now();
-    r.prefill_seconds = seconds_between(p->started, r.decode_start);
-    r.next = r.run->step(prefill_logits_.data());
-    if (r.next < 0) {
-      CompletionResult result = r.run->finish();
-      result.queue_seconds = r.queue_seconds;
-      result.prefill_seconds = r.prefill_seconds;
-      deliver(*r.job, std::move(result));
-    } else {
-      batch_->copy_sequence(*single_, 0, int64_t(running.size()));
-      running.push_back(std::move(r));
-    }
-  } catch (const ApiError& e) {
-    deliver_error(*r.job, e.status(), e.type(), e.what());
-  } catch (const std::exception& e) {
-    deliver_error(*r.job, 500, "server_error", std::string("internal error: ") + e.what());
-  }
-  p.reset();
-  return ran;
 }
 
 // One token for every running completion in one forward pass; the ended ones leave, and the
 // last sequence of the batch moves into each freed slot so the batch stays contiguous.
-void CompletionEngine::decode_step(std::vector<Running>& running) {
+void CompletionEngine::decode_step() {
+  std::vector<Running>& running = running_;
   const int64_t B = int64_t(running.size()), V = model_.config().vocab_size;
   std::vector<int32_t> ids(static_cast<size_t>(B));
   for (int64_t i = 0; i < B; ++i) ids[size_t(i)] = running[size_t(i)].next;
@@ -383,7 +181,7 @@ void CompletionEngine::decode_step(std::vector<Running>& running) {
       CompletionResult result = r.run->finish();
       result.queue_seconds = r.queue_seconds;
       result.prefill_seconds = r.prefill_seconds;
-      result.decode_seconds = seconds_between(r.decode_start, Clock::now());
+      result.decode_seconds = seconds_between(r.decode_start, EngineClock::now());
       if (result.finish_reason != "cancelled")
         keep_finished(r, int64_t(i), logits_.data() + logits_row[i] * V);
       deliver(*r.job, std::move(result));

@@ -1,19 +1,19 @@
 // The model behind the inference server and the one thread that runs it, with continuous
 // batching: up to max_batch completions decode together, one token each per forward pass of
-// the model. A completion joins the batch between two steps: its prompt is prefilled alone, in
-// chunks that alternate with the running completions' decode steps, and its decode state is then
-// copied into the next free sequence of the batch (a completion whose prompt is the one just
-// prefilled, as a request's n choices are, copies that state without running the prompt again,
-// and one whose prompt extends it, as a conversation's next turn does, prefills only the rest);
-// it leaves between two steps too. Finished completions are kept as well (their prompts and the
-// tokens they generated, up to a memory budget, least recently used first out), so that a
-// conversation's next turn, which sends both back followed by the new message, prefills only
-// that message. Completions
-// waiting for a place sit in a FIFO queue guarded by a mutex. The engine thread also keeps the
-// model's OpenMP team and GPU work on one thread. A completion's text comes back on the
-// caller's own thread as it is released, so an HTTP handler can stream it; the caller cancels
-// by returning false from its chunk callback (its client went away), which frees the slot at
-// the next step. Knows nothing about HTTP.
+// the model. Completions join the batch between two steps. New prompts are prefilled in the
+// batch's free sequences, several together in one forward pass of the model (a group), in
+// chunks that alternate with the running completions' decode steps; a completion whose prompt
+// is in the group already (another of a request's n choices) shares that prefill. Each
+// completion starts from the kept state that holds the longest prefix of its prompt, if any:
+// prompts just prefilled and finished completions (their prompts and the tokens they generated)
+// are kept, up to a memory budget, least recently used first out, so that the same prompt again
+// runs nothing and a conversation's next turn, which sends the reply back followed by a new
+// message, prefills only that message. Completions leave the batch between two steps too.
+// Completions waiting for a place sit in a FIFO queue guarded by a mutex. The engine thread
+// also keeps the model's OpenMP team and GPU work on one thread. A completion's text comes back
+// on the caller's own thread as it is released, so an HTTP handler can stream it; the caller
+// cancels by returning false from its chunk callback (its client went away), which frees the
+// slot at the next step. Knows nothing about HTTP.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -81,28 +81,30 @@ struct EngineOptions {
   int64_t max_batch = 8;  // completions decoded together; each holds a context-long decode state
   // Prompt positions prefilled per turn of the engine, each turn ending with one decode step of
   // the running completions: a long prompt is prefilled in chunks of this many positions, so it
-  // slows them down rather than stopping them, and short prompts share a turn.
+  // slows them down rather than stopping them, and short prompts share a turn (and a forward
+  // pass: a group of k prompts runs up to prefill_chunk / k positions of each per pass).
   int64_t prefill_chunk = 256;
   // Positions (prompt + generated) one completion may use, and the length of every decode state
   // the engine holds: 0 = the model's max_position_embeddings; at most that.
   int64_t context = 0;
-  // Bytes of decode states kept after completions finish, for the next turns of conversations
-  // (kept_states.h); 0 keeps none.
+  // Bytes of decode states kept after prompts are prefilled and completions finish, for the
+  // same prompt again and the next turns of conversations (kept_states.h); 0 keeps none.
   int64_t keep_bytes = int64_t(1) << 30;
 };
 
 // What the engine has done so far: completions finished (however they ended), forward passes
-// of the decoding batch, the tokens they fed, the largest batch decoded at once, the prompt
-// chunks prefilled and the prompt positions given to the model in them, the completions that
-// reused a whole prefill before them (the same prompt), the prompt positions not run again
-// because a prompt extended one run before (counted once its prefill has finished), and the
+// of the decoding batch, the tokens they fed, the largest batch decoded at once, the prefill's
+// forward passes, the prompt positions given to the model in them and the most prompts one of
+// them ran together, the completions that ran no prompt position at all (a kept state held the
+// whole prompt, or another completion in the group prefilled it), the prompt positions not run
+// because a kept state held them (counted once the rest of the prompt has run), and the
 // completions that started from a finished completion's kept state (a conversation's next turn).
 struct EngineStats {
   int64_t completions = 0, decode_steps = 0, decoded_tokens = 0, peak_batch = 0, prefill_chunks = 0;
-  int64_t prefill_positions = 0, prefills_reused = 0, prefill_positions_reused = 0;
+  int64_t prefill_positions = 0, peak_prefill_group = 0, prefills_reused = 0, prefill_positions_reused = 0;
   int64_t finished_continued = 0;
   // Now: completions in the batch or being prefilled (as of the engine's last turn), completions
-  // waiting in the queue, and the finished completions' states kept and their bytes.
+  // waiting in the queue, and the kept states (prompts and finished completions) and their bytes.
   int64_t running = 0, waiting = 0, kept = 0, kept_bytes = 0;
 };
 
@@ -150,19 +152,27 @@ class CompletionEngine {
   EngineStats stats() const;
 
   int64_t context() const { return context_; }  // the positions one completion may use
-  // Bytes of the decode states the engine holds (max_batch + 1 context-long sequences: the
-  // batch and one prompt's prefill; the kept states of finished completions come on top, up to
+  // Bytes of the decode states the engine holds (max_batch context-long sequences, shared by
+  // the decoding completions and the prompts being prefilled; the kept states come on top, up to
   // EngineOptions::keep_bytes).
   int64_t decode_state_bytes() const;
 
  private:
   struct Running;
-  struct Prefilling;
+  struct Member;
   void loop();
-  std::unique_ptr<Prefilling> begin(const std::shared_ptr<Job>& job);
-  int64_t advance_prefill(std::unique_ptr<Prefilling>& prefilling, std::vector<Running>& running,
-                          int64_t max_positions);
-  void decode_step(std::vector<Running>& running);
+  // The prefill (completion_engine_prefill.cpp).
+  std::unique_ptr<Member> begin(const std::shared_ptr<Job>& job);
+  bool form_group();
+  void place_group(std::vector<Member> members);
+  int64_t advance_group(int64_t max_positions);
+  void finish_prefilled();
+  void drop_cancelled();
+  void fail_group(const std::string& message);
+  void join_batch(Running r, const float* logits, int64_t from_seq);
+  int64_t in_prefill() const;
+  // The decoding batch (completion_engine.cpp).
+  void decode_step();
   void deliver(Job& job, CompletionResult result);
   void deliver_error(Job& job, int status, const std::string& type, const std::string& message);
   void count_completion();
@@ -172,18 +182,21 @@ class CompletionEngine {
   const Tokenizer* tok_;
   EngineOptions opt_;
   int64_t context_;
-  std::unique_ptr<DecodeState> batch_, single_;  // the decoding batch; one prompt's prefill
-  std::vector<float> logits_;                    // [max_batch, vocab]
-  std::vector<float> prefill_logits_;            // [vocab]: the prompt's last position
-  // The prompt whose whole prefill single_ and prefill_logits_ hold, while they hold one: the
-  // next completion with the same prompt (another of a request's n or best_of choices) starts
-  // from it instead of running the prompt again; one whose prompt begins with it prefills only
-  // the positions after it.
-  std::optional<std::vector<int32_t>> prefilled_prompt_;
-  // The states of completions that finished in the batch: a prompt that begins with one's
-  // tokens (the next turn of that conversation) starts from it when no prefill before covers
-  // more of the prompt.
+  // Sequence i < running_.size() holds running_[i]; the group being prefilled holds the
+  // contiguous sequences of its members, above the running ones.
+  std::unique_ptr<DecodeState> batch_;
+  std::vector<float> logits_;          // [max_batch, vocab]: a decode step's
+  std::vector<float> prefill_logits_;  // [max_batch, vocab]: a prefill pass's, each prompt's last position
+  // Prompts just prefilled and finished completions: a prompt that begins with one's tokens
+  // starts from its state.
   std::unique_ptr<KeptStates> kept_;
+  // Used by the engine thread only: the completions decoding, the group being prefilled (in
+  // ascending order of the positions each has left to run, so those a pass runs are the first
+  // ones, and those it finishes leave from the front), and a completion taken from the queue
+  // that starts the next group (one that reports its prompt's logprobs is prefilled alone).
+  std::vector<Running> running_;
+  std::vector<Member> group_;
+  std::unique_ptr<Member> held_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;

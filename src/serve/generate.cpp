@@ -9,17 +9,19 @@
 namespace zaya {
 
 PromptPrefill::PromptPrefill(Model& model, const std::vector<int32_t>& prompt, DecodeState& state,
-                             float* last_logits, PromptLogitsFn on_prompt_logits, int64_t start)
+                             float* last_logits, PromptLogitsFn on_prompt_logits, int64_t start, int64_t seq)
     : model_(model),
       prompt_(prompt),
       state_(state),
       last_logits_(last_logits),
       on_prompt_logits_(std::move(on_prompt_logits)),
+      seq_(seq),
       next_(start) {
-  if (!(start >= 0 && start < int64_t(prompt.size()) && state.pos[0] == start))
+  ZAYA_CHECK(seq >= 0 && seq < state.batch, "prefill: sequence index out of range");
+  if (!(start >= 0 && start < int64_t(prompt.size()) && state.pos[size_t(seq)] == start))
     fail("prefill", "a prompt of " + std::to_string(prompt.size()) +
                         " tokens cannot be prefilled from position " + std::to_string(start) +
-                        " of a sequence at position " + std::to_string(state.pos[0]) +
+                        " of a sequence at position " + std::to_string(state.pos[size_t(seq)]) +
                         "; expected 0 <= start < the prompt's length, with the sequence at start");
   if (on_prompt_logits_)
     rows_.resize(size_t(std::min(int64_t(prompt.size()), kPromptLogitsChunk) * model.config().vocab_size));
@@ -33,14 +35,14 @@ void PromptPrefill::run(int64_t max_positions) {
       ForwardOutputs last;
       last.logits = last_logits_;
       last.last_only = true;
-      model_.forward(prompt_.data() + next_, 1, end - next_, &state_, last);
+      model_.forward(prompt_.data() + next_, 1, end - next_, &state_, last, nullptr, seq_);
       next_ = end;
       return;
     }
     const int64_t T = std::min(kPromptLogitsChunk, end - next_);
     ForwardOutputs all;
     all.logits = rows_.data();
-    model_.forward(prompt_.data() + next_, 1, T, &state_, all);
+    model_.forward(prompt_.data() + next_, 1, T, &state_, all, nullptr, seq_);
     for (int64_t t = 0; t < T; ++t) on_prompt_logits_(next_ + t, rows_.data() + t * V);
     std::copy_n(rows_.data() + (T - 1) * V, V, last_logits_);
     next_ += T;

@@ -28,16 +28,16 @@ using PromptLogitsFn = std::function<void(int64_t position, const float* logits)
 constexpr int64_t kPromptLogitsChunk = 64;
 
 // A prompt's prefill, in pieces: each run() feeds the next positions of the prompt into
-// sequence 0 of `state` (batch 1, with room for the prompt), so a server can interleave a
-// long prompt with other completions' decoding. The state is fresh, or holds the prompt's first
-// `start` positions already (a prompt that extends one prefilled before); the prefill goes on
+// sequence `seq` of `state` (with room for the prompt), so a server can interleave a long
+// prompt with other completions' decoding. The sequence is fresh, or holds the prompt's first
+// `start` positions already (a prompt that extends one run before); the prefill goes on
 // from there. Once done(), last_logits [vocab] holds the last
 // position's logits. With on_prompt_logits, every position's logits are reported too, in order,
 // from forward passes of at most kPromptLogitsChunk positions.
 class PromptPrefill {
  public:
   PromptPrefill(Model& model, const std::vector<int32_t>& prompt, DecodeState& state, float* last_logits,
-                PromptLogitsFn on_prompt_logits = {}, int64_t start = 0);
+                PromptLogitsFn on_prompt_logits = {}, int64_t start = 0, int64_t seq = 0);
   void run(int64_t max_positions);  // the next min(max_positions, remaining) positions
   bool done() const { return next_ == int64_t(prompt_.size()); }
   int64_t remaining() const { return int64_t(prompt_.size()) - next_; }
@@ -49,6 +49,7 @@ class PromptPrefill {
   float* last_logits_;
   PromptLogitsFn on_prompt_logits_;
   std::vector<float> rows_;  // [kPromptLogitsChunk, vocab] with on_prompt_logits
+  int64_t seq_;              // the sequence of state_ it runs in
   int64_t next_ = 0;         // prompt positions run so far
 };
 

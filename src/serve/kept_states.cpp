@@ -19,7 +19,7 @@ int64_t KeptStates::entry_bytes(int64_t tokens) const {
 }
 
 bool KeptStates::keep(const std::vector<int32_t>& tokens, const DecodeState& state, int64_t seq,
-                      const float* logits) {
+                      const float* logits, Source source) {
   ZAYA_CHECK(seq >= 0 && seq < state.batch && state.pos[size_t(seq)] == int64_t(tokens.size()),
              "a kept state must have consumed exactly its tokens");
   // An entry of the same tokens goes; entries whose tokens begin these (the turns of the
@@ -43,6 +43,7 @@ bool KeptStates::keep(const std::vector<int32_t>& tokens, const DecodeState& sta
     entries_.pop_back();
   }
   Entry e;
+  e.source = source;
   e.tokens = tokens;
   e.state = std::make_unique<DecodeState>(cfg_, be_, 1, int64_t(tokens.size()));
   e.state->copy_sequence(state, seq, 0);

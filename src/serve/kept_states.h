@@ -1,8 +1,9 @@
-// The decode states the inference engine keeps after completions finish, so that a prompt that
-// begins with one of them (a conversation's next turn, which sends back the exchange so far)
-// runs only what follows. An entry holds the tokens its state has consumed (the completion's
-// prompt and every generated token but the last, which was never fed), a state sized to them,
-// and the logits after the last of them. Several conversations can be continued this way at
+// The decode states the inference engine keeps after prompts are prefilled and completions
+// finish, so that a prompt that begins with one of them (another choice of the same prompt, or a
+// conversation's next turn, which sends back the exchange so far) runs only what follows. An
+// entry holds the tokens its state has consumed (a prompt, or a completion's prompt and every
+// generated token but the last, which was never fed), a state sized to them, and the logits
+// after the last of them. Several conversations can be continued this way at
 // once; once the entries' bytes would exceed the budget, the least recently used go first.
 // Used from the engine's thread only.
 #pragma once
@@ -23,7 +24,11 @@ inline bool begins_with(const std::vector<int32_t>& tokens, const std::vector<in
 
 class KeptStates {
  public:
+  // What an entry's state is: a prompt just prefilled (the next completion of the same prompt,
+  // or of one extending it, starts from it), or a finished completion (its prompt and reply).
+  enum class Source { prompt, completion };
   struct Entry {
+    Source source = Source::completion;
     std::vector<int32_t> tokens;         // what state has consumed, in order
     std::unique_ptr<DecodeState> state;  // one sequence, tokens.size() positions
     std::vector<float> logits;           // [vocab]: after the last token
@@ -39,7 +44,8 @@ class KeptStates {
   // sent again, so a long conversation does not crowd out the others. Evicts as the budget
   // requires, the least recently used first; returns false, keeping nothing, when the entry
   // alone exceeds the budget.
-  bool keep(const std::vector<int32_t>& tokens, const DecodeState& state, int64_t seq, const float* logits);
+  bool keep(const std::vector<int32_t>& tokens, const DecodeState& state, int64_t seq, const float* logits,
+            Source source = Source::completion);
 
   // The entry whose tokens are the longest prefix of prompt (the whole prompt included), or
   // null. Valid until the next keep().

@@ -150,6 +150,55 @@ TEST_P(DecodeFixture, SequencesAtDifferentPositionsDecodeTogether) {
   EXPECT_EQ(batch.pos[3], 0) << "a slot past the decoded batch must not move";
 }
 
+// The server's prefill of new prompts in the free sequences of its batch: one forward over
+// sequences 2 and 3 of a state of four (first_seq), sequence 2 fresh (after reset_sequence
+// cleared what it held) and sequence 3 continuing a copied prefix, so the two sit at different
+// positions. Their last logits must match a full forward, and sequences 0 and 1 must be left
+// as they are: 0 decodes on afterwards as if nothing had happened.
+TEST_P(DecodeFixture, PromptsPrefilledTogetherInLaterSequences) {
+  const std::string dir = test::source_path("tests/fixtures/" + GetParam());
+  auto be = make_cpu_backend();
+  auto model = load_model(dir, *be);
+  const ModelConfig& c = model->config();
+  std::ifstream f(dir + "/ids.json");
+  auto rows = nlohmann::json::parse(f).get<std::vector<std::vector<int32_t>>>();
+  const int64_t T = int64_t(rows[0].size()), V = c.vocab_size;
+  ASSERT_GE(T, 8);
+  std::vector<int32_t> all;
+  for (auto& r : rows) all.insert(all.end(), r.begin(), r.end());
+  const ChunkedRun full = run_chunked(*model, all, int64_t(rows.size()), T, {T});
+  auto full_row = [&](size_t row, int64_t p) { return full.logits.data() + (int64_t(row) * T + p) * V; };
+  const size_t other = 1 % rows.size();
+
+  DecodeState batch(c, *be, 4, T);
+  std::vector<float> lg(size_t(4 * V));
+  ForwardOutputs last;
+  last.logits = lg.data();
+  last.last_only = true;
+  model->forward(rows[0].data(), 1, T / 2, &batch, last, nullptr, 0);  // sequence 0: decoding
+  model->forward(rows[other].data(), 1, 3, &batch, last, nullptr, 2);  // sequence 2: junk to clear
+  batch.reset_sequence(2);
+  EXPECT_EQ(batch.pos[2], 0);
+  model->forward(rows[other].data(), 1, 2, &batch, last, nullptr, 3);  // sequence 3: a prefix of 2
+  EXPECT_EQ(batch.pos[1], 0);
+
+  // Sequence 2 runs row 0's first 4 positions; sequence 3 row `other`'s positions 2 to 5.
+  std::vector<int32_t> ids(rows[0].begin(), rows[0].begin() + 4);
+  ids.insert(ids.end(), rows[other].begin() + 2, rows[other].begin() + 6);
+  model->forward(ids.data(), 2, 4, &batch, last, nullptr, 2);
+  EXPECT_LT(test::max_rel_err(lg.data(), full_row(0, 3), size_t(V)), 1e-5) << "fresh sequence 2";
+  EXPECT_LT(test::max_rel_err(lg.data() + V, full_row(other, 5), size_t(V)), 1e-5) << "continued sequence 3";
+  EXPECT_EQ(batch.pos[0], T / 2);
+  EXPECT_EQ(batch.pos[1], 0);
+  EXPECT_EQ(batch.pos[2], 4);
+  EXPECT_EQ(batch.pos[3], 6);
+
+  const int32_t next = rows[0][size_t(T / 2)];
+  model->forward(&next, 1, 1, &batch, last, nullptr, 0);
+  EXPECT_LT(test::max_rel_err(lg.data(), full_row(0, T / 2), size_t(V)), 1e-5) << "sequence 0 after them";
+  EXPECT_THROW(model->forward(ids.data(), 2, 1, &batch, last, nullptr, 3), Error) << "past the last sequence";
+}
+
 TEST(DecodeState, CopySequenceChecksShapesAndCapacity) {
   auto be = make_cpu_backend();
   Model tiny(preset_config("zaya-tiny"), *be);

@@ -490,14 +490,17 @@ TEST(ServeCli, PrintsItsUrlServesAndStopsOnSigterm) {
       << log;
   EXPECT_NE(log.find("received SIGTERM"), std::string::npos) << log;
   EXPECT_NE(log.find("decoding up to 3 completions together"), std::string::npos) << log;
-  EXPECT_NE(log.find("keeping the states of finished completions, up to 64 MiB"), std::string::npos) << log;
+  EXPECT_NE(log.find("keeping the states of prompts and finished completions, up to 64 MiB"),
+            std::string::npos)
+      << log;
   // One completion of 3 tokens (the bad request never reached the engine): the first token comes
-  // from the prefill of its 5-token prompt (3 chunks of at most 2), two from decode steps.
+  // from the prefill of its 5-token prompt (3 passes of at most 2 positions), two from decode steps.
   EXPECT_NE(
       log.find("stopped after 1 completion; 2 tokens decoded in 2 steps (mean batch 1.00); prompts "
-               "prefilled in 3 chunks (5 positions); 0 completions reused the whole prefill of an earlier "
-               "prompt or completion; 0 prompt positions not run again (a prompt extending one of them); "
-               "0 completions continued a finished completion (a conversation's next turn)"),
+               "prefilled in 3 passes (5 positions, up to 1 prompt in one pass); 0 completions ran no prompt "
+               "position (a kept state or another choice held the whole prompt); 0 prompt positions not run "
+               "again (a prompt extending a kept one); 0 completions continued a finished completion (a "
+               "conversation's next turn)"),
       std::string::npos)
       << log;
   fs::remove_all(dir);

@@ -1,8 +1,8 @@
 // What the completion engine (src/serve/completion_engine.h) reuses instead of running the model
-// again: the prefill of the prompt before (a request's n or best_of choices, a prompt extending
-// it) and the kept states of finished completions (a conversation's next turn, which sends the
-// reply back). Every completion must come out as it does alone, and the positions given to the
-// model and those reused are counted exactly.
+// again: the prefill of a prompt (a request's n or best_of choices, the same prompt again, a
+// prompt extending it) and the kept states of finished completions (a conversation's next turn,
+// which sends the reply back). Every completion must come out as it does alone, and the
+// positions given to the model and those reused are counted exactly.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -25,11 +25,12 @@ std::vector<int32_t> ids_in_steps(int n, int first, int step) {
   return ids;
 }
 
-// The choices of one prompt (a request's n or best_of) share its prefill: the completion after
-// a prefill, with the same prompt, starts from that state instead of running the prompt again,
-// and one whose prompt extends it (a conversation's next turn) prefills only the rest. Each comes
-// out as it does alone. A completion that reports the prompt's logprobs (echo) runs the whole
-// prompt, and a different prompt in between (even one whose prefill fails) ends the sharing.
+// The choices of one prompt (a request's n or best_of) share its prefill: those taken into the
+// same group follow the first, and later ones, and the same prompt sent again, start from the
+// prompt's kept state; one whose prompt extends it (a conversation's next turn) prefills only
+// the rest, after waiting for it when they arrive together. Each comes out as it does alone. A
+// completion that reports the prompt's logprobs (echo) runs the whole prompt, alone. A prompt
+// whose prefill fails leaves nothing behind that a later prompt extending it could start from.
 TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
   auto be = make_cpu_backend();
   auto model = tiny_model(*be);
@@ -39,11 +40,13 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
     return prompt;
   };
   const std::vector<int32_t> turn2 = extended(prompt_a, 5), turn3 = extended(turn2, 3);
-  // A prompt that extends a but fails in its last chunk (an id outside the vocabulary), after
-  // its first chunk has moved the state on from a: the next completion of a must run a again,
-  // and the one after, extending a, must not extend that state.
+  // A prompt that extends a but fails in its second pass (an id outside the vocabulary, which
+  // the HTTP layer refuses before; here it stands for a failed pass), after its first pass has
+  // run 8 of its positions: the prompt after it, extending it, must run from a's state.
   std::vector<int32_t> failing = extended(prompt_a, 10);
   failing.push_back(int32_t(model->config().vocab_size));
+  std::vector<int32_t> after_failing = failing;
+  after_failing.back() = 7;
   auto job = [](const std::vector<int32_t>& prompt, uint64_t seed) {
     CompletionJob j;
     j.prompt = prompt;
@@ -52,21 +55,23 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
     j.seed = seed;
     return j;
   };
+  // The groups, with a batch of 8: {0, 1, 2}, {3}, {4, 5, 6}, {7, 8}, {9, 10}, {11}, {12}.
   std::vector<CompletionJob> jobs = {
-      job(prompt_a, 1),                    // 0: runs a
-      job(prompt_a, 2),                    // 1, 2: reuse it
-      job(prompt_a, 3), job(prompt_a, 4),  // 3: echo: runs a again
-      job(prompt_a, 5),                    // 4: reuses it
-      job(prompt_b, 6),                    // 5: runs b
-      job(prompt_a, 7),                    // 6: runs a
-      job(failing, 8),                     // 7: extends a, fails in its second chunk
-      job(prompt_a, 9),                    // 8: runs a
-      job(turn2, 10),                      // 9: runs turn 2's 5 new positions
-      job(turn3, 11),                      // 10: runs turn 3's 3 new positions
-      job(turn3, 12),                      // 11: echo: runs turn 3 whole
+      job(prompt_a, 1),                          // 0: runs a
+      job(prompt_a, 2),                          // 1, 2: follow 0
+      job(prompt_a, 3),       job(prompt_a, 4),  // 3: echo: runs a again, alone
+      job(prompt_a, 5),                          // 4: a's kept state: runs nothing
+      job(prompt_b, 6),                          // 5: runs b
+      job(prompt_a, 7),                          // 6: follows 4
+      job(failing, 8),         // 7: extends a (waits for 4's group), fails in its second pass
+      job(prompt_a, 9),        // 8: a's kept state: runs nothing
+      job(after_failing, 10),  // 9: extends 8's a (waits): runs its 11 positions after a
+      job(turn2, 11),          // 10: begins 9's prompt: runs its 5 after a, beside 9
+      job(turn3, 12),          // 11: extends 10's (waits): runs turn 3's 3 new positions
+      job(turn3, 13),          // 12: echo: runs turn 3 whole, alone
   };
   constexpr size_t kFailing = 7;
-  for (size_t e : {size_t(3), size_t(11)}) {
+  for (size_t e : {size_t(3), size_t(12)}) {
     jobs[e].echo = true;
     jobs[e].logprobs = 2;
   }
@@ -97,11 +102,13 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
     }
   }
   const EngineStats st = engine.stats();
-  EXPECT_EQ(st.prefills_reused, 3);                 // jobs 1, 2 and 4
-  EXPECT_EQ(st.prefill_positions_reused, 20 + 25);  // jobs 9 and 10
-  // Positions given to the model: a, a (echo), b, a, the failing prompt's 11 after a, a, 5, 3,
-  // and turn 3's 28 (echo). Its 20 reused positions do not count: its prefill never finished.
-  EXPECT_EQ(st.prefill_positions, 20 + 20 + 12 + 20 + 11 + 20 + 5 + 3 + 28);
+  EXPECT_EQ(st.prefills_reused, 5);                      // jobs 1, 2, 4, 6 and 8
+  EXPECT_EQ(st.prefill_positions_reused, 20 + 20 + 25);  // jobs 9, 10 and 11
+  // Positions given to the model: a, a (echo), b, the failing prompt's 11 after a, the 11 after
+  // a of the prompt after it, 5, 3, and turn 3's 28 (echo). The failing prompt's 20 reused
+  // positions do not count: its prefill never finished.
+  EXPECT_EQ(st.prefill_positions, 20 + 20 + 12 + 11 + 11 + 5 + 3 + 28);
+  EXPECT_EQ(st.peak_prefill_group, 2);  // 9 and 10 (in the other groups, one prompt runs)
   EXPECT_EQ(st.completions, int64_t(jobs.size()));
 }
 
@@ -179,11 +186,11 @@ TEST(ServeEngine, AConversationsNextTurnContinuesTheFinishedCompletion) {
   EXPECT_EQ(st.completions, int64_t(jobs.size()));
 }
 
-// When both the prompt prefilled last and a kept finished completion begin a prompt, it
-// continues from whichever holds more of it. With a batch of two: 0 decodes while 1, which
-// extends 0's prompt and 5 of its reply tokens, is prefilled; 2 waits for a place, which 0's
-// finish makes, and then extends 1's prompt (35 positions) rather than 0's finished state (25).
-// A cancelled completion is not kept.
+// When both a kept prompt and a kept finished completion begin a prompt, it continues from
+// whichever holds more of it. With a batch of two: 1, which extends 0's prompt and 5 of its
+// reply tokens, waits for 0's prefill and starts from its kept prompt, while 0 decodes; 2 waits
+// for a place, which 0's finish makes, and then extends 1's prompt (35 positions) rather than
+// 0's finished state (25). A cancelled completion is not kept.
 TEST(ServeEngine, APromptContinuesWhicheverKeptStateHoldsMoreOfIt) {
   auto be = make_cpu_backend();
   auto model = tiny_model(*be);
@@ -227,14 +234,16 @@ TEST(ServeEngine, APromptContinuesWhicheverKeptStateHoldsMoreOfIt) {
   int chunks = 0;
   EXPECT_EQ(engine.run(cancelled, [&](const CompletionChunk&) { return ++chunks < 2; }).finish_reason,
             "cancelled");
-  EXPECT_EQ(engine.stats().kept, 3) << "0, 1 and 2 are kept; the cancelled completion must not be";
+  // Kept: the prompts of 0, 1 and 2 and the completions; the cancelled completion's prompt,
+  // 0's, ran nothing (and so is not kept again), and the completion must not be kept.
+  EXPECT_EQ(engine.stats().kept, 6);
   const std::vector<int32_t> kept = fed_tokens(jobs[1], got[1]);
   const CompletionJob next_turn = sampled_job(followed_by(kept, 2, 5), 9);
   EXPECT_EQ(engine.run(next_turn).ids, run_completion(*model, nullptr, next_turn, quiet).ids);
   const EngineStats after = engine.stats();
   EXPECT_EQ(after.finished_continued, 1);
   EXPECT_EQ(after.prefill_positions_reused, st.prefill_positions_reused + int64_t(kept.size()));
-  EXPECT_EQ(after.kept, 4);
+  EXPECT_EQ(after.kept, 8);  // the new turn's prompt and completion
 }
 
 // Two completions that end in the same decode step: the first's sequence is freed and the
@@ -310,7 +319,7 @@ TEST(ServeEngine, InterleavedConversationsEachContinueTheirOwnTurn) {
       EXPECT_EQ(st.finished_continued, 2);
       EXPECT_EQ(st.prefill_positions_reused, turn2_reused);
       EXPECT_EQ(st.prefill_positions, 16 + 16 + turn2_positions);
-      EXPECT_EQ(st.kept, 4);
+      EXPECT_EQ(st.kept, 8);  // each turn's prompt and completion
       EXPECT_GT(st.kept_bytes, 0);
     } else {
       EXPECT_EQ(st.finished_continued, 0);

@@ -79,9 +79,12 @@ void run_serve(const ServeCliOptions& o) {
       (long long)o.batch, double(server.decode_state_bytes()) / double(1 << 20));
   log::info(batch_line);
   log::info(o.keep_mib > 0
-                ? "keeping the states of finished completions, up to " + std::to_string(o.keep_mib) +
-                      " MiB, so that a conversation's next turn prefills only its new message (--keep-mib)"
-                : "keeping no finished completions (--keep-mib 0): every turn prefills its whole prompt");
+                ? "keeping the states of prompts and finished completions, up to " +
+                      std::to_string(o.keep_mib) +
+                      " MiB, so that the same prompt again runs nothing and a conversation's next turn "
+                      "prefills only its new message (--keep-mib)"
+                : "keeping no states (--keep-mib 0): every prompt runs whole, but for the choices of one "
+                  "prompt prefilled together");
   log::info("serving '" + so.model_id + "' (vocab " + std::to_string(c.vocab_size) + ", context " +
             std::to_string(o.context > 0 ? o.context : c.max_position_embeddings) + ", backend " + o.backend +
             ", " +
@@ -117,12 +120,13 @@ void run_serve(const ServeCliOptions& o) {
   log::info("stopped after " + count(st.completions, "completion", "completions") + "; " +
             count(st.decoded_tokens, "token", "tokens") + " decoded in " +
             count(st.decode_steps, "step", "steps") + " (mean batch " + mean_batch +
-            "); prompts prefilled in " + count(st.prefill_chunks, "chunk", "chunks") + " (" +
-            count(st.prefill_positions, "position", "positions") + "); " +
+            "); prompts prefilled in " + count(st.prefill_chunks, "pass", "passes") + " (" +
+            count(st.prefill_positions, "position", "positions") + ", up to " +
+            count(st.peak_prefill_group, "prompt", "prompts") + " in one pass); " +
             count(st.prefills_reused, "completion", "completions") +
-            " reused the whole prefill of an earlier prompt or completion; " +
+            " ran no prompt position (a kept state or another choice held the whole prompt); " +
             count(st.prefill_positions_reused, "prompt position", "prompt positions") +
-            " not run again (a prompt extending one of them); " +
+            " not run again (a prompt extending a kept one); " +
             count(st.finished_continued, "completion", "completions") +
             " continued a finished completion (a conversation's next turn)");
 }
@@ -152,7 +156,8 @@ void add_serve(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(1024)));
   cmd->add_option("--prefill-chunk", o.prefill_chunk,
-                  "Prompt positions prefilled between two decode steps of the running completions")
+                  "Prompt positions prefilled between two decode steps of the running completions (new "
+                  "prompts run together, up to this many positions per pass)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--context", o.context,
@@ -161,9 +166,9 @@ void add_serve(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--keep-mib", o.keep_mib,
-                  "MiB of finished completions' decode states kept so that a conversation's next turn, "
-                  "which sends the reply back, prefills only its new message (least recently used "
-                  "first out); 0 = none")
+                  "MiB of decode states kept, of prompts and finished completions, so that the same "
+                  "prompt again runs nothing and a conversation's next turn, which sends the reply back, "
+                  "prefills only its new message (least recently used first out); 0 = none")
       ->capture_default_str()
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   cmd->add_option("--max-queue", o.max_queue, "Completions that may wait for the model; more get HTTP 503")

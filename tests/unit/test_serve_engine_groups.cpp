@@ -1,0 +1,146 @@
+// The completion engine's prefill of several prompts in one forward pass (src/serve/
+// completion_engine_prefill.cpp): prompts taken from the queue together run as a group in the
+// batch's free sequences, each from its own position, and join the batch as they finish. Every
+// completion must come out as it does alone, and the passes and positions are counted exactly.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../common/tiny_serve_model.h"
+#include "serve/api_error.h"
+#include "serve/completion_engine.h"
+#include "serve/completion_run.h"
+
+namespace zaya {
+namespace {
+
+using test::tiny_model;
+
+CompletionJob sampled(std::vector<int32_t> prompt, uint64_t seed) {
+  CompletionJob j;
+  j.prompt = std::move(prompt);
+  j.max_tokens = 5;
+  j.sampling = {1.2f, 0, 1.0f};
+  j.seed = seed;
+  return j;
+}
+
+// A prompt of n ids inside the tiny model's vocabulary, different for each salt.
+std::vector<int32_t> prompt_of(int n, int salt) {
+  std::vector<int32_t> ids;
+  for (int t = 0; t < n; ++t) ids.push_back(int32_t(3 + (salt * 101 + t * (7 + 2 * salt)) % 480));
+  return ids;
+}
+
+std::vector<CompletionResult> run_alone(Model& model, const std::vector<CompletionJob>& jobs) {
+  std::vector<CompletionResult> out;
+  for (const CompletionJob& j : jobs)
+    out.push_back(run_completion(model, nullptr, j, [](const CompletionChunk&) { return true; }));
+  return out;
+}
+
+// Five prompts of 5, 9, 9, 14 and 30 tokens submitted together run as one group, the shortest
+// first among the sequences: with room in the budget, pass 1 runs 5 positions of all five, pass 2
+// 4 of the four left, pass 3 5 of the two left, pass 4 the last 16 of the longest. With a budget
+// of 12 positions per turn, a pass of five runs 2 positions each, and a pass with less budget
+// than prompts runs one position of the first ones; with a budget of 3, every pass runs one
+// position of three prompts. Each comes out as it does alone.
+TEST(ServeEngine, PromptsArrivingTogetherArePrefilledInOnePass) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  std::vector<CompletionJob> jobs;
+  const std::vector<int> lengths = {14, 9, 30, 5, 9};  // submitted out of order
+  for (size_t i = 0; i < lengths.size(); ++i) jobs.push_back(sampled(prompt_of(lengths[i], int(i)), 40 + i));
+  const std::vector<CompletionResult> alone = run_alone(*model, jobs);
+
+  for (const int64_t chunk : {int64_t(256), int64_t(12), int64_t(3)}) {
+    SCOPED_TRACE("prefill_chunk " + std::to_string(chunk));
+    EngineOptions eo{16, 0, 8};
+    eo.prefill_chunk = chunk;
+    CompletionEngine engine(*model, nullptr, eo);
+    std::vector<CompletionEngine::Ticket> tickets = engine.submit(jobs);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const CompletionResult r = engine.wait(tickets[i]);
+      EXPECT_EQ(r.ids, alone[i].ids) << "completion " << i;
+      EXPECT_EQ(r.finish_reason, alone[i].finish_reason) << "completion " << i;
+    }
+    const EngineStats st = engine.stats();
+    EXPECT_EQ(st.prefill_positions, 5 + 9 + 9 + 14 + 30);
+    EXPECT_EQ(st.peak_prefill_group, std::min<int64_t>(5, chunk));
+    if (chunk == 256) {
+      EXPECT_EQ(st.prefill_chunks, 4);
+    }
+    EXPECT_EQ(st.prefills_reused, 0);
+    EXPECT_EQ(st.completions, int64_t(jobs.size()));
+  }
+}
+
+// One group whose members start from different kept states, so one pass runs sequences at
+// different positions: a conversation's next turn (a finished completion and 3 new tokens), a
+// prompt extending a kept prompt, a fresh prompt, and a second choice of that fresh prompt,
+// which follows it and runs nothing.
+TEST(ServeEngine, AGroupRunsPromptsFromDifferentKeptStates) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  const CompletionJob a = sampled(prompt_of(11, 1), 1), b = sampled(prompt_of(7, 2), 2);
+  const std::vector<CompletionResult> earlier = run_alone(*model, {a, b});
+  ASSERT_EQ(earlier[0].finish_reason, "length");
+  std::vector<int32_t> a_fed = a.prompt;  // what a's finished state holds: all but its last token
+  a_fed.insert(a_fed.end(), earlier[0].ids.begin(), earlier[0].ids.end() - 1);
+  std::vector<int32_t> next_turn = a_fed, b_extended = b.prompt;
+  for (int32_t t : {17, 29, 31}) next_turn.push_back(t);
+  for (int32_t t : {5, 6, 7, 8, 9}) b_extended.push_back(t);
+  const std::vector<CompletionJob> jobs = {sampled(next_turn, 3), sampled(b_extended, 4),
+                                           sampled(prompt_of(6, 3), 5), sampled(prompt_of(6, 3), 6)};
+  const std::vector<CompletionResult> alone = run_alone(*model, jobs);
+
+  CompletionEngine engine(*model, nullptr, EngineOptions{16, 0, 8});
+  EXPECT_EQ(engine.run(a).ids, earlier[0].ids);
+  EXPECT_EQ(engine.run(b).ids, earlier[1].ids);
+  const EngineStats before = engine.stats();
+  std::vector<CompletionEngine::Ticket> tickets = engine.submit(jobs);
+  for (size_t i = 0; i < jobs.size(); ++i)
+    EXPECT_EQ(engine.wait(tickets[i]).ids, alone[i].ids) << "completion " << i;
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.finished_continued - before.finished_continued, 1);
+  EXPECT_EQ(st.prefill_positions_reused - before.prefill_positions_reused,
+            int64_t(a_fed.size() + b.prompt.size()));
+  EXPECT_EQ(st.prefill_positions - before.prefill_positions, 3 + 5 + 6);
+  EXPECT_EQ(st.prefills_reused - before.prefills_reused, 1);
+  EXPECT_EQ(st.peak_prefill_group, 3);
+}
+
+// A pass that fails (an id outside the vocabulary, which the HTTP layer refuses before; here
+// it stands for any failure) leaves the group's sequences in no known state: every completion
+// of the group fails, its follower included, nothing of it is kept, and the engine carries on:
+// the same prompt next runs whole and comes out as it does alone.
+TEST(ServeEngine, AFailedPassFailsItsGroupAndNothingElse) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  std::vector<int32_t> bad = prompt_of(9, 4);
+  bad[6] = int32_t(model->config().vocab_size);
+  const CompletionJob good = sampled(prompt_of(8, 5), 7);
+  const CompletionResult good_alone = run_alone(*model, {good})[0];
+
+  CompletionEngine engine(*model, nullptr, EngineOptions{16, 0, 8});
+  std::vector<CompletionEngine::Ticket> tickets = engine.submit({good, sampled(bad, 8), good});
+  for (size_t i = 0; i < tickets.size(); ++i) {
+    try {
+      engine.wait(tickets[i]);
+      ADD_FAILURE() << "completion " << i << " should have failed with its group";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 500) << "completion " << i;
+      EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(engine.stats().kept, 0);
+  EXPECT_EQ(engine.run(good).ids, good_alone.ids);
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.prefill_positions, 2 * 8 + 8);  // the failed pass gave 8 positions of each prompt
+  EXPECT_EQ(st.prefills_reused, 0);
+  EXPECT_EQ(st.completions, 4);
+}
+
+}  // namespace
+}  // namespace zaya
