@@ -3,7 +3,8 @@
 // (--batch 1 is what the server did before batching, and what a server without batching does).
 //
 // N completions of random prompts (P tokens, K generated, greedy, EOS banned so every one runs
-// to K) are submitted at once, each waited on by its own thread as HTTP handlers do.
+// to K) are submitted at once, each waited on by its own thread as HTTP handlers do. Every round
+// draws new prompts (the same ones for both modes), so no kept prompt state serves a later round.
 // Reported per mode: completed tokens/s (N * K / wall seconds from submission to the last
 // result), the mean time to first token, the mean batch the engine decoded, and the ratio
 // batched / serial. Medians over --rounds after one warm-up round. There is no PyTorch peer for
@@ -126,13 +127,17 @@ int main(int argc, char** argv) try {
   model.init_random(a.seed);
   be->set_weights_frozen(true);
   const int64_t V = c.vocab_size;
-  std::vector<CompletionJob> jobs(static_cast<size_t>(a.N));
+  // The jobs of every round, warm-up included.
+  std::vector<std::vector<CompletionJob>> rounds(static_cast<size_t>(a.rounds + 1));
   uint64_t s = a.seed;
-  for (CompletionJob& j : jobs) {
-    j.prompt = bench::random_token_ids(a.P, V, &s);
-    j.max_tokens = a.K;
-    j.sampling = SamplingParams{0.0f, 0, 1.0f};
-    for (int64_t e : c.eos_token_ids) j.sampling.logit_bias.emplace_back(int32_t(e), -100.0f);
+  for (std::vector<CompletionJob>& jobs : rounds) {
+    jobs.resize(static_cast<size_t>(a.N));
+    for (CompletionJob& j : jobs) {
+      j.prompt = bench::random_token_ids(a.P, V, &s);
+      j.max_tokens = a.K;
+      j.sampling = SamplingParams{0.0f, 0, 1.0f};
+      for (int64_t e : c.eos_token_ids) j.sampling.logit_bias.emplace_back(int32_t(e), -100.0f);
+    }
   }
   std::fprintf(stderr,
                "bench_serve: %s on %s, %lld completions of %lld + %lld tokens, batch %lld vs 1, %d rounds\n",
@@ -154,7 +159,7 @@ int main(int argc, char** argv) try {
                             EngineOptions{size_t(a.N) + 1, 0, batches[mode], a.prefill_chunk});
     std::vector<double> tps, first, mean_batch;
     for (int r = 0; r <= a.rounds; ++r) {  // round 0 warms up
-      const Round round = run_round(engine, jobs);
+      const Round round = run_round(engine, rounds[size_t(r)]);
       if (r == 0) continue;
       tps.push_back(round.tokens_per_s);
       first.push_back(round.first_token_s);

@@ -193,20 +193,18 @@ int64_t CompletionEngine::advance_group(int64_t max_positions) {
       p.run(ran);
       group_.front().ran = true;
     } else {
-      // Every member runs T positions; the first has the fewest left. When the budget cannot
-      // give each of them one, the first max_positions members run one each (still the fewest).
-      int64_t B = int64_t(group_.size());
-      int64_t T = group_.front().left_to_run(*batch_);
-      for (const Member& m : group_) T = std::min(T, m.left_to_run(*batch_));
-      ZAYA_CHECK(T >= 1, "a prompt in the prefill group has no positions left to run");
-      if (B * T > max_positions) {
-        if (max_positions >= B) {
-          T = max_positions / B;
-        } else {
-          B = max_positions;
-          T = 1;
-        }
-      }
+      // The first member has the fewest positions left, r. A pass runs T = r positions of as
+      // many members as the budget holds, so that it finishes the first (and any other with r
+      // left) while running as many rows as it can; when r exceeds the budget, the first alone
+      // runs the budget. Shortest first brings the first tokens soonest, and a pass over a
+      // prefix of the members keeps their order.
+      int64_t T = group_.front().left_to_run(*batch_), B = 1;
+      if (T >= max_positions)
+        T = max_positions;
+      else
+        B = std::min(int64_t(group_.size()), max_positions / T);
+      for (int64_t b = 0; b < B; ++b)
+        ZAYA_CHECK(group_[size_t(b)].left_to_run(*batch_) >= T, "the prefill group is out of order");
       std::vector<int32_t> ids(size_t(B * T));
       for (int64_t b = 0; b < B; ++b) {
         const Member& m = group_[size_t(b)];

@@ -66,7 +66,7 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
       job(failing, 8),         // 7: extends a (waits for 4's group), fails in its second pass
       job(prompt_a, 9),        // 8: a's kept state: runs nothing
       job(after_failing, 10),  // 9: extends 8's a (waits): runs its 11 positions after a
-      job(turn2, 11),          // 10: begins 9's prompt: runs its 5 after a, beside 9
+      job(turn2, 11),          // 10: begins 9's prompt: runs its 5 after a, in 9's group
       job(turn3, 12),          // 11: extends 10's (waits): runs turn 3's 3 new positions
       job(turn3, 13),          // 12: echo: runs turn 3 whole, alone
   };
@@ -108,7 +108,9 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
   // a of the prompt after it, 5, 3, and turn 3's 28 (echo). The failing prompt's 20 reused
   // positions do not count: its prefill never finished.
   EXPECT_EQ(st.prefill_positions, 20 + 20 + 12 + 11 + 11 + 5 + 3 + 28);
-  EXPECT_EQ(st.peak_prefill_group, 2);  // 9 and 10 (in the other groups, one prompt runs)
+  // 9 and 10: a turn's last position runs 10's first alone, the next turn 4 positions of each
+  // (in the other groups, one prompt runs).
+  EXPECT_EQ(st.peak_prefill_group, 2);
   EXPECT_EQ(st.completions, int64_t(jobs.size()));
 }
 
