@@ -52,8 +52,10 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
       positions(static_cast<size_t>(N));
   for (int64_t b = 0; b < B; ++b) {
     if (pos0[size_t(b)] + T > state->capacity)
-      fail("model", "sequence " + std::to_string(b) + " would reach " + std::to_string(pos0[size_t(b)] + T) +
-                        " tokens but the context holds " + std::to_string(state->capacity),
+      fail("model",
+           "sequence " + std::to_string(first_seq + b) + " would reach " +
+               std::to_string(pos0[size_t(b)] + T) + " tokens but the context holds " +
+               std::to_string(state->capacity),
            "raise the context size (--ctx) or shorten the prompt");
     for (int64_t t = 0; t < T; ++t)
       positions[size_t(b * T + t)] = pos0[size_t(b)] + t - (segment_start ? segment_start[b * T + t] : 0);

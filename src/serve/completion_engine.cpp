@@ -1,4 +1,5 @@
-// The completion engine with continuous batching (see completion_engine.h).
+// The completion engine with continuous batching (see completion_engine.h): its queue, its
+// loop, and the decoding batch (the prefill is in completion_engine_prefill.cpp).
 #include "serve/completion_engine.h"
 
 #include <algorithm>
@@ -121,6 +122,7 @@ void CompletionEngine::loop() {
     }
     // Prefill up to prefill_chunk prompt positions: the group begun earlier, then new groups
     // while the batch has room, then one decode step for everything running.
+    drop_cancelled();
     int64_t budget = opt_.prefill_chunk;
     while (budget > 0) {
       if (group_.empty() && !form_group()) break;  // nothing (more) to take from the queue
@@ -178,22 +180,39 @@ void CompletionEngine::decode_step() {
       continue;
     }
     if (!failed[i]) {
-      CompletionResult result = r.run->finish();
-      result.queue_seconds = r.queue_seconds;
-      result.prefill_seconds = r.prefill_seconds;
-      result.decode_seconds = seconds_between(r.decode_start, EngineClock::now());
-      if (result.finish_reason != "cancelled")
-        keep_finished(r, int64_t(i), logits_.data() + logits_row[i] * V);
-      deliver(*r.job, std::move(result));
+      try {
+        CompletionResult result = r.run->finish();
+        result.queue_seconds = r.queue_seconds;
+        result.prefill_seconds = r.prefill_seconds;
+        result.decode_seconds = seconds_between(r.decode_start, EngineClock::now());
+        if (result.finish_reason != "cancelled")
+          keep_finished(r, int64_t(i), logits_.data() + logits_row[i] * V);
+        deliver(*r.job, std::move(result));
+      } catch (const std::exception& e) {
+        deliver_error(*r.job, 500, "server_error", std::string("internal error: ") + e.what());
+      }
     }
-    const size_t last = running.size() - 1;
-    if (i != last) {
-      batch_->copy_sequence(*batch_, int64_t(last), int64_t(i));
-      running[i] = std::move(running[last]);
-      failed[i] = failed[last];
-      logits_row[i] = logits_row[last];
+    // Sequence i is free: the batch's last moves into it. A last one whose state cannot move (a
+    // GPU error) fails instead, and the one before it moves.
+    for (;;) {
+      const size_t last = running.size() - 1;
+      if (i == last) {
+        running.pop_back();
+        break;
+      }
+      try {
+        batch_->copy_sequence(*batch_, int64_t(last), int64_t(i));
+        running[i] = std::move(running[last]);
+        failed[i] = failed[last];
+        logits_row[i] = logits_row[last];
+        running.pop_back();
+        break;
+      } catch (const std::exception& e) {
+        if (!failed[last])
+          deliver_error(*running[last].job, 500, "server_error", std::string("internal error: ") + e.what());
+        running.pop_back();
+      }
     }
-    running.pop_back();
   }
 }
 

@@ -81,8 +81,9 @@ struct EngineOptions {
   int64_t max_batch = 8;  // completions decoded together; each holds a context-long decode state
   // Prompt positions prefilled per turn of the engine, each turn ending with one decode step of
   // the running completions: a long prompt is prefilled in chunks of this many positions, so it
-  // slows them down rather than stopping them, and short prompts share a turn (and a forward
-  // pass: a group of k prompts runs up to prefill_chunk / k positions of each per pass).
+  // slows them down rather than stopping them, and short prompts share a turn and its forward
+  // passes (shortest first: a pass runs the positions the shortest has left, of as many
+  // prompts as fit in the turn's remaining positions; a prompt longer than those runs alone).
   int64_t prefill_chunk = 256;
   // Positions (prompt + generated) one completion may use, and the length of every decode state
   // the engine holds: 0 = the model's max_position_embeddings; at most that.

@@ -91,9 +91,11 @@ bool CompletionEngine::form_group() {
     took = true;
     const bool echo = bool(m->r.run->prompt_logits());
     const std::vector<int32_t>& prompt = m->r.job->in.prompt;
-    auto extends = [&](const Member& o) {  // a longer prompt that begins with o's
+    // A longer prompt that begins with o's, which o's prefill will leave kept.
+    auto extends = [&](const Member& o) {
       return !o.r.run->prompt_logits() && o.prompt_size() < int64_t(prompt.size()) &&
-             begins_with(prompt, o.r.job->in.prompt);
+             begins_with(prompt, o.r.job->in.prompt) &&
+             kept_->entry_bytes(o.prompt_size()) <= kept_->budget();
     };
     if (!members.empty() && (echo || std::any_of(members.begin(), members.end(), extends))) {
       held_ = std::move(m);  // it starts the next group, from the state this one keeps
@@ -111,11 +113,6 @@ bool CompletionEngine::form_group() {
     }
     members.push_back(std::move(*m));
     if (echo) break;
-  }
-  if (held_ && stopping_) {  // shutting down: it will not start
-    deliver(*held_->r.job, cancelled_result(held_->r.job->in, held_->r.queue_seconds));
-    held_.reset();
-    took = true;
   }
   if (!members.empty()) place_group(std::move(members));
   return took;
@@ -192,6 +189,8 @@ int64_t CompletionEngine::advance_group(int64_t max_positions) {
       }
       p.run(ran);
       group_.front().ran = true;
+      std::lock_guard lk(mu_);
+      stats_.prefill_chunks += (ran + kPromptLogitsChunk - 1) / kPromptLogitsChunk;  // its passes
     } else {
       // The first member has the fewest positions left, r. A pass runs T = r positions of as
       // many members as the budget holds, so that it finishes the first (and any other with r
@@ -204,7 +203,9 @@ int64_t CompletionEngine::advance_group(int64_t max_positions) {
       else
         B = std::min(int64_t(group_.size()), max_positions / T);
       for (int64_t b = 0; b < B; ++b)
-        ZAYA_CHECK(group_[size_t(b)].left_to_run(*batch_) >= T, "the prefill group is out of order");
+        ZAYA_CHECK(
+            group_[size_t(b)].left_to_run(*batch_) >= T && group_[size_t(b)].seq == group_.front().seq + b,
+            "the prefill group is out of order");
       std::vector<int32_t> ids(size_t(B * T));
       for (int64_t b = 0; b < B; ++b) {
         const Member& m = group_[size_t(b)];
@@ -227,9 +228,9 @@ int64_t CompletionEngine::advance_group(int64_t max_positions) {
         m.ran = true;
         if (m.left_to_run(*batch_) == 0) std::copy_n(prefill_logits_.data() + b * V, V, m.logits.data());
       }
+      std::lock_guard lk(mu_);
+      ++stats_.prefill_chunks;
     }
-    std::lock_guard lk(mu_);
-    ++stats_.prefill_chunks;
   } catch (const std::exception& e) {
     fail_group(e.what());
     return ran;
@@ -300,9 +301,14 @@ void CompletionEngine::join_batch(Running r, const float* logits, int64_t from_s
 }
 
 // Cancelled followers end; a cancelled member at either end of the group, with no follower
-// left, ends too (one in between is prefilled with the others and ends when it would join).
+// left, ends too (one in between is prefilled with the others and ends when it would join), and
+// so does a cancelled completion held back for the next group.
 void CompletionEngine::drop_cancelled() {
   auto gone = [&](const Running& r) { return r.job->cancelled || stopping_; };
+  if (held_ && gone(held_->r)) {
+    deliver(*held_->r.job, cancelled_result(held_->r.job->in, held_->r.queue_seconds));
+    held_.reset();
+  }
   for (Member& m : group_) {
     auto keep_end = std::stable_partition(m.followers.begin(), m.followers.end(),
                                           [&](const Running& f) { return !gone(f); });

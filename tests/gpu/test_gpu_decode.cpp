@@ -49,6 +49,7 @@ DecodeRun run_decode(Model& model) {
   };
   DecodeState batch(c, be, 4, S);
   forward(ids(3, 5), 1, batch, 3);  // prompt a's first chunk, in sequence 3
+  forward(ids(8, 3), 1, batch, 2);  // what sequence 2 held before: reset_sequence must clear it
   batch.reset_sequence(2);
   std::vector<int32_t> pass = ids(5, 7);  // prompt b (sequence 2, fresh) beside a's next chunk
   const std::vector<int32_t> a_next = ids(11, 7);

@@ -57,6 +57,39 @@ ChunkedRun run_chunked(Model& m, const std::vector<int32_t>& ids, int64_t B, int
 
 class DecodeFixture : public ::testing::TestWithParam<std::string> {};
 
+// A fixture's model, its rows of ids and one full forward of all of them, which the tests of
+// sequences decoded at different positions compare against.
+class DecodeAgainstFullForward : public DecodeFixture {
+ protected:
+  void SetUp() override {
+    const std::string dir = test::source_path("tests/fixtures/" + GetParam());
+    be_ = make_cpu_backend();
+    be = be_.get();
+    model_ = load_model(dir, *be_);
+    model = model_.get();
+    std::ifstream f(dir + "/ids.json");
+    rows = nlohmann::json::parse(f).get<std::vector<std::vector<int32_t>>>();
+    T = int64_t(rows[0].size());
+    V = model->config().vocab_size;
+    std::vector<int32_t> all;
+    for (auto& r : rows) all.insert(all.end(), r.begin(), r.end());
+    full_ = run_chunked(*model, all, int64_t(rows.size()), T, {T});
+  }
+  const float* full_row(size_t row, int64_t p) const {
+    return full_.logits.data() + (int64_t(row) * T + p) * V;
+  }
+
+  Backend* be = nullptr;
+  Model* model = nullptr;
+  std::vector<std::vector<int32_t>> rows;
+  int64_t T = 0, V = 0;
+
+ private:
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<Model> model_;
+  ChunkedRun full_;
+};
+
 TEST_P(DecodeFixture, ChunkedPrefillThenDecodeEqualsFullForward) {
   const std::string dir = test::source_path("tests/fixtures/" + GetParam());
   auto be = make_cpu_backend();
@@ -97,18 +130,8 @@ TEST_P(DecodeFixture, BatchedSequencesAreIndependent) {
 // different positions (copy_sequence), then decoded together token by token; one sequence
 // leaves and another moves into its slot. Every logit row must match a full forward of that
 // sequence, and a slot past the decoded batch must be left alone.
-TEST_P(DecodeFixture, SequencesAtDifferentPositionsDecodeTogether) {
-  const std::string dir = test::source_path("tests/fixtures/" + GetParam());
-  auto be = make_cpu_backend();
-  auto model = load_model(dir, *be);
+TEST_P(DecodeAgainstFullForward, SequencesAtDifferentPositionsDecodeTogether) {
   const ModelConfig& c = model->config();
-  std::ifstream f(dir + "/ids.json");
-  auto rows = nlohmann::json::parse(f).get<std::vector<std::vector<int32_t>>>();
-  const int64_t T = int64_t(rows[0].size()), V = c.vocab_size;
-  std::vector<int32_t> all;
-  for (auto& r : rows) all.insert(all.end(), r.begin(), r.end());
-  const ChunkedRun full = run_chunked(*model, all, int64_t(rows.size()), T, {T});
-  auto full_row = [&](size_t row, int64_t p) { return full.logits.data() + (int64_t(row) * T + p) * V; };
 
   struct Seq {
     size_t row;
@@ -152,22 +175,12 @@ TEST_P(DecodeFixture, SequencesAtDifferentPositionsDecodeTogether) {
 
 // The server's prefill of new prompts in the free sequences of its batch: one forward over
 // sequences 2 and 3 of a state of four (first_seq), sequence 2 fresh (after reset_sequence
-// cleared what it held) and sequence 3 continuing a copied prefix, so the two sit at different
-// positions. Their last logits must match a full forward, and sequences 0 and 1 must be left
+// cleared what it held) and sequence 3 continuing a prefix run there before, so the two sit at
+// different positions. Their last logits must match a full forward, and sequences 0 and 1 must be left
 // as they are: 0 decodes on afterwards as if nothing had happened.
-TEST_P(DecodeFixture, PromptsPrefilledTogetherInLaterSequences) {
-  const std::string dir = test::source_path("tests/fixtures/" + GetParam());
-  auto be = make_cpu_backend();
-  auto model = load_model(dir, *be);
+TEST_P(DecodeAgainstFullForward, PromptsPrefilledTogetherInLaterSequences) {
   const ModelConfig& c = model->config();
-  std::ifstream f(dir + "/ids.json");
-  auto rows = nlohmann::json::parse(f).get<std::vector<std::vector<int32_t>>>();
-  const int64_t T = int64_t(rows[0].size()), V = c.vocab_size;
   ASSERT_GE(T, 8);
-  std::vector<int32_t> all;
-  for (auto& r : rows) all.insert(all.end(), r.begin(), r.end());
-  const ChunkedRun full = run_chunked(*model, all, int64_t(rows.size()), T, {T});
-  auto full_row = [&](size_t row, int64_t p) { return full.logits.data() + (int64_t(row) * T + p) * V; };
   const size_t other = 1 % rows.size();
 
   DecodeState batch(c, *be, 4, T);
@@ -224,6 +237,8 @@ std::vector<std::string> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeFixture, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeAgainstFullForward, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param; });
 
 TEST(DecodeState, ContextOverflowIsAClearError) {

@@ -4,7 +4,9 @@
 // completion must come out as it does alone, and the passes and positions are counted exactly.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/tiny_serve_model.h"
@@ -116,20 +118,29 @@ TEST(ServeEngine, AGroupRunsPromptsFromDifferentKeptStates) {
 }
 
 // A pass that fails (an id outside the vocabulary, which the HTTP layer refuses before; here
-// it stands for any failure) leaves the group's sequences in no known state: every completion
-// of the group fails, its follower included, nothing of it is kept, and the engine carries on:
-// the same prompt next runs whole and comes out as it does alone.
+// it stands for any failure) leaves the sequences it ran in no known state: every completion in
+// the group then fails, a follower included, and nothing of it is kept. What had left the group
+// before carries on: a completion decoding meanwhile (0) and a member whose prompt finished in
+// the pass before (1, which extends 0's prompt and so starts the second group). The group
+// {1, 2, 3 (+ 4)} runs 3 positions of each (1 finishes), then 6 of 2 and 3, where 2's bad id is.
 TEST(ServeEngine, AFailedPassFailsItsGroupAndNothingElse) {
   auto be = make_cpu_backend();
   auto model = tiny_model(*be);
-  std::vector<int32_t> bad = prompt_of(9, 4);
+  const std::vector<int32_t> p = prompt_of(5, 6);
+  std::vector<int32_t> p_more = p, bad = prompt_of(9, 4);
+  for (int32_t t : {11, 12, 13}) p_more.push_back(t);
   bad[6] = int32_t(model->config().vocab_size);
-  const CompletionJob good = sampled(prompt_of(8, 5), 7);
-  const CompletionResult good_alone = run_alone(*model, {good})[0];
+  CompletionJob running = sampled(p, 7);
+  running.max_tokens = 12;
+  const CompletionJob good = sampled(p_more, 8), mate = sampled(prompt_of(12, 7), 9);
+  const std::vector<CompletionResult> alone = run_alone(*model, {running, good, mate});
 
   CompletionEngine engine(*model, nullptr, EngineOptions{16, 0, 8});
-  std::vector<CompletionEngine::Ticket> tickets = engine.submit({good, sampled(bad, 8), good});
-  for (size_t i = 0; i < tickets.size(); ++i) {
+  std::vector<CompletionEngine::Ticket> tickets =
+      engine.submit({running, good, sampled(bad, 10), mate, mate});
+  EXPECT_EQ(engine.wait(tickets[0]).ids, alone[0].ids);
+  EXPECT_EQ(engine.wait(tickets[1]).ids, alone[1].ids);
+  for (size_t i = 2; i < tickets.size(); ++i) {
     try {
       engine.wait(tickets[i]);
       ADD_FAILURE() << "completion " << i << " should have failed with its group";
@@ -138,12 +149,74 @@ TEST(ServeEngine, AFailedPassFailsItsGroupAndNothingElse) {
       EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos) << e.what();
     }
   }
-  EXPECT_EQ(engine.stats().kept, 0);
-  EXPECT_EQ(engine.run(good).ids, good_alone.ids);
+  const EngineStats before = engine.stats();
+  EXPECT_EQ(before.prefill_positions, 5 + 3 * 3 + 2 * 6);
+  EXPECT_EQ(before.peak_prefill_group, 3);
+  EXPECT_EQ(engine.run(mate).ids, alone[2].ids);  // nothing of its failed prefill was kept
   const EngineStats st = engine.stats();
-  EXPECT_EQ(st.prefill_positions, 2 * 8 + 8);  // the failed pass gave 8 positions of each prompt
+  EXPECT_EQ(st.prefill_positions - before.prefill_positions, 12);
   EXPECT_EQ(st.prefills_reused, 0);
-  EXPECT_EQ(st.completions, 4);
+  EXPECT_EQ(st.completions, 6);
+}
+
+// Waits (up to 30 s) until the engine reports `n` completions running or being prefilled.
+bool wait_for_running(const CompletionEngine& engine, int64_t n) {
+  for (int i = 0; i < 30000 && engine.stats().running != n; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return engine.stats().running == n;
+}
+
+// A completion cancelled while its prompt is prefilled leaves the group at the next turn, and
+// the others come out as they do alone. With 2 positions per turn, a group of 6-, 40- and
+// 600-token prompts runs the first two whole before the third starts, which would then take 300
+// turns; it is cancelled as it starts and must stop long before its end.
+TEST(ServeEngine, ACancelledMemberLeavesTheGroup) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  const std::vector<CompletionJob> jobs = {sampled(prompt_of(6, 1), 1), sampled(prompt_of(40, 2), 2),
+                                           sampled(prompt_of(600, 3), 3)};
+  const std::vector<CompletionResult> alone = run_alone(*model, {jobs[0], jobs[1]});
+  EngineOptions eo{16, 0, 8};
+  eo.prefill_chunk = 2;
+  CompletionEngine engine(*model, nullptr, eo);
+  std::vector<CompletionEngine::Ticket> tickets = engine.submit(jobs);
+  for (int i = 0; i < 30000 && engine.stats().prefill_positions < 6 + 40; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  { CompletionEngine::Ticket dropped = std::move(tickets[2]); }  // cancels it
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(engine.wait(tickets[i]).ids, alone[i].ids) << "completion " << i;
+  for (int i = 0; i < 30000 && engine.stats().completions < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.completions, 3);
+  EXPECT_GE(st.prefill_positions, 6 + 40);
+  EXPECT_LT(st.prefill_positions, 6 + 40 + 600);
+}
+
+// Shutting down while a group is prefilled ends every completion exactly once: cancelled (the
+// members, the follower, the one held back for the next group) or refused (the queue).
+TEST(ServeEngine, ShutdownDuringAGroupEndsEveryCompletion) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  // One position per turn: the first completion cannot finish within 300 turns.
+  const CompletionJob first = sampled(prompt_of(300, 1), 1);
+  CompletionJob extends = first;
+  extends.prompt.push_back(9);
+  std::vector<CompletionJob> jobs = {first, sampled(prompt_of(400, 2), 2), first, extends};
+  EngineOptions eo{16, 0, 8};
+  eo.prefill_chunk = 1;
+  CompletionEngine engine(*model, nullptr, eo);
+  std::vector<CompletionEngine::Ticket> tickets = engine.submit(jobs);
+  ASSERT_TRUE(wait_for_running(engine, 4));  // two members, a follower, one held back
+  std::thread stopper([&] { engine.shutdown(); });
+  for (size_t i = 0; i < tickets.size(); ++i) {
+    try {
+      EXPECT_EQ(engine.wait(tickets[i]).finish_reason, "cancelled") << "completion " << i;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 503) << "completion " << i;
+    }
+  }
+  stopper.join();
+  EXPECT_EQ(engine.stats().completions, int64_t(jobs.size()));
 }
 
 }  // namespace

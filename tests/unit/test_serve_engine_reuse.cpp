@@ -42,7 +42,7 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
   const std::vector<int32_t> turn2 = extended(prompt_a, 5), turn3 = extended(turn2, 3);
   // A prompt that extends a but fails in its second pass (an id outside the vocabulary, which
   // the HTTP layer refuses before; here it stands for a failed pass), after its first pass has
-  // run 8 of its positions: the prompt after it, extending it, must run from a's state.
+  // run some of its positions: the prompt after it, extending it, must run from a's state.
   std::vector<int32_t> failing = extended(prompt_a, 10);
   failing.push_back(int32_t(model->config().vocab_size));
   std::vector<int32_t> after_failing = failing;
@@ -55,7 +55,8 @@ TEST(ServeEngine, CompletionsOfTheSamePromptShareItsPrefill) {
     j.seed = seed;
     return j;
   };
-  // The groups, with a batch of 8: {0, 1, 2}, {3}, {4, 5, 6}, {7, 8}, {9, 10}, {11}, {12}.
+  // The groups, with a batch of 8, as places free up: {0, 1, 2}, {3}, {4, 5, 6}, {7} (the one
+  // place left), {8}, {9, 10}, {11}, {12}.
   std::vector<CompletionJob> jobs = {
       job(prompt_a, 1),                          // 0: runs a
       job(prompt_a, 2),                          // 1, 2: follow 0
@@ -282,8 +283,8 @@ TEST(ServeEngine, ACompletionEndingAfterAMoveIsKeptWithItsOwnLogits) {
 
 // Conversations interleaved, as several clients' are: each turn 2 comes after the other
 // conversation's turn 1 and still continues its own turn 1, which stays kept beside the other.
-// With keep_bytes 0 nothing is kept and every turn runs its whole prompt (past the prefill just
-// before it), with the same results.
+// With keep_bytes 0 nothing is kept and every turn runs its whole prompt, with the same
+// results.
 TEST(ServeEngine, InterleavedConversationsEachContinueTheirOwnTurn) {
   auto be = make_cpu_backend();
   auto model = tiny_model(*be);
