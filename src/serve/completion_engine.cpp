@@ -165,6 +165,7 @@ void CompletionEngine::decode_step() {
   for (int64_t i = 0; i < B; ++i) {
     logits_row[size_t(i)] = i;
     Running& r = running[size_t(i)];
+    ++r.steps;
     try {
       r.next = r.run->step(logits_.data() + i * V);
     } catch (const std::exception& e) {
@@ -185,6 +186,10 @@ void CompletionEngine::decode_step() {
         result.queue_seconds = r.queue_seconds;
         result.prefill_seconds = r.prefill_seconds;
         result.decode_seconds = seconds_between(r.decode_start, EngineClock::now());
+        {
+          std::lock_guard lk(mu_);
+          stats_.decode_step_seconds.add(result.decode_seconds / double(r.steps));
+        }
         if (result.finish_reason != "cancelled")
           keep_finished(r, int64_t(i), logits_.data() + logits_row[i] * V);
         deliver(*r.job, std::move(result));

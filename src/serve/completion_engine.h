@@ -33,6 +33,7 @@
 #include "serve/kept_states.h"
 #include "serve/logprobs.h"
 #include "serve/sampling.h"
+#include "serve/seconds_histogram.h"
 
 namespace zaya {
 
@@ -107,6 +108,10 @@ struct EngineStats {
   // Now: completions in the batch or being prefilled (as of the engine's last turn), completions
   // waiting in the queue, and the kept states (prompts and finished completions) and their bytes.
   int64_t running = 0, waiting = 0, kept = 0, kept_bytes = 0;
+  // Completions' latencies: from submission to the first token (sampled after the prompt; also
+  // when it ends the completion), and, for each finished completion that decoded, its decoding
+  // time over the decode steps it took.
+  SecondsHistogram first_token_seconds, decode_step_seconds;
 };
 
 class CompletionEngine {

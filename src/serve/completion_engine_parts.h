@@ -43,6 +43,7 @@ struct CompletionEngine::Running {
   std::shared_ptr<Job> job;
   std::unique_ptr<CompletionRun> run;
   int32_t next = -1;  // the token to feed at the next step; -1: ended
+  int64_t steps = 0;  // decode steps it has been in
   double queue_seconds = 0, prefill_seconds = 0;
   EngineClock::time_point started, decode_start;  // taken from the queue; first token sampled
 };

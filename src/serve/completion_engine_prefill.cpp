@@ -282,6 +282,10 @@ void CompletionEngine::join_batch(Running r, const float* logits, int64_t from_s
     r.decode_start = EngineClock::now();
     r.prefill_seconds = seconds_between(r.started, r.decode_start);
     r.next = r.run->step(logits);
+    {
+      std::lock_guard lk(mu_);
+      stats_.first_token_seconds.add(seconds_between(r.job->queued_at, r.decode_start));
+    }
     if (r.next < 0) {
       CompletionResult result = r.run->finish();
       result.queue_seconds = r.queue_seconds;

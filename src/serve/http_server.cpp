@@ -22,6 +22,7 @@
 #include "serve/best_of.h"
 #include "serve/completion_engine.h"
 #include "serve/completion_request.h"
+#include "serve/metrics.h"
 
 namespace zaya {
 
@@ -85,6 +86,15 @@ httplib::Server::HandlerWithContentReader guarded_post(F f) {
 
 std::string count_or_dash(int64_t n) { return n < 0 ? "-" : std::to_string(n); }
 
+// The route a request counts under in the metrics: one of the server's, or "other" (so that
+// requests for arbitrary paths cannot grow the label set).
+std::string route_label(const std::string& path) {
+  for (const char* route :
+       {"/health", "/metrics", "/v1/models", "/v1/completions", "/tokenize", "/detokenize"})
+    if (path == route) return route;
+  return "other";
+}
+
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -121,6 +131,8 @@ struct HttpServer::Impl {
   std::mt19937_64 rng;
   uint64_t id_salt = 0;
   std::atomic<uint64_t> completions{0};
+  std::mutex counts_mu;
+  HttpRequestCounts http_counts;  // guarded by counts_mu
 
   uint64_t random_seed() {
     std::lock_guard lk(rng_mu);
@@ -250,6 +262,19 @@ void HttpServer::Impl::set_up_routes() {
                         {"completions", st.completions}});
           }));
 
+  svr.Get(
+      "/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
+        HttpRequestCounts counts;
+        {
+          std::lock_guard lk(counts_mu);
+          counts = http_counts;
+        }
+        const ServerShape shape{opt.max_batch, engine.context(), engine.decode_state_bytes(), opt.keep_bytes};
+        res.status = 200;
+        res.set_content(prometheus_text(engine.stats(), counts, shape),
+                        "text/plain; version=0.0.4; charset=utf-8");
+      }));
+
   svr.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
             reply_json(res, 200,
                        models_body(opt.model_id, created, limits.context_length, limits.vocab_size));
@@ -290,8 +315,8 @@ void HttpServer::Impl::set_up_routes() {
       case 404:
         type = "not_found_error";
         message = "no route for " + req.method + " " + req.path +
-                  "; the routes are GET /health, GET /v1/models, POST /v1/completions, POST /tokenize, POST "
-                  "/detokenize";
+                  "; the routes are GET /health, GET /metrics, GET /v1/models, POST /v1/completions, POST "
+                  "/tokenize, POST /detokenize";
         break;
       case 413:
         message = "request body: larger than " + std::to_string(opt.max_body_bytes) + " bytes";
@@ -320,6 +345,12 @@ void HttpServer::Impl::set_up_routes() {
   });
 
   svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    {
+      std::lock_guard lk(counts_mu);
+      ++http_counts.requests[{route_label(req.path), res.status}];
+      if (t_log.prompt_tokens > 0) http_counts.prompt_tokens += t_log.prompt_tokens;
+      if (t_log.generated > 0) http_counts.generated_tokens += t_log.generated;
+    }
     if (opt.log_requests) {
       char seconds[32] = "-";
       if (t_log.started)

@@ -1,6 +1,7 @@
 // The HTTP inference server (`zaya serve`, docs/serving.md): cpp-httplib underneath, JSON in
 // and out, OpenAI-compatible /v1/completions with Server-Sent Events streaming, /v1/models,
-// /health, /tokenize, /detokenize, one log line per request, and a clean start and stop.
+// /health, Prometheus /metrics, /tokenize, /detokenize, one log line per request, and a clean
+// start and stop.
 // Owns the httplib::Server and the CompletionEngine that serialises generation; the model and
 // tokenizer belong to the caller. httplib stays inside http_server.cpp.
 #pragma once

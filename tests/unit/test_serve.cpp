@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -289,6 +290,51 @@ TEST_F(ServeHttp, BadRequestsAre400NamingTheField) {
   Reply good = post("/v1/completions", with("some_future_field", {{"x", 1}}));
   ASSERT_EQ(good.status, 200) << good.raw;
   EXPECT_EQ(ids_of(good.body["choices"][0]), reference(kPrompt, 4, {0.0f, 0, 1.0f}, 0));
+}
+
+// GET /metrics: Prometheus text whose counters move with what the server does: a completion
+// (3 tokens, EOS banned, so 2 decode steps) adds one finished completion, one first-token time,
+// one decode-step time, its tokens and one 200 for /v1/completions; an unknown path counts as
+// "other".
+TEST_F(ServeHttp, MetricsFollowWhatTheServerDid) {
+  auto metrics = [&] {
+    auto r = client()->Get("/metrics");
+    EXPECT_TRUE(r && r->status == 200);
+    std::map<std::string, double> values;
+    if (!r) return values;
+    EXPECT_EQ(r->get_header_value("Content-Type").rfind("text/plain; version=0.0.4", 0), 0u);
+    std::istringstream lines(r->body);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      const size_t space = line.rfind(' ');
+      values[line.substr(0, space)] = std::stod(line.substr(space + 1));
+    }
+    return values;
+  };
+  const std::string ok = "zaya_http_requests_total{route=\"/v1/completions\",code=\"200\"}",
+                    other = "zaya_http_requests_total{route=\"other\",code=\"404\"}";
+  std::map<std::string, double> before = metrics();
+  const Reply r =
+      post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 3}, {"logit_bias", {{"1", -100}}}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(get("/no/such/route").status, 404);
+  std::map<std::string, double> after = metrics();
+  EXPECT_EQ(after["zaya_completions_total"] - before["zaya_completions_total"], 1);
+  EXPECT_EQ(after["zaya_completions_total"], get("/health").body.at("completions").get<double>());
+  EXPECT_EQ(
+      after["zaya_time_to_first_token_seconds_count"] - before["zaya_time_to_first_token_seconds_count"], 1);
+  EXPECT_EQ(
+      after["zaya_time_per_decode_step_seconds_count"] - before["zaya_time_per_decode_step_seconds_count"],
+      1);
+  EXPECT_EQ(after["zaya_decoded_tokens_total"] - before["zaya_decoded_tokens_total"], 2);
+  EXPECT_EQ(after[ok] - before[ok], 1);
+  EXPECT_EQ(after[other] - before[other], 1);
+  EXPECT_EQ(after["zaya_generated_tokens_total"] - before["zaya_generated_tokens_total"], 3);
+  EXPECT_EQ(after["zaya_prompt_tokens_total"] - before["zaya_prompt_tokens_total"], double(kPrompt.size()));
+  EXPECT_GT(after["zaya_decode_state_bytes"], 0);
+  EXPECT_EQ(after["zaya_time_to_first_token_seconds_bucket{le=\"+Inf\"}"],
+            after["zaya_time_to_first_token_seconds_count"]);
 }
 
 TEST_F(ServeHttp, UnknownRoutesAndWrongMethodsGetJsonErrors) {
