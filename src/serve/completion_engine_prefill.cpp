@@ -160,7 +160,7 @@ void CompletionEngine::place_group(std::vector<Member> members) {
       m.kept = nullptr;  // valid only until the next keep()
       if (PromptLogitsFn report = m.r.run->prompt_logits())
         m.echo = std::make_unique<PromptPrefill>(model_, m.r.job->in.prompt, *batch_, m.logits.data(),
-                                                 std::move(report), 0, m.seq);
+                                                 std::move(report), m.seq);
     }
   } catch (const std::exception& e) {
     group_ = std::move(members);

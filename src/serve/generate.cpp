@@ -9,20 +9,19 @@
 namespace zaya {
 
 PromptPrefill::PromptPrefill(Model& model, const std::vector<int32_t>& prompt, DecodeState& state,
-                             float* last_logits, PromptLogitsFn on_prompt_logits, int64_t start, int64_t seq)
+                             float* last_logits, PromptLogitsFn on_prompt_logits, int64_t seq)
     : model_(model),
       prompt_(prompt),
       state_(state),
       last_logits_(last_logits),
       on_prompt_logits_(std::move(on_prompt_logits)),
-      seq_(seq),
-      next_(start) {
+      seq_(seq) {
   ZAYA_CHECK(seq >= 0 && seq < state.batch, "prefill: sequence index out of range");
-  if (!(start >= 0 && start < int64_t(prompt.size()) && state.pos[size_t(seq)] == start))
+  if (prompt.empty() || state.pos[size_t(seq)] != 0)
     fail("prefill", "a prompt of " + std::to_string(prompt.size()) +
-                        " tokens cannot be prefilled from position " + std::to_string(start) +
-                        " of a sequence at position " + std::to_string(state.pos[size_t(seq)]) +
-                        "; expected 0 <= start < the prompt's length, with the sequence at start");
+                        " tokens cannot be prefilled into a sequence at position " +
+                        std::to_string(state.pos[size_t(seq)]) +
+                        "; expected a non-empty prompt and a fresh sequence");
   if (on_prompt_logits_)
     rows_.resize(size_t(std::min(int64_t(prompt.size()), kPromptLogitsChunk) * model.config().vocab_size));
 }

@@ -28,18 +28,15 @@ using PromptLogitsFn = std::function<void(int64_t position, const float* logits)
 constexpr int64_t kPromptLogitsChunk = 64;
 
 // A prompt's prefill, in pieces: each run() feeds the next positions of the prompt into
-// sequence `seq` of `state` (with room for the prompt), so a server can interleave a long
-// prompt with other completions' decoding. The sequence is fresh, or holds the prompt's first
-// `start` positions already (a prompt that extends one run before); the prefill goes on
-// from there. Once done(), last_logits [vocab] holds the last
+// sequence `seq` of `state` (fresh, with room for the prompt), so a server can interleave a long
+// prompt with other completions' decoding. Once none remain, last_logits [vocab] holds the last
 // position's logits. With on_prompt_logits, every position's logits are reported too, in order,
 // from forward passes of at most kPromptLogitsChunk positions.
 class PromptPrefill {
  public:
   PromptPrefill(Model& model, const std::vector<int32_t>& prompt, DecodeState& state, float* last_logits,
-                PromptLogitsFn on_prompt_logits = {}, int64_t start = 0, int64_t seq = 0);
+                PromptLogitsFn on_prompt_logits = {}, int64_t seq = 0);
   void run(int64_t max_positions);  // the next min(max_positions, remaining) positions
-  bool done() const { return next_ == int64_t(prompt_.size()); }
   int64_t remaining() const { return int64_t(prompt_.size()) - next_; }
 
  private:

@@ -5,11 +5,11 @@
 
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "model/model_io.h"
+#include "serve/generate.h"
 #include "test_helpers.h"
 
 namespace zaya {
@@ -240,6 +240,26 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeFixture, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param; });
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeAgainstFullForward, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param; });
+
+// A prompt's prefill runs into a fresh sequence only: one already holding positions is an
+// error naming where it stands, and the sequences next to it are left alone.
+TEST(DecodeState, APromptPrefillNeedsAFreshSequence) {
+  auto be = make_cpu_backend();
+  Model m(preset_config("zaya-tiny"), *be);
+  m.init_random(1);
+  DecodeState st(m.config(), *be, 2, 8);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
+  PromptPrefill(m, prompt, st, logits.data(), {}, 1).run(3);
+  EXPECT_EQ(st.pos[0], 0);
+  EXPECT_EQ(st.pos[1], 3);
+  try {
+    PromptPrefill again(m, prompt, st, logits.data(), {}, 1);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a sequence at position 3"), std::string::npos) << e.what();
+  }
+}
 
 TEST(DecodeState, ContextOverflowIsAClearError) {
   auto be = make_cpu_backend();
