@@ -295,9 +295,9 @@ bool CorpusReader::next(RawDocument* out) {
   }
 }
 
-std::string extract_document_text(RawDocument&& doc, const std::string& text_field, const std::string& file) {
-  if (!doc.json) return std::move(doc.payload);
-  const std::string where = file + ":" + std::to_string(doc.line);
+namespace {
+
+nlohmann::json parse_jsonl_object(const RawDocument& doc, const std::string& where) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(doc.payload);
@@ -305,11 +305,38 @@ std::string extract_document_text(RawDocument&& doc, const std::string& text_fie
     fail_in(where, std::string("line is not valid JSON: ") + e.what(), "JSONL needs one JSON object per line");
   }
   if (!j.is_object()) fail_in(where, "line is not a JSON object");
-  auto it = j.find(text_field);
-  if (it == j.end())
-    fail_in(where, "object has no field '" + text_field + "'", "pick the text field with --text-field");
-  if (!it->is_string()) fail_in(where, "field '" + text_field + "' is not a string");
+  return j;
+}
+
+std::string take_string_field(nlohmann::json& j, const std::string& field, const std::string& where,
+                              const std::string& hint) {
+  auto it = j.find(field);
+  if (it == j.end()) fail_in(where, "object has no field '" + field + "'", hint);
+  if (!it->is_string()) fail_in(where, "field '" + field + "' is not a string");
   return std::move(it->get_ref<std::string&>());
+}
+
+}  // namespace
+
+std::string extract_document_text(RawDocument&& doc, const std::string& text_field, const std::string& file) {
+  if (!doc.json) return std::move(doc.payload);
+  const std::string where = file + ":" + std::to_string(doc.line);
+  nlohmann::json j = parse_jsonl_object(doc, where);
+  return take_string_field(j, text_field, where, "pick the text field with --text-field");
+}
+
+PromptCompletion extract_prompt_completion(RawDocument&& doc, const std::string& prompt_field,
+                                           const std::string& completion_field, const std::string& file) {
+  if (!doc.json)
+    fail_in(file, "is a text file, but prompt/completion data needs JSONL records",
+            "write one JSON object per line with the prompt and completion fields");
+  const std::string where = file + ":" + std::to_string(doc.line);
+  nlohmann::json j = parse_jsonl_object(doc, where);
+  PromptCompletion out;
+  out.prompt = take_string_field(j, prompt_field, where, "pick the prompt field with --prompt-field");
+  out.completion =
+      take_string_field(j, completion_field, where, "pick the completion field with --completion-field");
+  return out;
 }
 
 }  // namespace zaya

@@ -72,4 +72,13 @@ class CorpusReader {
 // missing field or a non-string field.
 std::string extract_document_text(RawDocument&& doc, const std::string& text_field, const std::string& file);
 
+// A supervised fine-tuning record: the string fields `prompt_field` and `completion_field` of a
+// JSONL object. Throws naming file and line for a .txt input, invalid JSON, a missing field or
+// a non-string field.
+struct PromptCompletion {
+  std::string prompt, completion;
+};
+PromptCompletion extract_prompt_completion(RawDocument&& doc, const std::string& prompt_field,
+                                           const std::string& completion_field, const std::string& file);
+
 }  // namespace zaya

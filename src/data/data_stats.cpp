@@ -88,10 +88,12 @@ std::vector<SplitStats> compute_data_stats(const std::string& dir, size_t top_k)
     s.shards = ds.shard_count();
     s.tokens = ds.tokens();
     s.documents = ds.documents();
+    s.loss_mask = ds.has_loss_mask();
     TokenCounter counter(ds.vocab_size());
     for (size_t i = 0; i < ds.shard_count(); ++i) {
       const ShardReader& r = ds.shard(i);
       counter.add(r.token_span());
+      for (uint8_t v : r.loss_mask_span()) s.target_tokens += v != 0;
       auto idx = r.index();
       for (size_t d = 0; d + 1 < idx.size(); ++d) {
         const uint64_t len = idx[d + 1] - idx[d];
@@ -116,6 +118,13 @@ std::string format_data_stats(const std::vector<SplitStats>& stats, const Tokeni
     std::snprintf(line, sizeof line, "  shards     %s\n  tokens     %s\n  documents  %s\n", with_commas(s.shards).c_str(),
                   with_commas(s.tokens).c_str(), with_commas(s.documents).c_str());
     o += line;
+    if (s.loss_mask) {
+      std::snprintf(line, sizeof line,
+                    "  targets    %s (%.1f%% of the tokens: the completions; prompts are context)\n",
+                    with_commas(s.target_tokens).c_str(),
+                    100.0 * double(s.target_tokens) / double(std::max<uint64_t>(1, s.tokens)));
+      o += line;
+    }
     if (s.documents == 0) continue;
     std::snprintf(line, sizeof line, "  doc length min %s, mean %.1f, max %s tokens (EOS included)\n",
                   with_commas(s.min_length).c_str(), double(s.tokens) / double(s.documents),

@@ -34,7 +34,8 @@ struct Loader::Open {
 namespace {
 
 // Window [start, start + L + 1) of an opened dataset into one row of inputs and targets, plus
-// the row's document starts.
+// the row's document starts. With a loss mask (supervised fine-tuning data), a target whose
+// token is context only (mask byte 0) is -1: not counted by the loss.
 void read_window(const Loader::Open& o, uint64_t start, int64_t L, bool check, uint64_t vocab, int32_t* in,
                  int32_t* tg, std::vector<int32_t>* doc_starts) {
   const uint64_t need = uint64_t(L) + 1;
@@ -64,7 +65,14 @@ void read_window(const Loader::Open& o, uint64_t start, int64_t L, bool check, u
     const uint64_t in_end = std::min<uint64_t>(t + take, uint64_t(L));
     if (in_end > t) std::memcpy(in + t, src, size_t(in_end - t) * 4);
     const uint64_t tg_from = std::max<uint64_t>(t, 1);
-    if (t + take > tg_from) std::memcpy(tg + tg_from - 1, src + (tg_from - t), size_t(t + take - tg_from) * 4);
+    if (t + take > tg_from) {
+      std::memcpy(tg + tg_from - 1, src + (tg_from - t), size_t(t + take - tg_from) * 4);
+      if (sh.has_loss_mask()) {
+        const uint8_t* mask = sh.loss_mask_span().data() + local;
+        for (uint64_t u = tg_from; u < t + take; ++u)
+          if (mask[u - t] == 0) tg[u - 1] = -1;
+      }
+    }
     if (doc_starts) {
       auto idx = sh.index().subspan(0, size_t(sh.documents()));
       for (auto it = std::lower_bound(idx.begin(), idx.end(), local); it != idx.end() && *it < local + take; ++it) {

@@ -45,18 +45,28 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t size, const std::string& so
     fail_in(source, "file is " + num(size) + " bytes, too short for the " + num(kShardHeaderBytes) + "-byte header",
             kTruncatedHint);
   const ShardHeader h = decode_shard_header_unchecked(bytes);
-  if (h.version != kShardVersion)
-    fail_in(source, "format version " + num(h.version) + " is not supported (this zaya reads version " +
-                        num(kShardVersion) + ")",
-            h.version > kShardVersion ? "the shard was written by a newer zaya; upgrade or re-run `zaya data prepare`"
-                                      : kCorruptHint);
+  if (h.version < kShardVersionNoMask || h.version > kShardVersion)
+    fail_in(source,
+            "format version " + num(h.version) + " is not supported (this zaya reads versions " +
+                num(kShardVersionNoMask) + " to " + num(kShardVersion) + ")",
+            h.version > kShardVersion
+                ? "the shard was written by a newer zaya; upgrade or re-run `zaya data prepare`"
+                : kCorruptHint);
   if (h.header_bytes != kShardHeaderBytes)
     fail_in(source, "header size field is " + num(h.header_bytes) + ", expected " + num(kShardHeaderBytes), kCorruptHint);
   const uint32_t stored_crc = shard_detail::load_u32(bytes + kHeaderCrc);
   const uint32_t actual_crc = crc32c(bytes, kHeaderCrc);
   if (stored_crc != actual_crc)
     fail_in(source, "header checksum mismatch: stored " + hex(stored_crc) + ", computed " + hex(actual_crc), kCorruptHint);
-  if (h.flags != 0) fail_in(source, "header flags are " + num(h.flags) + ", expected 0 in format version 1", kCorruptHint);
+  const uint32_t known_flags = h.version >= 2 ? kShardFlagLossMask : 0;
+  if ((h.flags & ~known_flags) != 0)
+    fail_in(source,
+            "header flags are " + num(h.flags) + ", expected " +
+                (known_flags != 0 ? "0 or " + num(known_flags) : std::string("0")) + " in format version " +
+                num(h.version),
+            kCorruptHint);
+  if (!h.has_loss_mask() && (h.mask_offset != 0 || h.mask_bytes != 0 || h.mask_crc != 0))
+    fail_in(source, "the loss mask fields are not zero, but flag bit 0 (loss mask) is clear", kCorruptHint);
   for (size_t i = kReserved; i < kHeaderCrc; ++i)
     if (bytes[i] != 0) fail_in(source, "reserved header byte " + num(i) + " is not zero", kCorruptHint);
   if (h.vocab_size == 0 || h.vocab_size > (uint64_t(1) << 32))
@@ -85,9 +95,27 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t size, const std::string& so
   if (h.index_offset != expect_index)
     fail_in(source, "index section offset " + num(h.index_offset) + ", expected " + num(expect_index) +
                         " (the tokens section ends at " + num(tokens_end) + ")", kCorruptHint);
-  if (h.index_offset + h.index_bytes != size)
-    fail_in(source, "index section ends at " + num(h.index_offset + h.index_bytes) + ", but the file is " + num(size) +
-                        " bytes", kCorruptHint);
+  const uint64_t index_end = h.index_offset + h.index_bytes;
+  if (!h.has_loss_mask() && index_end != size)
+    fail_in(source, "index section ends at " + num(index_end) + ", but the file is " + num(size) + " bytes",
+            kCorruptHint);
+  if (h.has_loss_mask()) {
+    if (h.mask_offset != index_end)
+      fail_in(source,
+              "loss mask section offset " + num(h.mask_offset) + ", expected " + num(index_end) +
+                  " (the index section ends there)",
+              kCorruptHint);
+    if (h.mask_bytes != h.token_count)
+      fail_in(source,
+              "loss mask section size " + num(h.mask_bytes) + " bytes does not match token count " +
+                  num(h.token_count) + " (1 byte per token)",
+              kCorruptHint);
+    if (h.mask_offset > size || h.mask_bytes != size - h.mask_offset)
+      fail_in(source,
+              "loss mask section [" + num(h.mask_offset) + ", " + num(h.mask_offset + h.mask_bytes) +
+                  ") does not end at the end of the file (" + num(size) + " bytes)",
+              kTruncatedHint);
+  }
   for (uint64_t i = tokens_end; i < h.index_offset; ++i)
     if (bytes[i] != 0) fail_in(source, "padding byte " + num(i) + " after the tokens section is not zero", kCorruptHint);
 
@@ -119,6 +147,18 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t size, const std::string& so
     if (ic != h.index_crc)
       fail_in(source, "index section checksum mismatch: header " + hex(h.index_crc) + ", computed " + hex(ic),
               kCorruptHint);
+    if (h.has_loss_mask()) {
+      const uint8_t* mask = bytes + h.mask_offset;
+      const uint32_t mc = crc32c(mask, size_t(h.mask_bytes));
+      if (mc != h.mask_crc)
+        fail_in(source,
+                "loss mask section checksum mismatch: header " + hex(h.mask_crc) + ", computed " + hex(mc),
+                kCorruptHint);
+      for (uint64_t i = 0; i < h.mask_bytes; ++i)
+        if (mask[i] > 1)
+          fail_in(source, "loss mask byte of token " + num(i) + " is " + num(mask[i]) + ", expected 0 or 1",
+                  kCorruptHint);
+    }
     // Branch-free max over blocks; locate the offender only on failure.
     const uint8_t* tok = bytes + h.tokens_offset;
     const uint64_t limit = h.vocab_size;
@@ -173,6 +213,7 @@ std::unique_ptr<ShardReader> ShardReader::open(const std::string& path, ShardVer
   // mmap is page-aligned and the sections are 4- and 8-aligned, so typed access is valid.
   r->tokens_ = reinterpret_cast<const uint32_t*>(r->base_ + r->header_.tokens_offset);
   r->index_ = reinterpret_cast<const uint64_t*>(r->base_ + r->header_.index_offset);
+  if (r->header_.has_loss_mask()) r->mask_ = r->base_ + r->header_.mask_offset;
   return r;
 }
 
@@ -288,6 +329,12 @@ Manifest read_manifest(const std::string& dir) {
     fail_in(path, "field 'val_fraction' must be a number in [0, 1]");
   m.val_fraction = vf.get<double>();
   m.shard_bytes = p.u64(j, "shard_bytes", "");
+  if (j.contains("loss_mask")) {  // written only for supervised fine-tuning data
+    const json& lm = p.object(j, "loss_mask", "");
+    m.loss_mask = true;
+    m.prompt_field = p.str(lm, "prompt_field", "loss_mask.");
+    m.completion_field = p.str(lm, "completion_field", "loss_mask.");
+  }
   const json& sources = p.array(j, "sources", "");
   for (size_t i = 0; i < sources.size(); ++i) {
     const std::string where = "sources[" + num(i) + "].";
@@ -371,6 +418,13 @@ ShardDataset ShardDataset::open(const std::string& dir, const Options& options) 
                         num(h.document_count) + " documents, but the manifest records " + num(e.bytes) + ", " +
                         num(e.tokens) + " and " + num(e.documents),
               "the shard does not belong to this manifest; re-run `zaya data prepare`");
+    if (r->has_loss_mask() != m.loss_mask)
+      fail_in(path,
+              std::string(r->has_loss_mask()
+                              ? "has a loss mask, but the manifest records none"
+                              : "has no loss mask, but the manifest records supervised fine-tuning "
+                                "data (loss_mask)"),
+              "the shard does not belong to this manifest; re-run `zaya data prepare`");
     if (options.verify == ShardVerify::Full) {
       const uint32_t c = r->file_crc();
       if (c != e.checksum)
@@ -408,6 +462,24 @@ void ShardDataset::read(uint64_t offset, uint64_t n, uint32_t* dst) const {
     const uint64_t local = offset - token_starts_[s];
     const uint64_t take = std::min(n, shards_[s]->tokens() - local);
     std::memcpy(dst, shards_[s]->token_span().data() + local, size_t(take) * 4);
+    dst += take;
+    offset += take;
+    n -= take;
+    ++s;
+  }
+}
+
+void ShardDataset::read_loss_mask(uint64_t offset, uint64_t n, uint8_t* dst) const {
+  if (offset > total_tokens_ || n > total_tokens_ - offset)
+    fail_in(dir_, "loss mask of tokens [" + num(offset) + ", " + num(offset + n) +
+                      ") requested, but split '" + split_ + "' has " + num(total_tokens_));
+  if (n == 0) return;
+  size_t s = shard_of_token(offset);
+  while (n > 0) {
+    const uint64_t local = offset - token_starts_[s];
+    const uint64_t take = std::min(n, shards_[s]->tokens() - local);
+    const std::span<const uint8_t> mask = shards_[s]->loss_mask_span();
+    for (uint64_t i = 0; i < take; ++i) dst[i] = mask.empty() || mask[size_t(local + i)] != 0 ? 1 : 0;
     dst += take;
     offset += take;
     n -= take;

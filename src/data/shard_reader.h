@@ -47,6 +47,12 @@ class ShardReader {
   std::span<const uint32_t> tokens(uint64_t offset, uint64_t n) const;
   // CRC-32C of the whole file (reads every byte; compare with the manifest's checksum).
   uint32_t file_crc() const;
+  // The loss mask (format version 2, flag bit 0): one byte per token, nonzero where the token
+  // is a training target. Empty when the shard has none (every token is a target).
+  bool has_loss_mask() const { return mask_ != nullptr; }
+  std::span<const uint8_t> loss_mask_span() const {
+    return mask_ ? std::span<const uint8_t>(mask_, size_t(header_.token_count)) : std::span<const uint8_t>();
+  }
 
  private:
   ShardReader() = default;
@@ -56,6 +62,7 @@ class ShardReader {
   ShardHeader header_;
   const uint32_t* tokens_ = nullptr;
   const uint64_t* index_ = nullptr;
+  const uint8_t* mask_ = nullptr;
 };
 
 // manifest.json of a shard directory.
@@ -89,6 +96,10 @@ struct Manifest {
   std::string text_field = "text";
   double val_fraction = 0.0;
   uint64_t shard_bytes = 0;  // target shard size
+  // Supervised fine-tuning data (`zaya data prepare --prompt-field P --completion-field C`):
+  // every shard carries a loss mask, prompts are context and completions are targets.
+  bool loss_mask = false;
+  std::string prompt_field, completion_field;
   std::vector<ManifestSource> sources;
   std::map<std::string, ManifestSplit> splits;  // "train", "val"
 };
@@ -125,6 +136,11 @@ class ShardDataset {
   std::span<const uint32_t> document(uint64_t d) const;
   // Global token offset of document d's first token. Throws if d >= documents().
   uint64_t document_start(uint64_t d) const;
+  // Whether the split carries a loss mask (the manifest says so and every shard has one).
+  bool has_loss_mask() const { return manifest_.loss_mask; }
+  // Copies the loss mask of tokens [offset, offset + n) into dst (1 = a training target; all 1
+  // without a mask). Throws if the range leaves the dataset.
+  void read_loss_mask(uint64_t offset, uint64_t n, uint8_t* dst) const;
 
  private:
   size_t shard_of_doc(uint64_t d) const;

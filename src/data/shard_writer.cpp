@@ -125,17 +125,28 @@ void ShardWriter::open_shard() {
   shard_tokens_ = 0;
   tokens_crc_ = 0;
   index_.assign(1, 0);
+  mask_.clear();
   sources_.clear();
   buf_.clear();
 }
 
-void ShardWriter::add_document(std::span<const uint32_t> tokens, const std::string& source) {
+void ShardWriter::add_document(std::span<const uint32_t> tokens, const std::string& source,
+                               std::span<const uint8_t> mask) {
+  if (opt_.loss_mask ? mask.size() != tokens.size() : !mask.empty())
+    fail(kComponent, "document from " + source + ": a loss mask of " + std::to_string(mask.size()) +
+                         " bytes for " + std::to_string(tokens.size()) + " tokens, in a split written " +
+                         (opt_.loss_mask ? "with" : "without") + " loss masks");
+  for (uint8_t m : mask)
+    if (m > 1)
+      fail(kComponent,
+           "document from " + source + ": loss mask byte " + std::to_string(m) + " is not 0 or 1");
   for (size_t i = 0; i < tokens.size(); ++i)
     if (uint64_t(tokens[i]) >= opt_.vocab_size)
       fail(kComponent, "document from " + source + ": token id " + std::to_string(tokens[i]) +
                            " is not below the vocab size " + std::to_string(opt_.vocab_size));
   if (fd_ >= 0 && index_.size() > 1 &&
-      shard_layout(shard_tokens_ + tokens.size(), index_.size()).file_size > opt_.target_bytes)
+      shard_layout(shard_tokens_ + tokens.size(), index_.size(), opt_.loss_mask).file_size >
+          opt_.target_bytes)
     close_shard();
   if (fd_ < 0) open_shard();
   const size_t nbytes = tokens.size() * 4;
@@ -152,13 +163,14 @@ void ShardWriter::add_document(std::span<const uint32_t> tokens, const std::stri
   }
   shard_tokens_ += tokens.size();
   index_.push_back(shard_tokens_);
+  mask_.insert(mask_.end(), mask.begin(), mask.end());
   if (sources_.empty() || sources_.back() != source) sources_.push_back(source);
 }
 
 void ShardWriter::close_shard() {
   write_all(fd_, buf_.data(), buf_.size(), tmp_path_);
   buf_.clear();
-  ShardHeader h = shard_layout(shard_tokens_, index_.size() - 1);
+  ShardHeader h = shard_layout(shard_tokens_, index_.size() - 1, opt_.loss_mask);
   h.tokenizer_hash = opt_.tokenizer_hash;
   h.vocab_size = opt_.vocab_size;
   h.tokens_crc = tokens_crc_;
@@ -168,6 +180,10 @@ void ShardWriter::close_shard() {
   const size_t index_bytes = index_.size() * 8;
   h.index_crc = crc32c(index_.data(), index_bytes);
   write_all(fd_, index_.data(), index_bytes, tmp_path_);
+  if (opt_.loss_mask) {
+    h.mask_crc = crc32c(mask_.data(), mask_.size());
+    write_all(fd_, mask_.data(), mask_.size(), tmp_path_);
+  }
   uint8_t header[kShardHeaderBytes];
   encode_shard_header(h, header, [](const void* d, size_t n) { return crc32c(d, n); });
   if (::pwrite(fd_, header, sizeof header, 0) != ssize_t(sizeof header))
@@ -177,6 +193,7 @@ void ShardWriter::close_shard() {
   file_crc = crc32c_combine(file_crc, h.tokens_crc, h.tokens_bytes);
   file_crc = crc32c(file_crc, zeros, pad);
   file_crc = crc32c_combine(file_crc, h.index_crc, index_bytes);
+  if (opt_.loss_mask) file_crc = crc32c_combine(file_crc, h.mask_crc, h.mask_bytes);
   if (::close(fd_) != 0) {
     fd_ = -1;
     fail_in(tmp_path_, std::string("close failed: ") + std::strerror(errno));
@@ -214,6 +231,8 @@ void write_manifest(const std::string& dir, const Manifest& m) {
                     {"vocab_size", m.vocab_size},
                     {"eos_id", m.eos_id}};
   j["text_field"] = m.text_field;
+  if (m.loss_mask)
+    j["loss_mask"] = {{"prompt_field", m.prompt_field}, {"completion_field", m.completion_field}};
   j["val_fraction"] = m.val_fraction;
   j["split_rule"] = "document n (0-based, input order) is val iff splitmix64(n) >> 11 < val_fraction * 2^53";
   j["shard_bytes"] = m.shard_bytes;
@@ -257,6 +276,7 @@ struct Batch {
   // (equal to the previous end for a skipped, empty document).
   std::vector<uint32_t> tokens;
   std::vector<uint64_t> ends;
+  std::vector<uint8_t> mask;  // per token of `tokens` (supervised fine-tuning data only)
   std::vector<uint32_t> sources;
   std::exception_ptr error;
   bool done = false;
@@ -265,9 +285,9 @@ struct Batch {
 // Tokeniser threads over a queue of batches; results are consumed in submission order.
 class TokenizerPool {
  public:
-  TokenizerPool(int threads, const Tokenizer& tok, const std::vector<std::string>& files, const std::string& field,
-                uint32_t eos, uint64_t vocab)
-      : tok_(tok), files_(files), field_(field), eos_(eos), vocab_(vocab) {
+  TokenizerPool(int threads, const Tokenizer& tok, const std::vector<std::string>& files,
+                const PrepareOptions& opt, uint32_t eos, uint64_t vocab)
+      : tok_(tok), files_(files), opt_(opt), eos_(eos), vocab_(vocab) {
     for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { run(); });
   }
   ~TokenizerPool() {
@@ -313,22 +333,39 @@ class TokenizerPool {
       done_cv_.notify_all();
     }
   }
+  void append(Batch& b, const std::vector<int32_t>& ids, uint32_t source) const {
+    for (int32_t id : ids) {
+      if (id < 0 || uint64_t(id) >= vocab_)
+        fail(kComponent, files_[source] + ": the tokenizer produced id " + std::to_string(id) +
+                             " outside its vocabulary (" + std::to_string(vocab_) + ")");
+      b.tokens.push_back(uint32_t(id));
+    }
+  }
   void process(Batch& b) {
+    const bool sft = !opt_.completion_field.empty();
     b.ends.reserve(b.docs.size());
     b.sources.reserve(b.docs.size());
     for (RawDocument& d : b.docs) {
       const uint32_t source = d.source;
-      std::string text = extract_document_text(std::move(d), field_, files_[source]);
       b.sources.push_back(source);
-      if (!text.empty()) {
-        std::vector<int32_t> ids = tok_.encode(text);
-        for (int32_t id : ids) {
-          if (id < 0 || uint64_t(id) >= vocab_)
-            fail(kComponent, files_[source] + ": the tokenizer produced id " + std::to_string(id) +
-                                 " outside its vocabulary (" + std::to_string(vocab_) + ")");
-          b.tokens.push_back(uint32_t(id));
+      if (sft) {
+        // The prompt as `zaya serve` tokenises one (its special tokens, e.g. BOS), then the
+        // completion and EOS: the targets. A record with an empty completion trains nothing.
+        PromptCompletion pc =
+            extract_prompt_completion(std::move(d), opt_.prompt_field, opt_.completion_field, files_[source]);
+        if (!pc.completion.empty()) {
+          if (!pc.prompt.empty()) append(b, tok_.encode(pc.prompt, /*add_special=*/true), source);
+          b.mask.resize(b.tokens.size(), 0);
+          append(b, tok_.encode(pc.completion), source);
+          b.tokens.push_back(eos_);
+          b.mask.resize(b.tokens.size(), 1);
         }
-        b.tokens.push_back(eos_);
+      } else {
+        std::string text = extract_document_text(std::move(d), opt_.text_field, files_[source]);
+        if (!text.empty()) {
+          append(b, tok_.encode(text), source);
+          b.tokens.push_back(eos_);
+        }
       }
       b.ends.push_back(b.tokens.size());
     }
@@ -338,7 +375,7 @@ class TokenizerPool {
 
   const Tokenizer& tok_;
   const std::vector<std::string>& files_;
-  const std::string& field_;
+  const PrepareOptions& opt_;
   const uint32_t eos_;
   const uint64_t vocab_;
   std::mutex mu_;
@@ -382,6 +419,14 @@ PrepareResult prepare_shards(const PrepareOptions& opt) {
     fail(kComponent, "shard size " + std::to_string(opt.shard_bytes) + " bytes is too small");
   if (opt.out_dir.empty()) fail(kComponent, "no output directory given", "pass --out DIR");
   if (opt.inputs.empty()) fail(kComponent, "no input files given", "pass --input FILES_OR_GLOBS");
+  if (opt.prompt_field.empty() != opt.completion_field.empty())
+    fail(kComponent,
+         "supervised fine-tuning data needs both --prompt-field and --completion-field (got only " +
+             std::string(opt.prompt_field.empty() ? "--completion-field" : "--prompt-field") + ")");
+  if (!opt.prompt_field.empty() && opt.prompt_field == opt.completion_field)
+    fail(kComponent, "--prompt-field and --completion-field are both '" + opt.prompt_field + "'",
+         "name two different JSONL fields");
+  const bool sft = !opt.completion_field.empty();
 
   auto tok = load_tokenizer(opt.tokenizer);
   const uint32_t tok_hash = tokenizer_file_hash(opt.tokenizer);
@@ -408,6 +453,9 @@ PrepareResult prepare_shards(const PrepareOptions& opt) {
   m.text_field = opt.text_field;
   m.val_fraction = opt.val_fraction;
   m.shard_bytes = opt.shard_bytes;
+  m.loss_mask = sft;
+  m.prompt_field = opt.prompt_field;
+  m.completion_field = opt.completion_field;
   for (const auto& f : files) m.sources.push_back({f, 0, 0});
 
   ShardWriter::Options wo;
@@ -415,6 +463,7 @@ PrepareResult prepare_shards(const PrepareOptions& opt) {
   wo.target_bytes = opt.shard_bytes;
   wo.tokenizer_hash = tok_hash;
   wo.vocab_size = vocab;
+  wo.loss_mask = sft;
   wo.prefix = "train";
   ShardWriter train(wo);
   wo.prefix = "val";
@@ -443,7 +492,7 @@ PrepareResult prepare_shards(const PrepareOptions& opt) {
   };
 
   {
-    TokenizerPool pool(threads, *tok, files, opt.text_field, uint32_t(eos), vocab);
+    TokenizerPool pool(threads, *tok, files, opt, uint32_t(eos), vocab);
     std::deque<std::shared_ptr<Batch>> inflight;
     uint64_t next_doc = 0;
     bool eof = false;
@@ -484,8 +533,13 @@ PrepareResult prepare_shards(const PrepareOptions& opt) {
           continue;
         }
         std::span<const uint32_t> doc(b->tokens.data() + begin, size_t(end - begin));
+        std::span<const uint8_t> mask;
+        if (sft) {
+          mask = std::span<const uint8_t>(b->mask.data() + begin, size_t(end - begin));
+          for (uint8_t v : mask) result.target_tokens += v;
+        }
         ShardWriter& w = val && is_val_document(b->first_doc + i, opt.val_fraction) ? *val : train;
-        w.add_document(doc, src.path);
+        w.add_document(doc, src.path, mask);
         ++result.documents;
         result.tokens += doc.size();
         begin = end;

@@ -35,6 +35,7 @@ class ShardWriter {
     uint64_t target_bytes = 256ull << 20;
     uint32_t tokenizer_hash = 0;
     uint64_t vocab_size = 0;
+    bool loss_mask = false;  // every document comes with a loss mask (format version 2)
   };
   explicit ShardWriter(Options options);
   ~ShardWriter();  // removes a half-written temporary file if finish() was not reached
@@ -42,8 +43,11 @@ class ShardWriter {
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   // Appends one document (its tokens, EOS included). `source` names the input file for the
-  // manifest's per-shard source list. Throws if a token id is >= vocab size.
-  void add_document(std::span<const uint32_t> tokens, const std::string& source);
+  // manifest's per-shard source list. Throws if a token id is >= vocab size. With
+  // Options::loss_mask, `mask` holds one byte per token (1 = a training target, 0 = context);
+  // without it, `mask` must be empty.
+  void add_document(std::span<const uint32_t> tokens, const std::string& source,
+                    std::span<const uint8_t> mask = {});
   // Closes the last shard and returns the split's manifest entry.
   ManifestSplit finish();
 
@@ -57,6 +61,7 @@ class ShardWriter {
   uint64_t shard_tokens_ = 0;
   uint32_t tokens_crc_ = 0;
   std::vector<uint64_t> index_;
+  std::vector<uint8_t> mask_;  // the open shard's loss mask (written after the index)
   std::vector<std::string> sources_;
   std::vector<uint8_t> buf_;
 };
@@ -76,6 +81,10 @@ struct PrepareOptions {
   std::vector<std::string> inputs;       // files or glob patterns
   std::string out_dir;
   std::string text_field = "text";       // JSONL field holding the document
+  // Supervised fine-tuning: both set = each JSONL record holds a prompt and a completion; the
+  // document is prompt + completion + EOS and only the completion and EOS are training targets
+  // (the shards carry a loss mask). Both empty = plain documents from text_field.
+  std::string prompt_field, completion_field;
   uint64_t shard_bytes = 256ull << 20;   // target shard size
   double val_fraction = 0.0;             // 0 = no validation split
   int threads = 0;                       // tokeniser threads; 0 = hardware concurrency
@@ -86,6 +95,7 @@ struct PrepareOptions {
 struct PrepareResult {
   Manifest manifest;
   uint64_t documents = 0, skipped = 0, tokens = 0;
+  uint64_t target_tokens = 0;  // supervised fine-tuning data: tokens whose loss mask is 1
 };
 
 // Runs the whole pipeline. Stale PREFIX-NNNNN.zshard files of earlier runs in out_dir are

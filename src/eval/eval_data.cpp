@@ -39,6 +39,11 @@ EvalTokens from_shards(const std::string& dir, const EvalDataOptions& o) {
   append_ids(r.tokens, buf.data(), buf.size(), dir);
   r.documents = ds.documents();
   r.description = "shard directory " + dir + ", split " + o.split;
+  if (ds.has_loss_mask()) {
+    r.target_mask.resize(buf.size());
+    if (!buf.empty()) ds.read_loss_mask(0, buf.size(), r.target_mask.data());
+    r.description += " (completions only: prompts are context)";
+  }
   return r;
 }
 

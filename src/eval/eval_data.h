@@ -19,6 +19,9 @@ struct EvalTokens {
   uint64_t documents = 0;
   uint64_t text_bytes = 0;  // UTF-8 bytes of the documents' text (text inputs only; 0 otherwise)
   std::string description;  // e.g. "shard directory data/x, split val"
+  // Supervised fine-tuning shards: per token, 1 where it is a training target (a completion),
+  // 0 where it is context (a prompt); only targets are scored. Empty = every token is scored.
+  std::vector<uint8_t> target_mask;
 };
 
 struct EvalDataOptions {

@@ -29,10 +29,17 @@ PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& t
                ", outside the model's vocabulary [0, " + std::to_string(vocab) + ")",
            "was the data tokenized with this model's tokenizer?");
 
+  const std::vector<uint8_t>* mask = o.target_mask;
+  if (mask && mask->size() != tokens.size())
+    fail("eval", "the target mask has " + std::to_string(mask->size()) + " entries for " +
+                     std::to_string(tokens.size()) + " tokens");
   const auto started = std::chrono::steady_clock::now();
   PerplexityResult r;
-  const int64_t targets_total = n - 1;
-  r.windows = (targets_total + T - 1) / T;
+  int64_t targets_total = n - 1;
+  if (mask)
+    targets_total = std::count_if(mask->begin() + 1, mask->begin() + n, [](uint8_t v) { return v != 0; });
+  if (targets_total == 0) fail("eval", "the data has no scored token: every token is masked as a prompt");
+  r.windows = (n - 1 + T - 1) / T;
   std::vector<int32_t> ids(size_t(B * T)), targets(size_t(B * T));
   for (int64_t w0 = 0; w0 < r.windows; w0 += B) {
     const int64_t rows = std::min(B, r.windows - w0);
@@ -40,14 +47,15 @@ PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& t
       const int64_t first = (w0 + b) * T;  // the window's first input token
       for (int64_t t = 0; t < T; ++t) {
         const int64_t at = first + t;
-        const bool scored = at + 1 < n;
+        const bool scored = at + 1 < n && (!mask || (*mask)[size_t(at + 1)] != 0);
         // Past the end of the stream: a padding input (id 0) whose target is not counted.
         ids[size_t(b * T + t)] = at < n ? tokens[size_t(at)] : 0;
         targets[size_t(b * T + t)] = scored ? tokens[size_t(at + 1)] : -1;
       }
     }
     r.loss_sum += eval_loss_sum(model, ids.data(), targets.data(), rows, T, &r.scored_tokens);
-    if (o.progress) o.progress(r.scored_tokens, targets_total, r.loss_sum / double(r.scored_tokens));
+    if (o.progress && r.scored_tokens > 0)
+      o.progress(r.scored_tokens, targets_total, r.loss_sum / double(r.scored_tokens));
   }
   r.loss = r.loss_sum / double(r.scored_tokens);
   r.perplexity = std::exp(r.loss);

@@ -17,6 +17,9 @@ struct PerplexityOptions {
   int64_t seq_len = 1024;  // input tokens per window (at most the model's context)
   int64_t batch = 1;       // windows per forward pass
   int64_t max_tokens = 0;  // score at most this many tokens (0 = the whole stream)
+  // Optional, one byte per token of the stream: a token is scored only where its byte is
+  // nonzero (supervised fine-tuning data scores its completions, not its prompts).
+  const std::vector<uint8_t>* target_mask = nullptr;
   // Called after every batch: tokens scored so far, tokens to score, running mean loss.
   std::function<void(int64_t scored, int64_t total, double loss)> progress;
 };

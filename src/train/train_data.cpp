@@ -85,8 +85,13 @@ std::string TrainData::describe() const {
          (ph.tokens ? std::to_string(ph.tokens) + " tokens" : std::string("until the end")) + " at seq_len " +
          std::to_string(ph.seq_len) + " from";
     for (size_t d = 0; d < ph.mixture.size(); ++d)
-      s += std::string(d ? "," : "") + " " + ph.mixture[d].name + " (" + std::to_string(loader_->dataset(p, d).tokens()) +
-           " tokens, weight " + std::to_string(ph.mixture[d].weight).substr(0, 4) + ")";
+      s += std::string(d ? "," : "") + " " + ph.mixture[d].name + " (" +
+           std::to_string(loader_->dataset(p, d).tokens()) + " tokens, weight " +
+           std::to_string(ph.mixture[d].weight).substr(0, 4) +
+           (loader_->dataset(p, d).has_loss_mask()
+                ? ", supervised fine-tuning: the loss counts completions only"
+                : "") +
+           ")";
     if (ph.rope_theta > 0) s += ", RoPE theta " + std::to_string(int64_t(ph.rope_theta));
     if (ph.lr_scale != 1) s += ", LR x" + std::to_string(ph.lr_scale).substr(0, 4);
   }

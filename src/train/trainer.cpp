@@ -396,7 +396,12 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     dp.sum(sums, 2);
     dp.sum(counts.data(), int64_t(counts.size()));
     const double loss = sums[0] / sums[1];
-    const double gnorm = std::sqrt(dp.grad_sum_squares(*be, grads));
+    // The gradients are of (sum of token losses) / (the step's positions). Supervised
+    // fine-tuning data counts only its completions' targets, and the step's loss is the mean
+    // over those, so its gradients are scaled by positions / targets (exactly 1 without a mask).
+    const double step_positions = double(batch) * double(mb.seq_len);
+    const double target_scale = sums[1] > 0 && sums[1] != step_positions ? step_positions / sums[1] : 1.0;
+    const double gnorm = std::sqrt(dp.grad_sum_squares(*be, grads)) * target_scale;
     step_tokens *= data_ranks;  // the ranks of a context group train the same sequences
     if (cp) ++sum.context_parallel_steps;
     // Loss-spike / NaN policy (every rank sees the same global values, so all decide alike).
@@ -408,8 +413,13 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     if (bad) {
       ++bad_streak;
       rec["event"] = "bad_step";
-      log("step " + std::to_string(step) + ": bad step (loss " + std::to_string(loss) + ", median " +
-          std::to_string(median) + ", grad norm " + std::to_string(gnorm) + "): update skipped");
+      if (sums[1] == 0)
+        log("step " + std::to_string(step) +
+            ": no training targets (every position of the step's batch is masked as a prompt): update "
+            "skipped");
+      else
+        log("step " + std::to_string(step) + ": bad step (loss " + std::to_string(loss) + ", median " +
+            std::to_string(median) + ", grad norm " + std::to_string(gnorm) + "): update skipped");
       if (r.stability.policy == "rollback" && bad_streak >= r.stability.max_bad_steps) {
         heartbeat.beat("checkpoint", step, r.schedule.total_steps);
         writer.finish();
@@ -423,12 +433,12 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       }
     } else {
       bad_streak = 0;
-      if (r.optimizer.clip_grad_norm > 0) {
-        const double scale = clip_scale(gnorm, r.optimizer.clip_grad_norm);
-        if (scale < 1.0)
-          for (size_t i = 0; i < layout.params.size(); ++i)
-            if (dp.owns(i)) be->scale_inplace(grads + layout.params[i].offset, float(scale), layout.params[i].numel);
-      }
+      double scale = target_scale;
+      if (r.optimizer.clip_grad_norm > 0) scale *= clip_scale(gnorm, r.optimizer.clip_grad_norm);
+      if (scale != 1.0)
+        for (size_t i = 0; i < layout.params.size(); ++i)
+          if (dp.owns(i))
+            be->scale_inplace(grads + layout.params[i].offset, float(scale), layout.params[i].numel);
       optim.step(model->params(), grads, float(lr));
       dp.gather_parameters(model->params());
       balancer.step(counts, model->params());

@@ -5,10 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
-#include <nlohmann/json.hpp>
-
+#include "../common/small_tokenizer.h"
 #include "data/token_file.h"
 #include "io/safetensors.h"
 #include "model/model_io.h"
@@ -220,6 +220,44 @@ TEST(Cli, TrainExportScoreRoundTrip) {
   r = run("train --set optimizer.lrr=1");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("optimizer.lrr"), std::string::npos) << r.output;
+}
+
+TEST(Cli, SupervisedFineTuningFromPromptCompletionRecords) {
+  // As a user would: prompt/completion JSONL -> masked shards -> `zaya train RECIPE` (the recipe
+  // as the first argument) -> `zaya eval` of the completions.
+  const std::string dir = temp_path("sft");
+  fs::create_directories(dir);
+  const std::string tok = test::train_small_tokenizer(dir + "/tok");
+  {
+    std::ofstream out(dir + "/qa.jsonl");
+    for (int i = 0; i < 200; ++i)
+      out << nlohmann::json{{"prompt", i % 2 ? "The cat sat on the" : "A dog ran in the"},
+                            {"completion", i % 2 ? " mat." : " park."}}
+                 .dump()
+          << "\n";
+  }
+  auto r = run("data prepare --tokenizer " + tok + " --input " + dir + "/qa.jsonl --out " + dir +
+               "/shards --prompt-field prompt --completion-field completion --val-fraction 0.2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("200 prompt/completion records"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("loss mask: "), std::string::npos) << r.output;
+  std::ofstream(dir + "/sft.toml")
+      << "run_dir = \"" << dir << "/run\"\n[model]\npreset = \"zaya-tiny\"\n"
+      << "[data]\ntrain = \"" << dir << "/shards\"\ntokenizer = \"\"\nseq_len = 16\n"
+      << "[batch]\nmicro_batch = 2\nglobal_batch = 4\n"
+      << "[schedule]\ntotal_steps = 3\nwarmup_steps = 1\n"
+      << "[checkpoint]\nevery = 0\n[eval]\nevery = 3\nbatches = 2\nsample_tokens = 0\n";
+  r = run("train " + dir + "/sft.toml");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("the loss counts completions only"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("steps             3"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("unigram baseline"), std::string::npos) << r.output;  // none for shards
+  r = run("eval --model " + dir + "/run/model --data " + dir + "/shards --seq-len 16");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("completions only"), std::string::npos) << r.output;
+  // The recipe once as an argument and once with --recipe is refused (two values for one option).
+  r = run("train " + dir + "/sft.toml --recipe " + dir + "/sft.toml");
+  EXPECT_NE(r.status, 0) << r.output;
 }
 
 TEST(Cli, InitThenInfoShowsParameterCounts) {

@@ -439,8 +439,8 @@ TEST_F(ShardCorruption, BadMagic) {
 }
 
 TEST_F(ShardCorruption, WrongVersion) {
-  open_expect(reencode(valid_shard_bytes(), [](zaya::ShardHeader& h) { h.version = 2; }), ShardVerify::Structure,
-              {"format version 2", "not supported", "newer zaya"});
+  open_expect(reencode(valid_shard_bytes(), [](zaya::ShardHeader& h) { h.version = 3; }),
+              ShardVerify::Structure, {"format version 3", "not supported", "newer zaya"});
   std::string b = valid_shard_bytes();
   b[8] = 0;  // version 0, header CRC not updated: the version is reported first
   open_expect(b, ShardVerify::Structure, {"format version 0"});

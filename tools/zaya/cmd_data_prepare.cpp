@@ -68,6 +68,14 @@ void add_data_prepare(CLI::App* data) {
       ->required();
   prep->add_option("--out", opt.out_dir, "Output directory (shards + manifest.json)")->required();
   prep->add_option("--text-field", opt.text_field, "JSONL field holding the document text")->capture_default_str();
+  prep->add_option(
+      "--prompt-field", opt.prompt_field,
+      "Supervised fine-tuning (with --completion-field): JSONL field holding the prompt, trained as "
+      "context only");
+  prep->add_option(
+      "--completion-field", opt.completion_field,
+      "Supervised fine-tuning (with --prompt-field): JSONL field holding the completion, the only "
+      "training targets");
   prep->add_option("--shard-size-mb", shard_mb, "Target shard size in MB (MiB)")->capture_default_str()
       ->check(CLI::PositiveNumber);
   prep->add_option("--val-fraction", opt.val_fraction, "Fraction of documents held out for validation")
@@ -79,8 +87,16 @@ void add_data_prepare(CLI::App* data) {
     auto bar = std::make_shared<ProgressBar>();
     opt.progress = [bar](const PrepareProgress& p) { (*bar)(p); };
     PrepareResult r = prepare_shards(opt);
-    std::printf("wrote %s: %llu documents (%llu empty skipped), %llu tokens\n", opt.out_dir.c_str(),
-                (unsigned long long)r.documents, (unsigned long long)r.skipped, (unsigned long long)r.tokens);
+    const bool sft = !opt.completion_field.empty();
+    std::printf("wrote %s: %llu %s (%llu %s skipped), %llu tokens\n", opt.out_dir.c_str(),
+                (unsigned long long)r.documents, sft ? "prompt/completion records" : "documents",
+                (unsigned long long)r.skipped, sft ? "with an empty completion" : "empty",
+                (unsigned long long)r.tokens);
+    if (sft)
+      std::printf(
+          "  loss mask: %llu of the %llu tokens are completion targets (%.1f%%); prompts are context only\n",
+          (unsigned long long)r.target_tokens, (unsigned long long)r.tokens,
+          r.tokens ? 100.0 * double(r.target_tokens) / double(r.tokens) : 0.0);
     for (const auto& [name, split] : r.manifest.splits)
       std::printf("  %-5s %zu shards, %llu documents, %llu tokens\n", name.c_str(), split.shards.size(),
                   (unsigned long long)split.documents, (unsigned long long)split.tokens);

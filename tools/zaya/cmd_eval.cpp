@@ -118,6 +118,7 @@ void run_eval(const EvalCliOptions& o) {
   po.seq_len = o.seq_len;
   po.batch = o.batch;
   po.max_tokens = o.max_tokens;
+  if (!data.target_mask.empty()) po.target_mask = &data.target_mask;
   const bool tty = isatty(2);
   po.progress = [tty](int64_t scored, int64_t total, double loss) {
     if (tty)

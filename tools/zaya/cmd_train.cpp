@@ -66,8 +66,10 @@ void add_train(CLI::App& app) {
       std::printf("final train loss  %.4f nats/token\n", s.final_train_loss);
     else
       std::printf("final train loss  n/a (no training step logged)\n");
-    if (s.final_val_loss > 0)
+    if (s.final_val_loss > 0 && s.unigram_baseline > 0)
       std::printf("validation loss   %.4f nats/token (unigram baseline %.4f)\n", s.final_val_loss, s.unigram_baseline);
+    else if (s.final_val_loss > 0)
+      std::printf("validation loss   %.4f nats/token\n", s.final_val_loss);
     if (std::isfinite(s.final_choice_accuracy))
       std::printf("choice accuracy   %.4f (per byte %.4f) on eval.choices\n", s.final_choice_accuracy,
                   s.final_choice_accuracy_norm);

@@ -6,7 +6,8 @@
 namespace zaya::cli {
 
 void add_train_options(CLI::App* cmd, TrainCliOptions& o) {
-  cmd->add_option("--recipe", o.recipe_path, "TOML recipe (default: the built-in recipe)");
+  cmd->add_option("recipe,--recipe", o.recipe_path,
+                  "TOML recipe, given as the first argument or with --recipe (default: the built-in recipe)");
   cmd->add_option("--set", o.overrides, "Override a recipe key: --set optimizer.lr=1e-3 (repeatable)");
   cmd->add_option("--backend", o.backend, "cpu, or cuda in a GPU build (rank r uses GPU local rank r)")
       ->capture_default_str();

@@ -17,7 +17,8 @@ struct TrainCliOptions {
   double comm_timeout = 600;
 };
 
-// Registers --recipe, --set, --backend, --device-comm, --bucket-mb and --comm-timeout on cmd.
+// Registers the recipe (positional or --recipe), --set, --backend, --device-comm, --bucket-mb and
+// --comm-timeout on cmd.
 void add_train_options(CLI::App* cmd, TrainCliOptions& o);
 
 // The same options as `zaya train` arguments (for a launcher that runs zaya train).

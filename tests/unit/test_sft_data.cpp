@@ -1,0 +1,471 @@
+// Supervised fine-tuning data: `zaya data prepare --prompt-field P --completion-field C` writes
+// shards whose loss mask marks the completions as the only training targets (format version
+// 2). Checked here: the documents and masks prepare writes, its errors, the version and
+// validation of masked shards (every corruption names the file), the loader's targets (-1 for
+// a prompt token, across a shard boundary too), held-out scoring of completions only, and
+// the trainer's step: its loss and gradient are the mean over the completions' targets.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../common/small_tokenizer.h"
+#include "backend/backend.h"
+#include "ckpt/checksum.h"
+#include "core/error.h"
+#include "data/data_stats.h"
+#include "data/loader.h"
+#include "data/shard_format.h"
+#include "data/shard_reader.h"
+#include "data/shard_writer.h"
+#include "data/tokenizer.h"
+#include "eval/perplexity.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/model_io.h"
+#include "train/recipe.h"
+#include "train/train_data.h"
+#include "train/train_support.h"
+#include "train/trainer.h"
+
+namespace zaya {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("zaya_sft_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+// Expects `fn` to throw zaya::Error whose message holds every one of `parts`.
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
+    return;
+  }
+  ADD_FAILURE() << "no zaya::Error thrown";
+}
+
+struct Record {
+  std::string prompt, completion;
+};
+
+const std::vector<Record> kRecords = {
+    {"The cat sat on the", " mat."},
+    {"A dog ran in the", " park. Birds fly south."},
+    {"Birds fly", ""},     // an empty completion: nothing to train, skipped
+    {"", "The cat sat."},  // no prompt: every token is a target
+    {"The mat. The park. The cat sat on", " the mat."},
+};
+
+std::string records_jsonl(const std::vector<Record>& records) {
+  std::string s;
+  for (const Record& r : records)
+    s += nlohmann::json{{"id", 1}, {"prompt", r.prompt}, {"completion", r.completion}}.dump() + "\n";
+  return s;
+}
+
+// A shard directory of masked documents written by ShardWriter directly: documents of 5..24
+// tokens whose first half is prompt. Small shards, so that windows cross shard boundaries.
+std::vector<std::pair<std::vector<uint32_t>, std::vector<uint8_t>>> write_masked_dir(const std::string& dir,
+                                                                                     uint64_t shard_bytes) {
+  std::vector<std::pair<std::vector<uint32_t>, std::vector<uint8_t>>> docs;
+  Manifest m;
+  m.vocab_size = 64;
+  m.eos_id = 1;
+  m.loss_mask = true;
+  m.prompt_field = "prompt";
+  m.completion_field = "completion";
+  for (const char* split : {"train", "val"}) {
+    ShardWriter::Options o{dir, split, shard_bytes, 0, 64, true};
+    ShardWriter w(o);
+    for (int d = 0; d < 40; ++d) {
+      const int len = 5 + (d * 7) % 20;
+      std::vector<uint32_t> toks;
+      std::vector<uint8_t> mask;
+      for (int i = 0; i < len; ++i) {
+        toks.push_back(uint32_t(2 + (d * 13 + i * 5) % 62));
+        mask.push_back(i >= len / 2 ? 1 : 0);
+      }
+      toks.back() = 1;  // EOS, a target
+      w.add_document(toks, "synthetic", mask);
+      if (std::string(split) == "train") docs.emplace_back(toks, mask);
+    }
+    m.splits[split] = w.finish();
+  }
+  write_manifest(dir, m);
+  return docs;
+}
+
+class SftData : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(fresh_dir("suite"));
+    tokenizer_ = new std::string(test::train_small_tokenizer(*dir_ + "/tok"));
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+    delete tokenizer_;
+  }
+  PrepareOptions options(const std::string& out, const std::string& input) const {
+    PrepareOptions o;
+    o.tokenizer = *tokenizer_;
+    o.inputs = {input};
+    o.out_dir = *dir_ + "/" + out;
+    o.prompt_field = "prompt";
+    o.completion_field = "completion";
+    o.threads = 2;
+    return o;
+  }
+  static inline std::string* dir_ = nullptr;
+  static inline std::string* tokenizer_ = nullptr;
+};
+
+TEST_F(SftData, PrepareMasksThePromptAndTrainsTheCompletion) {
+  const std::string input = *dir_ + "/records.jsonl";
+  write_bytes(input, records_jsonl(kRecords));
+  const PrepareOptions o = options("prepared", input);
+  const PrepareResult result = prepare_shards(o);
+  auto tok = load_tokenizer(*tokenizer_);
+
+  // Each kept record: the prompt as the server tokenises one (special tokens on), then the
+  // completion, then EOS; only the completion and EOS are targets.
+  std::vector<uint32_t> want_tokens;
+  std::vector<uint8_t> want_mask;
+  uint64_t kept = 0;
+  for (const Record& r : kRecords) {
+    if (r.completion.empty()) continue;
+    ++kept;
+    if (!r.prompt.empty())
+      for (int32_t id : tok->encode(r.prompt, true)) {
+        want_tokens.push_back(uint32_t(id));
+        want_mask.push_back(0);
+      }
+    for (int32_t id : tok->encode(r.completion)) {
+      want_tokens.push_back(uint32_t(id));
+      want_mask.push_back(1);
+    }
+    want_tokens.push_back(uint32_t(tok->eos_id()));
+    want_mask.push_back(1);
+  }
+  ASSERT_GT(tok->bos_id(), -1);
+  EXPECT_EQ(want_tokens.front(), uint32_t(tok->bos_id()));  // the prompt's special token is there
+  EXPECT_EQ(result.documents, kept);
+  EXPECT_EQ(result.skipped, 1u);
+  EXPECT_EQ(result.tokens, want_tokens.size());
+  uint64_t targets = 0;
+  for (uint8_t v : want_mask) targets += v;
+  EXPECT_EQ(result.target_tokens, targets);
+
+  ShardDataset::Options so;
+  so.verify = ShardVerify::Full;
+  const ShardDataset ds = ShardDataset::open(o.out_dir, so);
+  EXPECT_TRUE(ds.has_loss_mask());
+  EXPECT_EQ(ds.manifest().prompt_field, "prompt");
+  EXPECT_EQ(ds.manifest().completion_field, "completion");
+  ASSERT_EQ(ds.tokens(), want_tokens.size());
+  std::vector<uint32_t> got_tokens(want_tokens.size());
+  std::vector<uint8_t> got_mask(want_tokens.size());
+  ds.read(0, got_tokens.size(), got_tokens.data());
+  ds.read_loss_mask(0, got_mask.size(), got_mask.data());
+  EXPECT_EQ(got_tokens, want_tokens);
+  EXPECT_EQ(got_mask, want_mask);
+  EXPECT_EQ(ds.shard(0).header().version, 2u);
+  EXPECT_TRUE(ds.shard(0).header().has_loss_mask());
+
+  const std::vector<SplitStats> stats = compute_data_stats(o.out_dir);
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_TRUE(stats[0].loss_mask);
+  EXPECT_EQ(stats[0].target_tokens, targets);
+  EXPECT_NE(format_data_stats(stats, nullptr).find("targets"), std::string::npos);
+
+  // Plain documents keep format version 1 (readable by a zaya that knows only it) and no mask.
+  PrepareOptions plain = options("plain", input);
+  plain.prompt_field = plain.completion_field = "";
+  plain.text_field = "prompt";
+  prepare_shards(plain);
+  const ShardDataset pds = ShardDataset::open(plain.out_dir, so);
+  EXPECT_FALSE(pds.has_loss_mask());
+  EXPECT_EQ(pds.shard(0).header().version, 1u);
+  EXPECT_EQ(pds.shard(0).header().flags, 0u);
+  std::vector<uint8_t> ones(size_t(pds.tokens()));
+  pds.read_loss_mask(0, ones.size(), ones.data());
+  EXPECT_EQ(ones, std::vector<uint8_t>(ones.size(), 1));
+}
+
+TEST_F(SftData, PrepareErrorsNameTheFileAndTheField) {
+  const std::string input = *dir_ + "/bad.jsonl";
+  write_bytes(input, "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\", \"answer\": \"b\"}\n");
+  expect_error([&] { prepare_shards(options("bad", input)); },
+               {input + ":2", "no field 'completion'", "--completion-field"});
+  write_bytes(input, "{\"prompt\": 3, \"completion\": \"b\"}\n");
+  expect_error([&] { prepare_shards(options("bad", input)); },
+               {input + ":1", "field 'prompt' is not a string"});
+  const std::string text = *dir_ + "/plain.txt";
+  write_bytes(text, "a plain document");
+  expect_error([&] { prepare_shards(options("bad", text)); }, {text, "needs JSONL records"});
+  PrepareOptions one = options("bad", input);
+  one.prompt_field = "";
+  expect_error([&] { prepare_shards(one); }, {"both --prompt-field and --completion-field"});
+  PrepareOptions same = options("bad", input);
+  same.completion_field = "prompt";
+  expect_error([&] { prepare_shards(same); }, {"are both 'prompt'"});
+}
+
+// The masked shard's header and sections are validated like the rest; each error names the file.
+TEST_F(SftData, MaskCorruptionIsCaughtAndNamesTheFile) {
+  const std::string dir = *dir_ + "/corrupt_src";
+  fs::create_directories(dir);
+  write_masked_dir(dir, 1 << 20);
+  const std::string good = read_bytes(dir + "/train-00000.zshard");
+  const std::string path = *dir_ + "/corrupt.zshard";
+  auto open_expect = [&](const std::string& bytes, ShardVerify v, const std::vector<std::string>& parts) {
+    write_bytes(path, bytes);
+    std::vector<std::string> all = parts;
+    all.push_back(path);
+    expect_error([&] { ShardReader::open(path, v); }, all);
+  };
+  auto reencode = [](std::string bytes, const std::function<void(ShardHeader&)>& edit) {
+    auto* p = reinterpret_cast<uint8_t*>(bytes.data());
+    ShardHeader h = decode_shard_header_unchecked(p);
+    edit(h);
+    encode_shard_header(h, p, [](const void* d, size_t n) { return crc32c(d, n); });
+    return bytes;
+  };
+  write_bytes(path, good);
+  auto r = ShardReader::open(path, ShardVerify::Full);
+  ASSERT_TRUE(r->has_loss_mask());
+  const ShardHeader h = r->header();
+  r.reset();
+
+  std::string b = good;
+  b[size_t(h.mask_offset + 3)] = 2;  // a mask byte that is neither 0 nor 1
+  // (its CRC updated, so that the value check is what fails)
+  b = reencode(b, [&](ShardHeader& x) {
+    x.mask_crc = crc32c(reinterpret_cast<const uint8_t*>(b.data()) + h.mask_offset, size_t(h.mask_bytes));
+  });
+  open_expect(b, ShardVerify::Full, {"loss mask byte of token 3 is 2"});
+  b = good;
+  b[size_t(h.mask_offset + 5)] ^= 1;
+  open_expect(b, ShardVerify::Full, {"loss mask section checksum mismatch"});
+  open_expect(good.substr(0, good.size() - 1), ShardVerify::Structure, {"file size"});
+  open_expect(reencode(good, [](ShardHeader& x) { x.mask_offset += 8; }), ShardVerify::Structure,
+              {"loss mask section offset"});
+  open_expect(reencode(good, [](ShardHeader& x) { x.mask_bytes -= 1; }), ShardVerify::Structure,
+              {"loss mask section size"});
+  open_expect(reencode(good, [](ShardHeader& x) { x.version = 1; }), ShardVerify::Structure,
+              {"header flags are 1", "format version 1"});
+  open_expect(reencode(good, [](ShardHeader& x) { x.flags = 3; }), ShardVerify::Structure,
+              {"header flags are 3"});
+  open_expect(reencode(good, [](ShardHeader& x) { x.version = 3; }), ShardVerify::Structure,
+              {"format version 3", "newer zaya"});
+  // Without the flag, the mask fields must be zero (an unmasked layout with stray fields).
+  open_expect(reencode(good, [](ShardHeader& x) { x.flags = 0; }), ShardVerify::Structure,
+              {"loss mask fields are not zero"});
+
+  // A manifest and its shards must agree on the mask.
+  nlohmann::json m = nlohmann::json::parse(read_bytes(dir + "/manifest.json"));
+  m.erase("loss_mask");
+  write_bytes(dir + "/manifest.json", m.dump());
+  expect_error([&] { ShardDataset::open(dir); },
+               {dir + "/train-00000.zshard", "has a loss mask, but the manifest"});
+  m["loss_mask"] = {{"prompt_field", "p"}};
+  write_bytes(dir + "/manifest.json", m.dump());
+  expect_error([&] { ShardDataset::open(dir); }, {"manifest.json", "loss_mask.completion_field"});
+}
+
+// Target t of a window is the token at t + 1, and it counts only where that token's mask byte
+// is 1; the inputs are unchanged. Windows cross shard boundaries; the eval windows follow the
+// same rule.
+TEST_F(SftData, LoaderTargetsSkipPromptTokens) {
+  const std::string dir = *dir_ + "/loader";
+  fs::create_directories(dir);
+  const auto docs = write_masked_dir(dir, 256);  // about 30 tokens per shard
+  std::vector<uint32_t> all;
+  std::vector<uint8_t> mask;
+  for (const auto& [t, m] : docs) {
+    all.insert(all.end(), t.begin(), t.end());
+    mask.insert(mask.end(), m.begin(), m.end());
+  }
+  ShardDataset ds = ShardDataset::open(dir);
+  ASSERT_GT(ds.shard_count(), 4u);
+  std::vector<uint8_t> read_mask(mask.size());
+  ds.read_loss_mask(0, mask.size(), read_mask.data());
+  EXPECT_EQ(read_mask, mask);
+  EXPECT_THROW(ds.read_loss_mask(mask.size() - 1, 2, read_mask.data()), Error);
+
+  LoaderOptions lo;
+  const int64_t T = 16;
+  lo.phases = {PhaseSpec{"sft", 0, T, {{"sft", dir, 1.0}}, 0, 1}};
+  lo.seed = 5;
+  lo.micro_batch = 2;
+  lo.prefetch = 0;
+  Loader loader(lo);
+  int64_t masked = 0, counted = 0;
+  for (int64_t s = 0; s < 30; ++s) {
+    std::vector<int32_t> in(T), tg(T);
+    const SampleRef ref = loader.read_sample(s, in.data(), tg.data());
+    for (int64_t t = 0; t < T; ++t) {
+      const uint64_t at = ref.start + uint64_t(t);
+      ASSERT_EQ(in[size_t(t)], int32_t(all[at])) << "sample " << s << " position " << t;
+      const int32_t want = mask[at + 1] ? int32_t(all[at + 1]) : -1;
+      ASSERT_EQ(tg[size_t(t)], want) << "sample " << s << " position " << t;
+      (want < 0 ? masked : counted) += 1;
+    }
+  }
+  EXPECT_GT(masked, 100);
+  EXPECT_GT(counted, 100);
+
+  EvalSet eval = EvalSet::open({DatasetSpec{"sft", dir, 1.0}}, T);
+  ASSERT_EQ(eval.datasets(), 1u);
+  std::vector<int32_t> in(T), tg(T);
+  eval.fill(0, 1, 1, in.data(), tg.data());
+  const ShardDataset val = ShardDataset::open(dir, {"val", std::nullopt, ShardVerify::Structure});
+  std::vector<uint32_t> vt(T + 1);
+  std::vector<uint8_t> vm(T + 1);
+  val.read(uint64_t(T), uint64_t(T) + 1, vt.data());
+  val.read_loss_mask(uint64_t(T), uint64_t(T) + 1, vm.data());
+  for (int64_t t = 0; t < T; ++t)
+    EXPECT_EQ(tg[size_t(t)], vm[size_t(t + 1)] ? int32_t(vt[size_t(t + 1)]) : -1);
+}
+
+// Held-out scoring with a target mask scores exactly the masked-in tokens: its loss sum is the
+// sum of those tokens' losses, taken from an unmasked run one window at a time.
+TEST_F(SftData, PerplexityScoresOnlyTheTargets) {
+  auto be = make_cpu_backend();
+  Model m(preset_config("zaya-tiny"), *be);
+  m.init_random(3);
+  const int64_t T = 12, n = 40;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  for (int64_t i = 0; i < n; ++i) {
+    tokens.push_back(int32_t((i * 37 + 5) % m.config().vocab_size));
+    mask.push_back((i / 3) % 2 == 0 ? 1 : 0);
+  }
+  PerplexityOptions o;
+  o.seq_len = T;
+  o.batch = 2;
+  o.target_mask = &mask;
+  const PerplexityResult got = evaluate_perplexity(m, tokens, o);
+  int64_t want_count = 0;
+  for (int64_t i = 1; i < n; ++i) want_count += mask[size_t(i)];
+  EXPECT_EQ(got.scored_tokens, want_count);
+  // The same sum token by token: each scored position alone, with its window's context.
+  double want_sum = 0;
+  for (int64_t w = 0; w * T < n - 1; ++w) {
+    std::vector<int32_t> ids(T, 0), tg(T, -1);
+    for (int64_t t = 0; t < T && w * T + t < n; ++t) ids[size_t(t)] = tokens[size_t(w * T + t)];
+    for (int64_t t = 0; t < T && w * T + t + 1 < n; ++t)
+      if (mask[size_t(w * T + t + 1)]) tg[size_t(t)] = tokens[size_t(w * T + t + 1)];
+    int64_t c = 0;
+    want_sum += eval_loss_sum(m, ids.data(), tg.data(), 1, T, &c);
+  }
+  EXPECT_NEAR(got.loss_sum, want_sum, 1e-5 * std::abs(want_sum));
+  EXPECT_NEAR(got.loss, want_sum / double(want_count), 1e-5);
+  o.target_mask = nullptr;
+  const PerplexityResult unmasked = evaluate_perplexity(m, tokens, o);
+  EXPECT_EQ(unmasked.scored_tokens, n - 1);
+  EXPECT_GT(std::abs(unmasked.loss_sum - got.loss_sum), 1.0);
+  std::vector<uint8_t> none(size_t(n), 0);
+  o.target_mask = &none;
+  expect_error([&] { evaluate_perplexity(m, tokens, o); }, {"no scored token"});
+}
+
+// The trainer's first step on masked data: its logged loss is the mean over the completions'
+// targets, and its gradient (the logged norm, clipping off) is that mean's gradient, computed
+// here from the same micro-batches the loader gives.
+TEST_F(SftData, TrainerStepIsTheMeanOverCompletionTargets) {
+  const std::string dir = fresh_dir("trainer");
+  fs::create_directories(dir + "/data");
+  write_masked_dir(dir + "/data", 4096);
+  auto be = make_cpu_backend();
+  Model init(preset_config("zaya-tiny"), *be);
+  init.init_random(21);
+  save_model(init, dir + "/init", DType::F32);
+
+  Recipe r;
+  r.run_dir = dir + "/run";
+  r.seed = 9;
+  r.model.preset = "zaya-tiny";
+  r.model.init_from = dir + "/init";
+  r.data.train = dir + "/data";
+  r.data.val = "";
+  r.data.tokenizer = "";
+  r.data.seq_len = 16;
+  r.batch.micro_batch = 2;
+  r.batch.global_batch = 4;
+  r.optimizer.clip_grad_norm = 0;
+  r.schedule.total_steps = 1;
+  r.schedule.warmup_steps = 0;
+  r.checkpoint.every = 0;
+  r.eval.every = 0;
+  r.eval.sample_tokens = 0;
+  r.logging.plot = false;
+  TrainOptions quiet;
+  quiet.quiet = true;
+  train(r, quiet);
+  std::ifstream metrics(r.run_dir + "/metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(metrics, line));
+  const nlohmann::json rec = nlohmann::json::parse(line);
+
+  LoaderOptions lo;
+  lo.phases = recipe_phases(r);
+  lo.seed = uint64_t(r.seed);
+  lo.micro_batch = r.batch.micro_batch;
+  lo.prefetch = 0;
+  lo.global_batch = [&](int64_t) { return r.batch.global_batch; };
+  Loader loader(lo);
+  const int64_t B = r.batch.micro_batch, T = r.data.seq_len;
+  std::vector<std::vector<int32_t>> ins, tgs;
+  int64_t targets = 0;
+  for (int64_t mb = 0; mb < r.batch.global_batch / B; ++mb) {
+    ins.emplace_back(size_t(B * T));
+    tgs.emplace_back(size_t(B * T));
+    loader.next(ins.back().data(), tgs.back().data());
+    for (int32_t t : tgs.back()) targets += t >= 0;
+  }
+  ASSERT_GT(targets, 0);
+  ASSERT_LT(targets, r.batch.global_batch * T / 4 * 3);  // a good share of the positions is prompt
+  Model m(preset_config("zaya-tiny"), *be);
+  load_weights(m, dir + "/init");
+  std::vector<float> grads(size_t(m.layout().total), 0.0f);
+  double loss_sum = 0;
+  for (size_t mb = 0; mb < ins.size(); ++mb)
+    loss_sum += m.forward_backward(ins[mb].data(), tgs[mb].data(), B, T, grads.data(), 1.0f / float(targets))
+                    .loss_sum;
+  double sq = 0;
+  for (float g : grads) sq += double(g) * double(g);
+  EXPECT_NEAR(rec.at("loss").get<double>(), loss_sum / double(targets), 1e-5);
+  EXPECT_NEAR(rec.at("grad_norm").get<double>(), std::sqrt(sq), 1e-4 * std::sqrt(sq));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace zaya
