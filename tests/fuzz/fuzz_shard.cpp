@@ -13,11 +13,22 @@
 namespace {
 
 void check_accepted(const uint8_t* data, size_t size, const zaya::ShardHeader& h) {
-  if (h.version != zaya::kShardVersion || h.file_size != size) std::abort();
+  if (h.version < zaya::kShardVersionNoMask || h.version > zaya::kShardVersion || h.file_size != size) std::abort();
   if (h.tokens_offset != zaya::kShardHeaderBytes || h.tokens_bytes != h.token_count * 4) std::abort();
   if (h.tokens_offset + h.tokens_bytes > size) std::abort();
   if (h.index_offset % 8 != 0 || h.index_offset < h.tokens_offset + h.tokens_bytes) std::abort();
-  if (h.index_bytes != (h.document_count + 1) * 8 || h.index_offset + h.index_bytes != size) std::abort();
+  if (h.index_bytes != (h.document_count + 1) * 8) std::abort();
+  const uint64_t index_end = h.index_offset + h.index_bytes;
+  if (h.has_loss_mask()) {  // version 2: the mask section follows the index and ends the file
+    if (h.version < 2 || h.mask_offset != index_end || h.mask_bytes != h.token_count) std::abort();
+    if (h.mask_offset + h.mask_bytes != size) std::abort();
+    if (h.mask_bytes > 0) {
+      volatile uint8_t last = data[h.mask_offset + h.mask_bytes - 1];
+      (void)last;
+    }
+  } else if (index_end != size || h.mask_offset != 0 || h.mask_bytes != 0) {
+    std::abort();
+  }
   uint64_t prev = 0;
   for (uint64_t i = 0; i <= h.document_count; ++i) {
     uint64_t v;
@@ -47,6 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           uint32_t t;
           std::memcpy(&t, data + h.tokens_offset + i * 4, 4);
           if (t >= h.vocab_size) std::abort();
+          if (h.has_loss_mask() && data[h.mask_offset + i] > 1) std::abort();
         }
     } catch (const zaya::Error& e) {
       if (std::string(e.what()).find(kSource) == std::string::npos) std::abort();  // errors name the file
