@@ -33,24 +33,31 @@ inline void write_synthetic_corpus(const std::string& path, size_t n, uint64_t s
 
 // Two shard datasets, dir/a and dir/b (train and val splits), of short documents (5-44 tokens
 // and EOS = 1, so packed windows cross many boundaries) from two successor chains over 64
-// symbols: the data of the curriculum tests (phases mixing a and b).
-inline void write_synthetic_shard_datasets(const std::string& dir) {
+// symbols: the data of the curriculum tests (phases mixing a and b). mask_b: dataset b is
+// supervised fine-tuning data, the first third of each document a prompt (loss mask 0).
+inline void write_synthetic_shard_datasets(const std::string& dir, bool mask_b = false) {
   Rng rng(9);
   for (const char* name : {"a", "b"}) {
     const std::string out = dir + "/" + name;
     std::filesystem::create_directories(out);
+    const bool masked = mask_b && name[0] == 'b';
     Manifest m;
     m.vocab_size = 64;
     m.eos_id = 1;
+    m.loss_mask = masked;
+    if (masked) m.prompt_field = "prompt", m.completion_field = "completion";
     for (const char* split : {"train", "val"}) {
-      ShardWriter w({out, split, 4096, 0, 64});
+      ShardWriter w({out, split, 4096, 0, 64, masked});
       for (int d = 0; d < (std::string(split) == "train" ? 80 : 12); ++d) {
         std::vector<uint32_t> doc;
         uint32_t a = uint32_t(rng.next_u64() % 64);
         const int len = 5 + int(rng.next_u64() % 40);
         for (int i = 0; i < len; ++i) doc.push_back(a = (a * (name[0] == 'a' ? 5 : 7) + 3) % 64);
         doc.push_back(1);
-        w.add_document(doc, name);
+        std::vector<uint8_t> mask;
+        if (masked)
+          for (size_t i = 0; i < doc.size(); ++i) mask.push_back(i >= doc.size() / 3 ? 1 : 0);
+        w.add_document(doc, name, mask);
       }
       m.splits[split] = w.finish();
     }

@@ -4,7 +4,7 @@
 # parallel; 4 ranks in one group) gives the per-step losses and final weights of one process, and
 # a checkpoint saved by a context-parallel run resumes as plain data parallelism; a curriculum
 # turns context parallelism on for its long phase only, also with document resets in its packed
-# sequences.
+# sequences, and with prompt/completion data.
 # Usage: [DP_STEPS=N] [DP_TRAIN_FLAGS=--device-comm] cp_equivalence.sh MPIEXEC zaya_dp_check WORKDIR [BACKEND]
 # BACKEND (default cpu): another (cuda-fp32, the GPU or its host emulation) runs only the first
 # check and the one with document resets, one process against one group of 2, with
@@ -44,6 +44,14 @@ resets() {
     --backend "$backend" ${flags[@]+"${flags[@]}"}
   "$check" compare "$work/rs1" "$work/rs2" --steps "$n" --weight-tol 1e-4
 }
+# The same with the second dataset prompt/completion data (a loss mask): the step's loss and
+# gradient are means over the targets counted on every rank (data parallel in the first phase,
+# context parallel in the second).
+sft() {
+  "$check" train "$work/sf1" --steps 12 --phased --resets --sft
+  train_expect 8 mpi 2 "$check" train "$work/sf2" --steps 12 --phased --phase-cp 2 --resets --sft
+  "$check" compare "$work/sf1" "$work/sf2" --steps 12 --weight-tol 1e-4
+}
 if [[ "$backend" != cpu ]]; then resets; echo "cp_equivalence: OK"; exit 0; fi
 train_expect "$steps" mpi 4 "$check" train "$work/dp2cp2" --steps "$steps" --cp 2
 compare "$work/np1" "$work/dp2cp2"
@@ -68,4 +76,5 @@ train_expect 2 mpi 2 "$check" train "$work/phr" --steps 12 --phased --phase-cp 2
 train_expect 6 mpi 2 "$check" train "$work/phr" --steps 12 --phased --phase-cp 2
 "$check" compare "$work/ph1" "$work/phr" --steps 12 --weight-tol 1e-4
 resets
+sft
 echo "cp_equivalence: OK"

@@ -1,7 +1,7 @@
 // Data-parallel equivalence check, run under mpirun (tests/dp/dp_equivalence.sh):
 //
 //   zaya_dp_check train DIR [--steps N] [--stop-after N] [--backend NAME] [--device-comm] [--cp N]
-//                           [--phased [--phase-cp N] [--resets]] [--choices]
+//                           [--phased [--phase-cp N] [--resets] [--sft]] [--choices]
 //                                              trains the fixed tiny recipe into DIR/run with
 //                                              however many ranks it was launched with (on the
 //                                              GPU: --backend cuda-fp32, scripts/gpu_device_checks.sh;
@@ -13,6 +13,9 @@
 //                                              --resets: with --phased, every document in a
 //                                              packed sequence runs as a fresh sequence
 //                                              (data.reset_at_document_boundary);
+//                                              --sft: with --phased, the second dataset is
+//                                              prompt/completion data (a loss mask: the loss
+//                                              and gradients are means over its completions);
 //                                              --choices: [eval] choices scores 7 questions at
 //                                              every evaluation, split over the ranks, and rank 0
 //                                              checks the last accuracy against one process
@@ -94,11 +97,13 @@ Recipe recipe(const std::string& dir, int64_t steps) {
 // --phased: two shard datasets and a curriculum: phase "short" (4 steps of 8 sequences of 16
 // tokens) then "long" (32 tokens, a mixture of both) to the end; --phase-cp N sets the long
 // phase's context_parallel (a layout change at step 5, as ZAYA1's 32K phase).
-Recipe phased_recipe(const std::string& dir, int64_t steps, int64_t phase_cp) {
+// sft: b is prompt/completion data, mixed into both phases.
+Recipe phased_recipe(const std::string& dir, int64_t steps, int64_t phase_cp, bool sft) {
   Recipe r = recipe(dir, steps);
   r.batch.global_batch = 8;
   r.data.datasets = {{"a", dir + "/a"}, {"b", dir + "/b"}};
   r.phases = {{"short", 4 * 8 * 16, 16, {{"a", 1.0}}, 0, 1.0}, {"long", 0, 32, {{"a", 1.0}, {"b", 3.0}}, 5e4, 0.5}};
+  if (sft) r.phases[0].mixture.push_back({"b", 1.0});
   r.phases[1].context_parallel = phase_cp;
   return r;
 }
@@ -116,7 +121,7 @@ std::vector<double> losses(const std::string& run_dir) {
 struct TrainFlags {
   int64_t steps = 20, stop_after = -1, context_parallel = 1, phase_cp = 0;
   std::string backend = "cpu";
-  bool device_comm = false, phased = false, choices = false, resets = false;
+  bool device_comm = false, phased = false, choices = false, resets = false, sft = false;
 };
 
 // --choices: a small SentencePiece tokenizer (its ids need a 512-id vocabulary, which the token
@@ -169,7 +174,7 @@ int train_cmd(const std::string& dir, const TrainFlags& f) {
       fs::create_directories(dir);
       test::write_synthetic_corpus(dir + "/train.bin", 20000, 1);
       test::write_synthetic_corpus(dir + "/val.bin", 4000, 2);
-      if (f.phased) test::write_synthetic_shard_datasets(dir);
+      if (f.phased) test::write_synthetic_shard_datasets(dir, f.sft);
     }
     if (f.choices && !fs::exists(dir + "/questions.jsonl")) write_choice_files(dir);
   }
@@ -181,7 +186,7 @@ int train_cmd(const std::string& dir, const TrainFlags& f) {
   opt.bucket_bytes = 64 << 10;  // several buckets even for the tiny model
   opt.backend = f.backend;
   opt.device_comm = f.device_comm;
-  Recipe r = f.phased ? phased_recipe(dir, f.steps, f.phase_cp) : recipe(dir, f.steps);
+  Recipe r = f.phased ? phased_recipe(dir, f.steps, f.phase_cp, f.sft) : recipe(dir, f.steps);
   r.parallel.context_parallel = f.context_parallel;
   r.data.reset_at_document_boundary = f.resets;
   if (f.choices) {
@@ -273,10 +278,12 @@ int main(int argc, char** argv) {
       TrainFlags f;
       f.steps = steps;
       for (size_t i = 2; i < a.size(); ++i) {
-        if (a[i] == "--device-comm" || a[i] == "--phased" || a[i] == "--choices" || a[i] == "--resets") {
+        if (a[i] == "--device-comm" || a[i] == "--phased" || a[i] == "--choices" || a[i] == "--resets" ||
+            a[i] == "--sft") {
           (a[i] == "--phased"    ? f.phased
            : a[i] == "--choices" ? f.choices
            : a[i] == "--resets"  ? f.resets
+           : a[i] == "--sft"     ? f.sft
                                  : f.device_comm) = true;
           continue;
         }
@@ -301,10 +308,11 @@ int main(int argc, char** argv) {
       a.resize(3);
     }
     if (a.size() == 3 && a[0] == "compare") return compare_cmd(a[1], a[2], steps, weight_tol);
-    std::fprintf(stderr,
-                 "usage: zaya_dp_check train DIR [--steps N] [--stop-after N] [--backend NAME] "
-                 "[--device-comm] [--cp N] [--phased [--phase-cp N] [--resets]] [--choices] | compare DIR_A "
-                 "DIR_B [--steps N] [--weight-tol X]\n");
+    std::fprintf(
+        stderr,
+        "usage: zaya_dp_check train DIR [--steps N] [--stop-after N] [--backend NAME] "
+        "[--device-comm] [--cp N] [--phased [--phase-cp N] [--resets] [--sft]] [--choices] | compare DIR_A "
+        "DIR_B [--steps N] [--weight-tol X]\n");
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "dp_check: %s\n", e.what());
