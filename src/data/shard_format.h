@@ -2,17 +2,17 @@
 // by `zaya data prepare` and read by ShardReader / ShardDataset. docs/formats.md describes it
 // byte by byte; this header is the single source of the constants.
 //
-// Version 1 holds tokens and a document index. Version 2 adds an optional loss mask (flag bit
-// 0): one byte per token after the index, 1 where the token is a training target, 0 where it
+// Version 1 holds tokens and a document index. Version 2 adds a loss mask (flag bit 0, always
+// set in version 2): one byte per token after the index, 1 where the token is a training target, 0 where it
 // is context only (a supervised fine-tuning prompt). Writers emit version 1 for a shard
 // without a mask, so such shards stay readable by a zaya that knows only version 1.
 //
 //   offset  size  field
 //   0       8     magic "ZAYASHRD"
-//   8       4     u32 format version (kShardVersion)
+//   8       4     u32 format version: 1 (no loss mask) or 2 (with one)
 //   12      4     u32 header size in bytes (kShardHeaderBytes = 128)
 //   16      4     u32 tokenizer hash: CRC-32C of the tokenizer file's bytes
-//   20      4     u32 flags: bit 0 = loss mask present (version 2 only); other bits 0
+//   20      4     u32 flags: 0 in version 1; 1 in version 2 (bit 0: the loss mask)
 //   24      8     u64 vocab size (every token id is < vocab size)
 //   32      8     u64 token count T
 //   40      8     u64 document count D

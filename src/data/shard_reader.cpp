@@ -58,16 +58,15 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t size, const std::string& so
   const uint32_t actual_crc = crc32c(bytes, kHeaderCrc);
   if (stored_crc != actual_crc)
     fail_in(source, "header checksum mismatch: stored " + hex(stored_crc) + ", computed " + hex(actual_crc), kCorruptHint);
-  const uint32_t known_flags = h.version >= 2 ? kShardFlagLossMask : 0;
-  if ((h.flags & ~known_flags) != 0)
+  // Each shard has one encoding: version 1 has no mask and flags 0 (bytes 96..123 reserved);
+  // version 2 exists only for the mask, so it has flag bit 0 and nothing else.
+  const uint32_t expected_flags = h.version >= 2 ? kShardFlagLossMask : 0;
+  if (h.flags != expected_flags)
     fail_in(source,
-            "header flags are " + num(h.flags) + ", expected " +
-                (known_flags != 0 ? "0 or " + num(known_flags) : std::string("0")) + " in format version " +
-                num(h.version),
+            "header flags are " + num(h.flags) + ", expected " + num(expected_flags) + " in format version " +
+                num(h.version) + (h.version >= 2 ? " (bit 0: the loss mask that version 2 adds)" : ""),
             kCorruptHint);
-  if (!h.has_loss_mask() && (h.mask_offset != 0 || h.mask_bytes != 0 || h.mask_crc != 0))
-    fail_in(source, "the loss mask fields are not zero, but flag bit 0 (loss mask) is clear", kCorruptHint);
-  for (size_t i = kReserved; i < kHeaderCrc; ++i)
+  for (size_t i = h.has_loss_mask() ? kReserved : kMaskOffset; i < kHeaderCrc; ++i)
     if (bytes[i] != 0) fail_in(source, "reserved header byte " + num(i) + " is not zero", kCorruptHint);
   if (h.vocab_size == 0 || h.vocab_size > (uint64_t(1) << 32))
     fail_in(source, "vocab size " + num(h.vocab_size) + " is outside [1, 2^32] (token ids are u32)", kCorruptHint);
@@ -452,39 +451,35 @@ uint32_t ShardDataset::token(uint64_t offset) const {
   return shards_[s]->token_span()[size_t(offset - token_starts_[s])];
 }
 
-void ShardDataset::read(uint64_t offset, uint64_t n, uint32_t* dst) const {
+void ShardDataset::for_each_piece(
+    uint64_t offset, uint64_t n, const char* what,
+    const std::function<void(const ShardReader&, uint64_t, uint64_t, uint64_t)>& piece) const {
   if (offset > total_tokens_ || n > total_tokens_ - offset)
-    fail_in(dir_, "tokens [" + num(offset) + ", " + num(offset + n) + ") requested, but split '" + split_ + "' has " +
-                      num(total_tokens_));
-  if (n == 0) return;
-  size_t s = shard_of_token(offset);
-  while (n > 0) {
-    const uint64_t local = offset - token_starts_[s];
-    const uint64_t take = std::min(n, shards_[s]->tokens() - local);
-    std::memcpy(dst, shards_[s]->token_span().data() + local, size_t(take) * 4);
-    dst += take;
-    offset += take;
-    n -= take;
-    ++s;
+    fail_in(dir_, std::string(what) + " [" + num(offset) + ", " + num(offset + n) +
+                      ") requested, but split '" + split_ + "' has " + num(total_tokens_));
+  uint64_t done = 0;
+  for (size_t s = n > 0 ? shard_of_token(offset) : 0; done < n; ++s) {
+    const uint64_t local = offset + done - token_starts_[s];
+    const uint64_t take = std::min(n - done, shards_[s]->tokens() - local);
+    piece(*shards_[s], local, take, done);
+    done += take;
   }
 }
 
+void ShardDataset::read(uint64_t offset, uint64_t n, uint32_t* dst) const {
+  for_each_piece(offset, n, "tokens",
+                 [&](const ShardReader& sh, uint64_t local, uint64_t take, uint64_t done) {
+                   std::memcpy(dst + done, sh.token_span().data() + local, size_t(take) * 4);
+                 });
+}
+
 void ShardDataset::read_loss_mask(uint64_t offset, uint64_t n, uint8_t* dst) const {
-  if (offset > total_tokens_ || n > total_tokens_ - offset)
-    fail_in(dir_, "loss mask of tokens [" + num(offset) + ", " + num(offset + n) +
-                      ") requested, but split '" + split_ + "' has " + num(total_tokens_));
-  if (n == 0) return;
-  size_t s = shard_of_token(offset);
-  while (n > 0) {
-    const uint64_t local = offset - token_starts_[s];
-    const uint64_t take = std::min(n, shards_[s]->tokens() - local);
-    const std::span<const uint8_t> mask = shards_[s]->loss_mask_span();
-    for (uint64_t i = 0; i < take; ++i) dst[i] = mask.empty() || mask[size_t(local + i)] != 0 ? 1 : 0;
-    dst += take;
-    offset += take;
-    n -= take;
-    ++s;
-  }
+  for_each_piece(offset, n, "loss mask of tokens",
+                 [&](const ShardReader& sh, uint64_t local, uint64_t take, uint64_t done) {
+                   const std::span<const uint8_t> mask = sh.loss_mask_span();
+                   for (uint64_t i = 0; i < take; ++i)
+                     dst[done + i] = mask.empty() || mask[size_t(local + i)] != 0 ? 1 : 0;
+                 });
 }
 
 size_t ShardDataset::shard_of_doc(uint64_t d) const {

@@ -4,6 +4,7 @@
 // and no accessor can read outside the mapping (out-of-range requests throw).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -145,6 +146,12 @@ class ShardDataset {
  private:
   size_t shard_of_doc(uint64_t d) const;
   size_t shard_of_token(uint64_t offset) const;
+  // Calls piece(shard, offset in the shard, count, tokens done before it) for the pieces of
+  // global tokens [offset, offset + n), in order. Throws naming `what` if the range leaves the
+  // split.
+  void for_each_piece(
+      uint64_t offset, uint64_t n, const char* what,
+      const std::function<void(const ShardReader&, uint64_t, uint64_t, uint64_t)>& piece) const;
   std::string dir_, split_;
   Manifest manifest_;
   std::vector<std::unique_ptr<ShardReader>> shards_;

@@ -14,13 +14,13 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "ckpt/checksum.h"
 #include "core/error.h"
 #include "data/corpus_input.h"
+#include "data/document_tokens.h"
 #include "data/tokenizer.h"
 
 namespace zaya {
@@ -333,14 +333,6 @@ class TokenizerPool {
       done_cv_.notify_all();
     }
   }
-  void append(Batch& b, const std::vector<int32_t>& ids, uint32_t source) const {
-    for (int32_t id : ids) {
-      if (id < 0 || uint64_t(id) >= vocab_)
-        fail(kComponent, files_[source] + ": the tokenizer produced id " + std::to_string(id) +
-                             " outside its vocabulary (" + std::to_string(vocab_) + ")");
-      b.tokens.push_back(uint32_t(id));
-    }
-  }
   void process(Batch& b) {
     const bool sft = !opt_.completion_field.empty();
     b.ends.reserve(b.docs.size());
@@ -349,23 +341,13 @@ class TokenizerPool {
       const uint32_t source = d.source;
       b.sources.push_back(source);
       if (sft) {
-        // The prompt as `zaya serve` tokenises one (its special tokens, e.g. BOS), then the
-        // completion and EOS: the targets. A record with an empty completion trains nothing.
-        PromptCompletion pc =
+        // Prompt, completion, EOS; an empty completion trains nothing and is skipped.
+        const PromptCompletion pc =
             extract_prompt_completion(std::move(d), opt_.prompt_field, opt_.completion_field, files_[source]);
-        if (!pc.completion.empty()) {
-          if (!pc.prompt.empty()) append(b, tok_.encode(pc.prompt, /*add_special=*/true), source);
-          b.mask.resize(b.tokens.size(), 0);
-          append(b, tok_.encode(pc.completion), source);
-          b.tokens.push_back(eos_);
-          b.mask.resize(b.tokens.size(), 1);
-        }
+        append_prompt_completion(tok_, pc, eos_, vocab_, files_[source], b.tokens, b.mask);
       } else {
-        std::string text = extract_document_text(std::move(d), opt_.text_field, files_[source]);
-        if (!text.empty()) {
-          append(b, tok_.encode(text), source);
-          b.tokens.push_back(eos_);
-        }
+        const std::string text = extract_document_text(std::move(d), opt_.text_field, files_[source]);
+        append_text_document(tok_, text, eos_, vocab_, files_[source], b.tokens);
       }
       b.ends.push_back(b.tokens.size());
     }
@@ -419,13 +401,7 @@ PrepareResult prepare_shards(const PrepareOptions& opt) {
     fail(kComponent, "shard size " + std::to_string(opt.shard_bytes) + " bytes is too small");
   if (opt.out_dir.empty()) fail(kComponent, "no output directory given", "pass --out DIR");
   if (opt.inputs.empty()) fail(kComponent, "no input files given", "pass --input FILES_OR_GLOBS");
-  if (opt.prompt_field.empty() != opt.completion_field.empty())
-    fail(kComponent,
-         "supervised fine-tuning data needs both --prompt-field and --completion-field (got only " +
-             std::string(opt.prompt_field.empty() ? "--completion-field" : "--prompt-field") + ")");
-  if (!opt.prompt_field.empty() && opt.prompt_field == opt.completion_field)
-    fail(kComponent, "--prompt-field and --completion-field are both '" + opt.prompt_field + "'",
-         "name two different JSONL fields");
+  check_prompt_completion_fields(opt.prompt_field, opt.completion_field, kComponent);
   const bool sft = !opt.completion_field.empty();
 
   auto tok = load_tokenizer(opt.tokenizer);

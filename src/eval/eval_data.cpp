@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "data/corpus_input.h"
+#include "data/document_tokens.h"
 #include "data/shard_reader.h"
 #include "data/token_file.h"
 
@@ -69,20 +70,33 @@ EvalTokens from_text(const std::vector<std::string>& patterns, const Tokenizer* 
     Compression compression;
     classify_input(f, &kind, &compression);  // throws naming the file for other extensions
   }
+  const bool records = !o.completion_field.empty();
   CorpusReader reader(files);
   EvalTokens r;
   RawDocument doc;
+  std::vector<uint32_t> ids;
+  std::vector<uint8_t> mask;
+  const uint64_t vocab = uint64_t(tok->vocab_size());
   while (reader.next(&doc)) {
     const std::string file = files[doc.source];
-    const std::string text = extract_document_text(std::move(doc), o.text_field, file);
-    if (text.empty()) continue;
-    const std::vector<int32_t> ids = tok->encode(text);
-    r.tokens.insert(r.tokens.end(), ids.begin(), ids.end());
-    r.tokens.push_back(eos);
-    r.text_bytes += text.size();
+    ids.clear();
+    mask.clear();
+    if (records) {
+      const PromptCompletion pc =
+          extract_prompt_completion(std::move(doc), o.prompt_field, o.completion_field, file);
+      if (!append_prompt_completion(*tok, pc, uint32_t(eos), vocab, file, ids, mask)) continue;
+      r.target_mask.insert(r.target_mask.end(), mask.begin(), mask.end());
+      r.text_bytes += pc.completion.size();
+    } else {
+      const std::string text = extract_document_text(std::move(doc), o.text_field, file);
+      if (!append_text_document(*tok, text, uint32_t(eos), vocab, file, ids)) continue;
+      r.text_bytes += text.size();
+    }
+    append_ids(r.tokens, ids.data(), ids.size(), file);
     ++r.documents;
   }
   r.description = std::to_string(files.size()) + " text file" + (files.size() == 1 ? "" : "s");
+  if (records) r.description += " of prompt/completion records (completions only)";
   return r;
 }
 
@@ -92,16 +106,23 @@ EvalTokens load_eval_tokens(const std::vector<std::string>& inputs, const Tokeni
                             const EvalDataOptions& o) {
   if (inputs.empty())
     fail("eval", "no data given", "pass --data with a shard directory, a .bin token file or text files");
+  check_prompt_completion_fields(o.prompt_field, o.completion_field, "eval");
   if (inputs.size() == 1) {
     const std::string& in = inputs[0];
     std::error_code ec;
-    if (fs::is_directory(in, ec)) {
+    const bool dir = fs::is_directory(in, ec), bin = fs::path(in).extension() == ".bin";
+    if ((dir || bin) && !o.completion_field.empty())
+      fail("eval",
+           in + ": --prompt-field and --completion-field apply to JSONL text, not to " +
+               (dir ? std::string("a shard directory") : std::string("a token file")),
+           dir ? "prompt/completion shards carry their loss mask; pass the directory alone" : "");
+    if (dir) {
       if (!fs::exists(fs::path(in) / "manifest.json", ec))
         fail("eval", in + " is a directory without manifest.json",
              "give a directory written by `zaya data prepare`");
       return from_shards(in, o);
     }
-    if (fs::path(in).extension() == ".bin") return from_token_file(in);
+    if (bin) return from_token_file(in);
   }
   return from_text(inputs, tok, o);
 }

@@ -4,7 +4,8 @@
 //   * a flat token file (`.bin`, `zaya data demo`'s format);
 //   * text: .txt files (one document each) and .jsonl files (one document per line, the text in
 //     text_field), optionally .gz/.zst, and glob patterns, tokenized with the given tokenizer
-//     the way `zaya data prepare` does (each document's ids, then EOS).
+//     the way `zaya data prepare` does (each document's ids, then EOS); or JSONL prompt/completion
+//     records, of which only the completions are scored.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -17,7 +18,8 @@ namespace zaya {
 struct EvalTokens {
   std::vector<int32_t> tokens;
   uint64_t documents = 0;
-  uint64_t text_bytes = 0;  // UTF-8 bytes of the documents' text (text inputs only; 0 otherwise)
+  uint64_t text_bytes = 0;  // UTF-8 bytes of the scored text (text inputs only: the documents, or the
+                            // records' completions; 0 otherwise)
   std::string description;  // e.g. "shard directory data/x, split val"
   // Supervised fine-tuning shards: per token, 1 where it is a training target (a completion),
   // 0 where it is context (a prompt); only targets are scored. Empty = every token is scored.
@@ -27,6 +29,9 @@ struct EvalTokens {
 struct EvalDataOptions {
   std::string split = "val";        // shard directories
   std::string text_field = "text";  // JSONL
+  // JSONL prompt/completion records (both set): each is tokenised as `zaya data prepare
+  // --prompt-field --completion-field` does, and only the completions are scored.
+  std::string prompt_field, completion_field;
 };
 
 // tok may be null unless the inputs are text. Throws zaya::Error naming the file and problem.

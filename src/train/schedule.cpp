@@ -125,6 +125,14 @@ double clip_scale(double norm, double max_norm) {
   return max_norm / norm;
 }
 
+StepGradScale step_grad_scale(double raw_norm, double targets, double positions, double max_norm) {
+  StepGradScale s;
+  const double to_mean = targets > 0 && targets != positions ? positions / targets : 1.0;
+  s.norm = raw_norm * to_mean;
+  s.scale = to_mean * clip_scale(s.norm, max_norm);
+  return s;
+}
+
 double clip_grad_norm(float* g, int64_t n, double max_norm) {
   const double norm = grad_norm(g, n);
   const double s = clip_scale(norm, max_norm);

@@ -64,4 +64,15 @@ double clip_grad_norm(Backend& be, float* g, int64_t n, double max_norm);
 // gradients: all-reduce the sums of squares, take the sqrt, then scale each shard by this.
 double clip_scale(double norm, double max_norm);
 
+// The factor on a step's summed gradients, and their norm after it. The gradients summed over
+// micro-batches and ranks are of (sum of token losses) / positions; the step trains on the mean
+// over the `targets` counted (supervised fine-tuning data counts only its completions), so they
+// are scaled by positions / targets (exactly 1 when every position counts), then clipped to
+// max_norm (<= 0: no clipping). `raw_norm` is the norm of the summed gradients before either.
+struct StepGradScale {
+  double scale = 1;  // multiply the gradients by this (1: leave them)
+  double norm = 0;   // the gradient norm the step reports: of the mean over the targets
+};
+StepGradScale step_grad_scale(double raw_norm, double targets, double positions, double max_norm);
+
 }  // namespace zaya

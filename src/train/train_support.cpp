@@ -124,14 +124,19 @@ void reload_curve(const std::string& path, int64_t up_to_step, LossCurve* curve)
     std::ofstream out(path, std::ios::trunc);
     for (const auto& l : kept) out << l << "\n";
   }
+  // A loss that was not a number (a skipped step's NaN, written as null) or not logged (a step
+  // with no targets) reads as NaN.
+  auto number_or_nan = [](const nlohmann::json& j, const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_number() ? it->get<double>() : std::numeric_limits<double>::quiet_NaN();
+  };
   for (const std::string& line : kept) {
     auto j = nlohmann::json::parse(line);
     curve->steps.push_back(j["step"].get<double>());
-    // A double default: with NAN (a float) nlohmann's value() would return a float.
-    curve->train_loss.push_back(j.value("loss", std::numeric_limits<double>::quiet_NaN()));
+    curve->train_loss.push_back(number_or_nan(j, "loss"));
     if (j.contains("val_loss")) {
       curve->val_steps.push_back(j["step"].get<double>());
-      curve->val_loss.push_back(j["val_loss"].get<double>());
+      curve->val_loss.push_back(number_or_nan(j, "val_loss"));
     }
   }
 }

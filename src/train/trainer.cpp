@@ -395,31 +395,31 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     dp.finish_gradients();
     dp.sum(sums, 2);
     dp.sum(counts.data(), int64_t(counts.size()));
-    const double loss = sums[0] / sums[1];
-    // The gradients are of (sum of token losses) / (the step's positions). Supervised
-    // fine-tuning data counts only its completions' targets, and the step's loss is the mean
-    // over those, so its gradients are scaled by positions / targets (exactly 1 without a mask).
-    const double step_positions = double(batch) * double(mb.seq_len);
-    const double target_scale = sums[1] > 0 && sums[1] != step_positions ? step_positions / sums[1] : 1.0;
-    const double gnorm = std::sqrt(dp.grad_sum_squares(*be, grads)) * target_scale;
+    // The loss and gradient are means over the targets counted on every rank (supervised
+    // fine-tuning data counts only its completions; docs/training.md, "The step").
+    const bool no_targets = sums[1] == 0;
+    const double loss = no_targets ? NAN : sums[0] / sums[1];
+    const StepGradScale gs = step_grad_scale(std::sqrt(dp.grad_sum_squares(*be, grads)), sums[1],
+                                             double(batch) * double(mb.seq_len), r.optimizer.clip_grad_norm);
+    const double gnorm = gs.norm;
     step_tokens *= data_ranks;  // the ranks of a context group train the same sequences
     if (cp) ++sum.context_parallel_steps;
     // Loss-spike / NaN policy (every rank sees the same global values, so all decide alike).
     double median = recent_losses.empty() ? loss : median_of(recent_losses);
-    const bool bad = !std::isfinite(loss) || !std::isfinite(gnorm) ||
-                     (recent_losses.size() >= 5 && loss > r.stability.spike_factor * median);
+    const bool bad = !no_targets && (!std::isfinite(loss) || !std::isfinite(gnorm) ||
+                                     (recent_losses.size() >= 5 && loss > r.stability.spike_factor * median));
     const double lr = lrs.at(step) * data->phase(phase).lr_scale;
     nlohmann::json rec;
-    if (bad) {
+    if (no_targets) {
+      // Not a fault: the data had nothing to train here. No update, and no bad-step count.
+      rec["event"] = "no_targets";
+      log("step " + std::to_string(step) +
+          ": no training targets (every position of the step's batch is masked as a prompt): update skipped");
+    } else if (bad) {
       ++bad_streak;
       rec["event"] = "bad_step";
-      if (sums[1] == 0)
-        log("step " + std::to_string(step) +
-            ": no training targets (every position of the step's batch is masked as a prompt): update "
-            "skipped");
-      else
-        log("step " + std::to_string(step) + ": bad step (loss " + std::to_string(loss) + ", median " +
-            std::to_string(median) + ", grad norm " + std::to_string(gnorm) + "): update skipped");
+      log("step " + std::to_string(step) + ": bad step (loss " + std::to_string(loss) + ", median " +
+          std::to_string(median) + ", grad norm " + std::to_string(gnorm) + "): update skipped");
       if (r.stability.policy == "rollback" && bad_streak >= r.stability.max_bad_steps) {
         heartbeat.beat("checkpoint", step, r.schedule.total_steps);
         writer.finish();
@@ -433,12 +433,10 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       }
     } else {
       bad_streak = 0;
-      double scale = target_scale;
-      if (r.optimizer.clip_grad_norm > 0) scale *= clip_scale(gnorm, r.optimizer.clip_grad_norm);
-      if (scale != 1.0)
+      if (gs.scale != 1.0)
         for (size_t i = 0; i < layout.params.size(); ++i)
           if (dp.owns(i))
-            be->scale_inplace(grads + layout.params[i].offset, float(scale), layout.params[i].numel);
+            be->scale_inplace(grads + layout.params[i].offset, float(gs.scale), layout.params[i].numel);
       optim.step(model->params(), grads, float(lr));
       dp.gather_parameters(model->params());
       balancer.step(counts, model->params());
@@ -448,7 +446,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     tokens_seen += step_tokens;
     ++step;
     ++steps_this_run;
-    last_loss = loss;
+    if (!no_targets) last_loss = loss;
     const double dt = seconds_since(t_step);
     const double tok_s = double(step_tokens) / dt;
     const int64_t T = data->phase(phase).seq_len;
@@ -456,7 +454,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     const double mfu = peak.utilisation(training_flops_per_token(c, T) * tok_s / ranks, &peak_news);
     if (!peak_news.empty() && lead) log::warn(peak_news);
     rec["step"] = step;
-    rec["loss"] = loss;
+    if (!no_targets) rec["loss"] = loss;
     rec["lr"] = lr;
     rec["grad_norm"] = gnorm;
     rec["tokens"] = tokens_seen;

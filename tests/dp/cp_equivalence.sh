@@ -49,7 +49,8 @@ resets() {
 # context parallel in the second).
 sft() {
   "$check" train "$work/sf1" --steps 12 --phased --resets --sft
-  train_expect 8 mpi 2 "$check" train "$work/sf2" --steps 12 --phased --phase-cp 2 --resets --sft
+  train_expect 8 mpi 2 "$check" train "$work/sf2" --steps 12 --phased --phase-cp 2 --resets --sft \
+    ${flags[@]+"${flags[@]}"}
   "$check" compare "$work/sf1" "$work/sf2" --steps 12 --weight-tol 1e-4
 }
 if [[ "$backend" != cpu ]]; then resets; echo "cp_equivalence: OK"; exit 0; fi

@@ -14,9 +14,15 @@ namespace {
 
 void check_accepted(const uint8_t* data, size_t size, const zaya::ShardHeader& h) {
   if (h.version < zaya::kShardVersionNoMask || h.version > zaya::kShardVersion || h.file_size != size) std::abort();
+  // One encoding per shard: version 2 exactly when the loss mask flag is set, no other flag, and
+  // the mask fields and reserved bytes zero where they are unused.
+  if ((h.version == 2) != h.has_loss_mask() || (h.flags & ~zaya::kShardFlagLossMask) != 0) std::abort();
+  for (size_t i = h.has_loss_mask() ? zaya::shard_field::kReserved : zaya::shard_field::kMaskOffset;
+       i < zaya::shard_field::kHeaderCrc; ++i)
+    if (data[i] != 0) std::abort();
   if (h.tokens_offset != zaya::kShardHeaderBytes || h.tokens_bytes != h.token_count * 4) std::abort();
   if (h.tokens_offset + h.tokens_bytes > size) std::abort();
-  if (h.index_offset % 8 != 0 || h.index_offset < h.tokens_offset + h.tokens_bytes) std::abort();
+  if (h.index_offset != (h.tokens_offset + h.tokens_bytes + 7) / 8 * 8) std::abort();
   if (h.index_bytes != (h.document_count + 1) * 8) std::abort();
   const uint64_t index_end = h.index_offset + h.index_bytes;
   if (h.has_loss_mask()) {  // version 2: the mask section follows the index and ends the file

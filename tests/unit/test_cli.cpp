@@ -10,6 +10,7 @@
 
 #include "../common/small_tokenizer.h"
 #include "data/token_file.h"
+#include "data/tokenizer.h"
 #include "io/safetensors.h"
 #include "model/model_io.h"
 #include "test_helpers.h"
@@ -255,6 +256,27 @@ TEST(Cli, SupervisedFineTuningFromPromptCompletionRecords) {
   r = run("eval --model " + dir + "/run/model --data " + dir + "/shards --seq-len 16");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("completions only"), std::string::npos) << r.output;
+  // The records scored straight from the JSONL equal their prepared shards (every record in val).
+  r = run("data prepare --tokenizer " + tok + " --input " + dir + "/qa.jsonl --out " + dir +
+          "/all --prompt-field prompt --completion-field completion --val-fraction 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run("eval --model " + dir + "/run/model --data " + dir + "/all --seq-len 16 --out " + dir +
+          "/shards.json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run("eval --model " + dir + "/run/model --tokenizer " + tok + " --data " + dir +
+          "/qa.jsonl --prompt-field prompt --completion-field completion --seq-len 16 --out " + dir +
+          "/jsonl.json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json from_shards = nlohmann::json::parse(std::ifstream(dir + "/shards.json"));
+  const nlohmann::json from_jsonl = nlohmann::json::parse(std::ifstream(dir + "/jsonl.json"));
+  EXPECT_EQ(from_jsonl.at("tokens"), from_shards.at("tokens"));
+  // Completions only: each record's completion tokens and its EOS.
+  const auto small = load_tokenizer(tok);
+  const int64_t want_scored =
+      100 * int64_t(small->encode(" mat.").size() + 1) + 100 * int64_t(small->encode(" park.").size() + 1);
+  EXPECT_EQ(from_jsonl.at("tokens").get<int64_t>(), want_scored);
+  EXPECT_DOUBLE_EQ(from_jsonl.at("loss").get<double>(), from_shards.at("loss").get<double>());
+  EXPECT_EQ(from_jsonl.at("documents").get<int64_t>(), 200);
   // The recipe once as an argument and once with --recipe is refused (two values for one option).
   r = run("train " + dir + "/sft.toml --recipe " + dir + "/sft.toml");
   EXPECT_NE(r.status, 0) << r.output;

@@ -167,3 +167,37 @@ TEST(GradClip, NormAndClipping) {
 
 }  // namespace
 }  // namespace zaya
+
+namespace zaya {
+namespace {
+
+// A step's gradients (of the loss sum / positions) become those of the mean over the counted
+// targets, then are clipped: the factor and the reported norm.
+TEST(GradClip, StepScaleMakesTheMeanOverTargetsThenClips) {
+  // Every position counted: the factor is exactly 1 (plain data trains as before).
+  StepGradScale s = step_grad_scale(0.5, 4096, 4096, 1.0);
+  EXPECT_EQ(s.scale, 1.0);
+  EXPECT_EQ(s.norm, 0.5);
+  s = step_grad_scale(3.0, 4096, 4096, 1.0);
+  EXPECT_DOUBLE_EQ(s.scale, 1.0 / 3.0);
+  EXPECT_EQ(s.norm, 3.0);
+  // A quarter of the positions are targets: the mean over them is 4x the sum / positions.
+  s = step_grad_scale(0.1, 1024, 4096, 1.0);
+  EXPECT_DOUBLE_EQ(s.scale, 4.0);
+  EXPECT_DOUBLE_EQ(s.norm, 0.4);
+  // ... clipped when that norm is over the limit: the result has the limit's norm.
+  s = step_grad_scale(0.5, 1024, 4096, 1.0);
+  EXPECT_DOUBLE_EQ(s.norm, 2.0);
+  EXPECT_DOUBLE_EQ(s.scale, 4.0 * 0.5);
+  EXPECT_DOUBLE_EQ(0.5 * s.scale, 1.0);
+  // No clipping.
+  s = step_grad_scale(0.5, 1024, 4096, 0.0);
+  EXPECT_DOUBLE_EQ(s.scale, 4.0);
+  // No target at all (the trainer skips such a step): nothing to rescale.
+  s = step_grad_scale(0.0, 0, 4096, 1.0);
+  EXPECT_EQ(s.scale, 1.0);
+  EXPECT_EQ(s.norm, 0.0);
+}
+
+}  // namespace
+}  // namespace zaya

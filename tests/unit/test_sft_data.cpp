@@ -91,9 +91,10 @@ std::string records_jsonl(const std::vector<Record>& records) {
 }
 
 // A shard directory of masked documents written by ShardWriter directly: documents of 5..24
-// tokens whose first half is prompt. Small shards, so that windows cross shard boundaries.
-std::vector<std::pair<std::vector<uint32_t>, std::vector<uint8_t>>> write_masked_dir(const std::string& dir,
-                                                                                     uint64_t shard_bytes) {
+// tokens whose first half is prompt (all of it with all_prompt). Small shards, so that windows
+// cross shard boundaries.
+std::vector<std::pair<std::vector<uint32_t>, std::vector<uint8_t>>> write_masked_dir(
+    const std::string& dir, uint64_t shard_bytes, bool all_prompt = false) {
   std::vector<std::pair<std::vector<uint32_t>, std::vector<uint8_t>>> docs;
   Manifest m;
   m.vocab_size = 64;
@@ -110,9 +111,9 @@ std::vector<std::pair<std::vector<uint32_t>, std::vector<uint8_t>>> write_masked
       std::vector<uint8_t> mask;
       for (int i = 0; i < len; ++i) {
         toks.push_back(uint32_t(2 + (d * 13 + i * 5) % 62));
-        mask.push_back(i >= len / 2 ? 1 : 0);
+        mask.push_back(i >= len / 2 && !all_prompt ? 1 : 0);
       }
-      toks.back() = 1;  // EOS, a target
+      toks.back() = 1;  // EOS
       w.add_document(toks, "synthetic", mask);
       if (std::string(split) == "train") docs.emplace_back(toks, mask);
     }
@@ -162,11 +163,10 @@ TEST_F(SftData, PrepareMasksThePromptAndTrainsTheCompletion) {
   for (const Record& r : kRecords) {
     if (r.completion.empty()) continue;
     ++kept;
-    if (!r.prompt.empty())
-      for (int32_t id : tok->encode(r.prompt, true)) {
-        want_tokens.push_back(uint32_t(id));
-        want_mask.push_back(0);
-      }
+    for (int32_t id : tok->encode(r.prompt, true)) {  // an empty prompt still gets BOS
+      want_tokens.push_back(uint32_t(id));
+      want_mask.push_back(0);
+    }
     for (int32_t id : tok->encode(r.completion)) {
       want_tokens.push_back(uint32_t(id));
       want_mask.push_back(1);
@@ -176,6 +176,7 @@ TEST_F(SftData, PrepareMasksThePromptAndTrainsTheCompletion) {
   }
   ASSERT_GT(tok->bos_id(), -1);
   EXPECT_EQ(want_tokens.front(), uint32_t(tok->bos_id()));  // the prompt's special token is there
+  EXPECT_EQ(tok->encode("", true), std::vector<int32_t>{tok->bos_id()});  // also for the empty prompt
   EXPECT_EQ(result.documents, kept);
   EXPECT_EQ(result.skipped, 1u);
   EXPECT_EQ(result.tokens, want_tokens.size());
@@ -279,15 +280,21 @@ TEST_F(SftData, MaskCorruptionIsCaughtAndNamesTheFile) {
               {"loss mask section offset"});
   open_expect(reencode(good, [](ShardHeader& x) { x.mask_bytes -= 1; }), ShardVerify::Structure,
               {"loss mask section size"});
+  // One encoding per shard: version 2 always has the mask flag, version 1 never.
   open_expect(reencode(good, [](ShardHeader& x) { x.version = 1; }), ShardVerify::Structure,
-              {"header flags are 1", "format version 1"});
+              {"header flags are 1, expected 0", "format version 1"});
   open_expect(reencode(good, [](ShardHeader& x) { x.flags = 3; }), ShardVerify::Structure,
-              {"header flags are 3"});
+              {"header flags are 3, expected 1"});
+  open_expect(reencode(good, [](ShardHeader& x) { x.flags = 0; }), ShardVerify::Structure,
+              {"header flags are 0, expected 1", "format version 2"});
   open_expect(reencode(good, [](ShardHeader& x) { x.version = 3; }), ShardVerify::Structure,
               {"format version 3", "newer zaya"});
-  // Without the flag, the mask fields must be zero (an unmasked layout with stray fields).
-  open_expect(reencode(good, [](ShardHeader& x) { x.flags = 0; }), ShardVerify::Structure,
-              {"loss mask fields are not zero"});
+  // A version 1 header with the mask fields set: they are reserved bytes there.
+  open_expect(reencode(good, [](ShardHeader& x) { x.version = 1, x.flags = 0; }), ShardVerify::Structure,
+              {"reserved header byte 96 is not zero"});
+  open_expect(
+      reencode(good, [](ShardHeader& x) { x.version = 1, x.flags = 0, x.mask_offset = x.mask_bytes = 0; }),
+      ShardVerify::Structure, {"reserved header byte 112 is not zero"});
 
   // A manifest and its shards must agree on the mask.
   nlohmann::json m = nlohmann::json::parse(read_bytes(dir + "/manifest.json"));
@@ -315,6 +322,9 @@ TEST_F(SftData, LoaderTargetsSkipPromptTokens) {
   }
   ShardDataset ds = ShardDataset::open(dir);
   ASSERT_GT(ds.shard_count(), 4u);
+  std::vector<uint64_t> shard_starts = {0};  // global token offset of each shard
+  for (size_t i = 0; i < ds.shard_count(); ++i)
+    shard_starts.push_back(shard_starts.back() + ds.shard(i).tokens());
   std::vector<uint8_t> read_mask(mask.size());
   ds.read_loss_mask(0, mask.size(), read_mask.data());
   EXPECT_EQ(read_mask, mask);
@@ -327,10 +337,12 @@ TEST_F(SftData, LoaderTargetsSkipPromptTokens) {
   lo.micro_batch = 2;
   lo.prefetch = 0;
   Loader loader(lo);
-  int64_t masked = 0, counted = 0;
+  int64_t masked = 0, counted = 0, crossing = 0;
   for (int64_t s = 0; s < 30; ++s) {
     std::vector<int32_t> in(T), tg(T);
     const SampleRef ref = loader.read_sample(s, in.data(), tg.data());
+    for (uint64_t b : shard_starts)  // a shard starts inside the window [start, start + T + 1)
+      crossing += b > uint64_t(ref.start) && b <= uint64_t(ref.start) + uint64_t(T);
     for (int64_t t = 0; t < T; ++t) {
       const uint64_t at = ref.start + uint64_t(t);
       ASSERT_EQ(in[size_t(t)], int32_t(all[at])) << "sample " << s << " position " << t;
@@ -339,6 +351,7 @@ TEST_F(SftData, LoaderTargetsSkipPromptTokens) {
       (want < 0 ? masked : counted) += 1;
     }
   }
+  EXPECT_GT(crossing, 5);  // windows across shard boundaries were among them
   EXPECT_GT(masked, 100);
   EXPECT_GT(counted, 100);
 
@@ -464,6 +477,80 @@ TEST_F(SftData, TrainerStepIsTheMeanOverCompletionTargets) {
   for (float g : grads) sq += double(g) * double(g);
   EXPECT_NEAR(rec.at("loss").get<double>(), loss_sum / double(targets), 1e-5);
   EXPECT_NEAR(rec.at("grad_norm").get<double>(), std::sqrt(sq), 1e-4 * std::sqrt(sq));
+  fs::remove_all(dir);
+}
+
+// A step whose batch holds no target (all prompt) is not a fault: no update, no bad-step count
+// (so no rollback, which would need a checkpoint), an event without a loss in metrics.jsonl,
+// and the run still resumes from its log.
+TEST_F(SftData, AStepWithoutTargetsIsSkippedAndTheRunResumes) {
+  const std::string dir = fresh_dir("no_targets");
+  fs::create_directories(dir + "/data");
+  write_masked_dir(dir + "/data", 4096, /*all_prompt=*/true);
+  auto be = make_cpu_backend();
+  Model init(preset_config("zaya-tiny"), *be);
+  init.init_random(4);
+  save_model(init, dir + "/init", DType::F32);
+  Recipe r;
+  r.run_dir = dir + "/run";
+  r.model.init_from = dir + "/init";
+  r.data.train = dir + "/data";
+  r.data.val = "";
+  r.data.tokenizer = "";
+  r.data.seq_len = 16;
+  r.batch.micro_batch = 2;
+  r.batch.global_batch = 2;
+  r.schedule.total_steps = 3;
+  r.schedule.warmup_steps = 0;
+  r.checkpoint.every = 1;
+  r.eval.every = 0;
+  r.eval.sample_tokens = 0;
+  r.logging.plot = true;
+  r.stability.policy = "rollback";
+  r.stability.max_bad_steps = 1;
+  TrainOptions quiet;
+  quiet.quiet = true;
+  TrainOptions two = quiet;
+  two.stop_after_steps = 2;
+  train(r, two);
+  const TrainSummary s = train(r, quiet);  // resumes at step 2, reading its log back
+  EXPECT_EQ(s.steps, 3);
+  std::ifstream metrics(r.run_dir + "/metrics.jsonl");
+  int records = 0;
+  for (std::string line; std::getline(metrics, line); ++records) {
+    const nlohmann::json rec = nlohmann::json::parse(line);
+    EXPECT_EQ(rec.at("event"), "no_targets") << line;
+    EXPECT_FALSE(rec.contains("loss")) << line;
+  }
+  EXPECT_EQ(records, 3);
+  // No update: the exported weights are the ones the run started from.
+  auto trained = load_model(r.run_dir + "/model", *be);
+  ASSERT_EQ(trained->layout().total, init.layout().total);
+  EXPECT_TRUE(std::equal(init.params(), init.params() + init.layout().total, trained->params()));
+  fs::remove_all(dir);
+}
+
+// A resumed run reads its metrics back: a loss or held-out loss written as null (a skipped
+// step's NaN; an evaluation with nothing to score) or left out (a step without targets) reads
+// as NaN, and lines past the resumed step are dropped.
+TEST(SftResume, TheLossCurveReadsNullAndMissingLossesAsNan) {
+  const std::string dir = fresh_dir("curve");
+  const std::string path = dir + "/metrics.jsonl";
+  std::ofstream(path) << "{\"step\": 1, \"loss\": 2.5}\n"
+                      << "{\"step\": 2, \"loss\": null, \"event\": \"bad_step\"}\n"
+                      << "{\"step\": 3, \"event\": \"no_targets\", \"val_loss\": null}\n"
+                      << "{\"step\": 4, \"loss\": 1.5, \"val_loss\": 1.25}\n"
+                      << "{\"step\": 5, \"loss\": 1.0}\n";
+  LossCurve curve;
+  reload_curve(path, 4, &curve);
+  ASSERT_EQ(curve.steps, (std::vector<double>{1, 2, 3, 4}));
+  EXPECT_EQ(curve.train_loss[0], 2.5);
+  EXPECT_TRUE(std::isnan(curve.train_loss[1]));
+  EXPECT_TRUE(std::isnan(curve.train_loss[2]));
+  EXPECT_EQ(curve.train_loss[3], 1.5);
+  ASSERT_EQ(curve.val_steps, (std::vector<double>{3, 4}));
+  EXPECT_TRUE(std::isnan(curve.val_loss[0]));
+  EXPECT_EQ(curve.val_loss[1], 1.25);
   fs::remove_all(dir);
 }
 

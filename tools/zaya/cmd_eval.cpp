@@ -23,6 +23,7 @@ namespace {
 
 struct EvalCliOptions {
   std::string model_dir, tokenizer, backend = "cpu", out, split = "val", text_field = "text";
+  std::string prompt_field, completion_field;
   std::vector<std::string> data;
   int64_t seq_len = 1024, batch = 4, max_tokens = 0;
   std::string choices;  // multiple choice instead of --data
@@ -106,6 +107,8 @@ void run_eval(const EvalCliOptions& o) {
   EvalDataOptions dopt;
   dopt.split = o.split;
   dopt.text_field = o.text_field;
+  dopt.prompt_field = o.prompt_field;
+  dopt.completion_field = o.completion_field;
   const EvalTokens data = load_eval_tokens(o.data, tok.get(), dopt);
   const int64_t context = model->config().max_position_embeddings;
   if (context > 0 && o.seq_len > context)
@@ -172,6 +175,11 @@ void add_eval(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--split", o.split, "Shard directories: the split to score")->capture_default_str();
   cmd->add_option("--text-field", o.text_field, "JSONL: the field holding the text")->capture_default_str();
+  cmd->add_option("--prompt-field", o.prompt_field,
+                  "JSONL prompt/completion records (with --completion-field): the prompt, context only");
+  cmd->add_option(
+      "--completion-field", o.completion_field,
+      "JSONL prompt/completion records (with --prompt-field): the completion, the only tokens scored");
   cmd->add_option("--tokenizer", o.tokenizer,
                   "tokenizer.json or .model for text (default: the model directory's)");
   cmd->add_option("--seq-len", o.seq_len, "Tokens of context per window")
