@@ -123,6 +123,29 @@ std::vector<std::pair<std::vector<uint32_t>, std::vector<uint8_t>>> write_masked
   return docs;
 }
 
+// A zaya-tiny run on the shards in dir/data from a model initialised with `seed` (saved to
+// dir/init): one micro-batch of 2 x 16 per step, no held-out loss, checkpoints or samples.
+Recipe sft_recipe(const std::string& dir, uint64_t seed, Backend& be) {
+  Model init(preset_config("zaya-tiny"), be);
+  init.init_random(seed);
+  save_model(init, dir + "/init", DType::F32);
+  Recipe r;
+  r.run_dir = dir + "/run";
+  r.model.init_from = dir + "/init";
+  r.data.train = dir + "/data";
+  r.data.val = "";
+  r.data.tokenizer = "";
+  r.data.seq_len = 16;
+  r.batch.micro_batch = 2;
+  r.batch.global_batch = 2;
+  r.schedule.warmup_steps = 0;
+  r.checkpoint.every = 0;
+  r.eval.every = 0;
+  r.eval.sample_tokens = 0;
+  r.logging.plot = false;
+  return r;
+}
+
 class SftData : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -418,28 +441,11 @@ TEST_F(SftData, TrainerStepIsTheMeanOverCompletionTargets) {
   fs::create_directories(dir + "/data");
   write_masked_dir(dir + "/data", 4096);
   auto be = make_cpu_backend();
-  Model init(preset_config("zaya-tiny"), *be);
-  init.init_random(21);
-  save_model(init, dir + "/init", DType::F32);
-
-  Recipe r;
-  r.run_dir = dir + "/run";
+  Recipe r = sft_recipe(dir, 21, *be);
   r.seed = 9;
-  r.model.preset = "zaya-tiny";
-  r.model.init_from = dir + "/init";
-  r.data.train = dir + "/data";
-  r.data.val = "";
-  r.data.tokenizer = "";
-  r.data.seq_len = 16;
-  r.batch.micro_batch = 2;
   r.batch.global_batch = 4;
   r.optimizer.clip_grad_norm = 0;
   r.schedule.total_steps = 1;
-  r.schedule.warmup_steps = 0;
-  r.checkpoint.every = 0;
-  r.eval.every = 0;
-  r.eval.sample_tokens = 0;
-  r.logging.plot = false;
   TrainOptions quiet;
   quiet.quiet = true;
   train(r, quiet);
@@ -488,23 +494,9 @@ TEST_F(SftData, AStepWithoutTargetsIsSkippedAndTheRunResumes) {
   fs::create_directories(dir + "/data");
   write_masked_dir(dir + "/data", 4096, /*all_prompt=*/true);
   auto be = make_cpu_backend();
-  Model init(preset_config("zaya-tiny"), *be);
-  init.init_random(4);
-  save_model(init, dir + "/init", DType::F32);
-  Recipe r;
-  r.run_dir = dir + "/run";
-  r.model.init_from = dir + "/init";
-  r.data.train = dir + "/data";
-  r.data.val = "";
-  r.data.tokenizer = "";
-  r.data.seq_len = 16;
-  r.batch.micro_batch = 2;
-  r.batch.global_batch = 2;
+  Recipe r = sft_recipe(dir, 4, *be);
   r.schedule.total_steps = 3;
-  r.schedule.warmup_steps = 0;
   r.checkpoint.every = 1;
-  r.eval.every = 0;
-  r.eval.sample_tokens = 0;
   r.logging.plot = true;
   r.stability.policy = "rollback";
   r.stability.max_bad_steps = 1;
@@ -524,9 +516,9 @@ TEST_F(SftData, AStepWithoutTargetsIsSkippedAndTheRunResumes) {
   }
   EXPECT_EQ(records, 3);
   // No update: the exported weights are the ones the run started from.
-  auto trained = load_model(r.run_dir + "/model", *be);
-  ASSERT_EQ(trained->layout().total, init.layout().total);
-  EXPECT_TRUE(std::equal(init.params(), init.params() + init.layout().total, trained->params()));
+  auto init = load_model(dir + "/init", *be), trained = load_model(r.run_dir + "/model", *be);
+  ASSERT_EQ(trained->layout().total, init->layout().total);
+  EXPECT_TRUE(std::equal(init->params(), init->params() + init->layout().total, trained->params()));
   fs::remove_all(dir);
 }
 
