@@ -40,6 +40,8 @@ EvalTokens from_shards(const std::string& dir, const EvalDataOptions& o) {
   append_ids(r.tokens, buf.data(), buf.size(), dir);
   r.documents = ds.documents();
   r.description = "shard directory " + dir + ", split " + o.split;
+  r.document_starts.reserve(size_t(ds.documents()));
+  for (uint64_t d = 0; d < ds.documents(); ++d) r.document_starts.push_back(ds.document_start(d));
   if (ds.has_loss_mask()) {
     r.target_mask.resize(buf.size());
     if (!buf.empty()) ds.read_loss_mask(0, buf.size(), r.target_mask.data());
@@ -92,6 +94,7 @@ EvalTokens from_text(const std::vector<std::string>& patterns, const Tokenizer* 
       if (!append_text_document(*tok, text, uint32_t(eos), vocab, file, ids)) continue;
       r.text_bytes += text.size();
     }
+    r.document_starts.push_back(r.tokens.size());
     append_ids(r.tokens, ids.data(), ids.size(), file);
     ++r.documents;
   }

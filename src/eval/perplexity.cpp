@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "data/loader.h"
 #include "train/train_support.h"
 
 namespace zaya {
@@ -41,6 +42,8 @@ PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& t
   if (targets_total == 0) fail("eval", "the data has no scored token: every token is masked as a prompt");
   r.windows = (n - 1 + T - 1) / T;
   std::vector<int32_t> ids(size_t(B * T)), targets(size_t(B * T));
+  const std::vector<uint64_t>* docs = o.document_starts;
+  std::vector<int32_t> segments(docs ? size_t(B * T) : 0), starts;
   for (int64_t w0 = 0; w0 < r.windows; w0 += B) {
     const int64_t rows = std::min(B, r.windows - w0);
     for (int64_t b = 0; b < rows; ++b) {
@@ -52,8 +55,16 @@ PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& t
         ids[size_t(b * T + t)] = at < n ? tokens[size_t(at)] : 0;
         targets[size_t(b * T + t)] = scored ? tokens[size_t(at + 1)] : -1;
       }
+      if (docs) {  // the window's document starts, as positions within it
+        starts.clear();
+        for (auto it = std::lower_bound(docs->begin(), docs->end(), uint64_t(first));
+             it != docs->end() && *it < uint64_t(first + T); ++it)
+          starts.push_back(int32_t(*it - uint64_t(first)));
+        document_segments(starts.data(), starts.size(), T, segments.data() + b * T);
+      }
     }
-    r.loss_sum += eval_loss_sum(model, ids.data(), targets.data(), rows, T, &r.scored_tokens);
+    r.loss_sum += eval_loss_sum(model, ids.data(), targets.data(), rows, T, &r.scored_tokens,
+                                docs ? segments.data() : nullptr);
     if (o.progress && r.scored_tokens > 0)
       o.progress(r.scored_tokens, targets_total, r.loss_sum / double(r.scored_tokens));
   }

@@ -20,6 +20,10 @@ struct PerplexityOptions {
   // Optional, one byte per token of the stream: a token is scored only where its byte is
   // nonzero (supervised fine-tuning data scores its completions, not its prompts).
   const std::vector<uint8_t>* target_mask = nullptr;
+  // Optional, ascending offsets of the documents' first tokens: every document then runs as its
+  // own fresh sequence inside its window (attention, the CCA convolution, the delayed value and
+  // RoPE positions restart), as training with data.reset_at_document_boundary sees it.
+  const std::vector<uint64_t>* document_starts = nullptr;
   // Called after every batch: tokens scored so far, tokens to score, running mean loss.
   std::function<void(int64_t scored, int64_t total, double loss)> progress;
 };

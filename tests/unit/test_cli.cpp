@@ -277,6 +277,14 @@ TEST(Cli, SupervisedFineTuningFromPromptCompletionRecords) {
   EXPECT_EQ(from_jsonl.at("tokens").get<int64_t>(), want_scored);
   EXPECT_DOUBLE_EQ(from_jsonl.at("loss").get<double>(), from_shards.at("loss").get<double>());
   EXPECT_EQ(from_jsonl.at("documents").get<int64_t>(), 200);
+  // Each record alone (as training with document resets sees it) scores the same tokens.
+  r = run("eval --model " + dir + "/run/model --data " + dir +
+          "/all --seq-len 16 --reset-at-document-boundary --out " + dir + "/reset.json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("each document a fresh sequence"), std::string::npos) << r.output;
+  const nlohmann::json reset = nlohmann::json::parse(std::ifstream(dir + "/reset.json"));
+  EXPECT_EQ(reset.at("tokens"), from_shards.at("tokens"));
+  EXPECT_NE(reset.at("loss").get<double>(), from_shards.at("loss").get<double>());
   // The recipe once as an argument and once with --recipe is refused (two values for one option).
   r = run("train " + dir + "/sft.toml --recipe " + dir + "/sft.toml");
   EXPECT_NE(r.status, 0) << r.output;

@@ -433,6 +433,51 @@ TEST_F(SftData, PerplexityScoresOnlyTheTargets) {
   expect_error([&] { evaluate_perplexity(m, tokens, o); }, {"no scored token"});
 }
 
+// With document starts, each document of a window runs alone: the loss over a window of three
+// documents (each one's first token not scored, so no target crosses a boundary) is the sum of
+// the three scored one by one; without them, later documents see the earlier ones.
+TEST_F(SftData, PerplexityWithDocumentResetsScoresEachDocumentAlone) {
+  auto be = make_cpu_backend();
+  Model m(preset_config("zaya-tiny"), *be);
+  m.init_random(8);
+  const std::vector<int64_t> lengths = {7, 12, 9};
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  std::vector<uint64_t> starts;
+  std::vector<std::vector<int32_t>> docs;
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    starts.push_back(tokens.size());
+    docs.emplace_back();
+    for (int64_t i = 0; i < lengths[d]; ++i) {
+      docs.back().push_back(int32_t((d * 101 + size_t(i) * 29 + 3) % size_t(m.config().vocab_size)));
+      tokens.push_back(docs.back().back());
+      mask.push_back(i == 0 ? 0 : 1);
+    }
+  }
+  PerplexityOptions o;
+  o.seq_len = 32;
+  o.target_mask = &mask;
+  o.document_starts = &starts;
+  const PerplexityResult together = evaluate_perplexity(m, tokens, o);
+  double alone = 0;
+  int64_t alone_count = 0;
+  for (const auto& doc : docs) {
+    std::vector<uint8_t> doc_mask(doc.size(), 1);
+    doc_mask[0] = 0;
+    PerplexityOptions one;
+    one.seq_len = 32;
+    one.target_mask = &doc_mask;
+    const PerplexityResult r = evaluate_perplexity(m, doc, one);
+    alone += r.loss_sum;
+    alone_count += r.scored_tokens;
+  }
+  EXPECT_EQ(together.scored_tokens, alone_count);
+  EXPECT_NEAR(together.loss_sum, alone, 1e-4 * std::abs(alone));
+  o.document_starts = nullptr;
+  const PerplexityResult packed = evaluate_perplexity(m, tokens, o);
+  EXPECT_GT(std::abs(packed.loss_sum - alone), 1e-2);
+}
+
 // The trainer's first step on masked data: its logged loss is the mean over the completions'
 // targets, and its gradient (the logged norm, clipping off) is that mean's gradient, computed
 // here from the same micro-batches the loader gives.

@@ -24,6 +24,7 @@ namespace {
 struct EvalCliOptions {
   std::string model_dir, tokenizer, backend = "cpu", out, split = "val", text_field = "text";
   std::string prompt_field, completion_field;
+  bool reset_documents = false;
   std::vector<std::string> data;
   int64_t seq_len = 1024, batch = 4, max_tokens = 0;
   std::string choices;  // multiple choice instead of --data
@@ -114,14 +115,23 @@ void run_eval(const EvalCliOptions& o) {
   if (context > 0 && o.seq_len > context)
     fail("eval", "--seq-len " + std::to_string(o.seq_len) + " exceeds the model's context (" +
                      std::to_string(context) + ")");
-  std::fprintf(stderr, "[zaya] evaluating %s on %s: %zu tokens, %llu documents, windows of %lld tokens\n",
+  std::fprintf(stderr, "[zaya] evaluating %s on %s: %zu tokens, %llu documents, windows of %lld tokens%s\n",
                o.model_dir.c_str(), data.description.c_str(), data.tokens.size(),
-               (unsigned long long)data.documents, (long long)o.seq_len);
+               (unsigned long long)data.documents, (long long)o.seq_len,
+               o.reset_documents ? ", each document a fresh sequence" : "");
   PerplexityOptions po;
   po.seq_len = o.seq_len;
   po.batch = o.batch;
   po.max_tokens = o.max_tokens;
   if (!data.target_mask.empty()) po.target_mask = &data.target_mask;
+  if (o.reset_documents) {
+    if (data.document_starts.empty())
+      fail("eval",
+           "--reset-at-document-boundary needs document boundaries: " + data.description +
+               " has none recorded",
+           "score a shard directory or text files instead of a flat token file");
+    po.document_starts = &data.document_starts;
+  }
   const bool tty = isatty(2);
   po.progress = [tty](int64_t scored, int64_t total, double loss) {
     if (tty)
@@ -145,6 +155,7 @@ void run_eval(const EvalCliOptions& o) {
         {"perplexity", r.perplexity}, {"tokens", r.scored_tokens}, {"windows", r.windows},
         {"seq_len", o.seq_len},       {"seconds", r.seconds},      {"documents", data.documents}};
     if (whole_text) j["bits_per_byte"] = bpb;
+    if (o.reset_documents) j["reset_at_document_boundary"] = true;
     write_json(j, o.out);
   }
 }
@@ -175,6 +186,9 @@ void add_eval(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--split", o.split, "Shard directories: the split to score")->capture_default_str();
   cmd->add_option("--text-field", o.text_field, "JSONL: the field holding the text")->capture_default_str();
+  cmd->add_flag("--reset-at-document-boundary", o.reset_documents,
+                "Every document runs as its own fresh sequence inside its window, as training with "
+                "data.reset_at_document_boundary = true sees it");
   cmd->add_option("--prompt-field", o.prompt_field,
                   "JSONL prompt/completion records (with --completion-field): the prompt, context only");
   cmd->add_option(
