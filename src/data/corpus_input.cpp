@@ -333,9 +333,29 @@ PromptCompletion extract_prompt_completion(RawDocument&& doc, const std::string&
   const std::string where = file + ":" + std::to_string(doc.line);
   nlohmann::json j = parse_jsonl_object(doc, where);
   PromptCompletion out;
-  out.prompt = take_string_field(j, prompt_field, where, "pick the prompt field with --prompt-field");
-  out.completion =
-      take_string_field(j, completion_field, where, "pick the completion field with --completion-field");
+  auto p = j.find(prompt_field), c = j.find(completion_field);
+  if (p == j.end())
+    fail_in(where, "object has no field '" + prompt_field + "'", "pick the prompt field with --prompt-field");
+  if (c == j.end())
+    fail_in(where, "object has no field '" + completion_field + "'",
+            "pick the completion field with --completion-field");
+  if (p->is_string() && c->is_string()) {
+    out.turns.push_back({std::move(p->get_ref<std::string&>()), std::move(c->get_ref<std::string&>())});
+    return out;
+  }
+  const std::string shape = "fields '" + prompt_field + "' and '" + completion_field +
+                            "' must both be strings, or both arrays of strings of the same length (a "
+                            "conversation's turns)";
+  if (!p->is_array() || !c->is_array() || p->size() != c->size() || p->empty())
+    fail_in(where, shape + "; found " + std::string(p->type_name()) +
+                       (p->is_array() ? " of " + std::to_string(p->size()) : "") + " and " + c->type_name() +
+                       (c->is_array() ? " of " + std::to_string(c->size()) : ""));
+  for (size_t i = 0; i < p->size(); ++i) {
+    if (!(*p)[i].is_string() || !(*c)[i].is_string())
+      fail_in(where, shape + "; turn " + std::to_string(i) + " is not a pair of strings");
+    out.turns.push_back(
+        {std::move((*p)[i].get_ref<std::string&>()), std::move((*c)[i].get_ref<std::string&>())});
+  }
   return out;
 }
 

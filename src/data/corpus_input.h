@@ -72,11 +72,15 @@ class CorpusReader {
 // missing field or a non-string field.
 std::string extract_document_text(RawDocument&& doc, const std::string& text_field, const std::string& file);
 
-// A supervised fine-tuning record: the string fields `prompt_field` and `completion_field` of a
-// JSONL object. Throws naming file and line for a .txt input, invalid JSON, a missing field or
-// a non-string field.
+// A supervised fine-tuning record: the fields `prompt_field` and `completion_field` of a JSONL
+// object, both strings (one exchange), or both arrays of strings of the same nonzero length (the
+// turns of a conversation: prompt 0, completion 0, prompt 1, completion 1, ...). Throws naming
+// file and line for a .txt input, invalid JSON, a missing field or any other shape.
 struct PromptCompletion {
-  std::string prompt, completion;
+  struct Turn {
+    std::string prompt, completion;
+  };
+  std::vector<Turn> turns;
 };
 PromptCompletion extract_prompt_completion(RawDocument&& doc, const std::string& prompt_field,
                                            const std::string& completion_field, const std::string& file);

@@ -43,12 +43,18 @@ bool append_prompt_completion(const Tokenizer& tok, const PromptCompletion& reco
                               uint64_t vocab, const std::string& source, std::vector<uint32_t>& tokens,
                               std::vector<uint8_t>& mask) {
   ZAYA_CHECK(mask.size() == tokens.size(), "a loss mask must run alongside its tokens");
-  if (record.completion.empty()) return false;
-  append_ids(tok.encode(record.prompt, /*add_special=*/true), vocab, source, tokens);
-  mask.resize(tokens.size(), 0);
-  append_ids(tok.encode(record.completion), vocab, source, tokens);
+  bool any_completion = false;
+  for (const PromptCompletion::Turn& t : record.turns)
+    any_completion = any_completion || !t.completion.empty();
+  if (!any_completion) return false;
+  for (size_t i = 0; i < record.turns.size(); ++i) {
+    append_ids(tok.encode(record.turns[i].prompt, /*add_special=*/i == 0), vocab, source, tokens);
+    mask.resize(tokens.size(), 0);
+    append_ids(tok.encode(record.turns[i].completion), vocab, source, tokens);
+    mask.resize(tokens.size(), 1);
+  }
   tokens.push_back(eos);
-  mask.resize(tokens.size(), 1);
+  mask.push_back(1);
   return true;
 }
 

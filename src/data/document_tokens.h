@@ -23,11 +23,11 @@ bool append_text_document(const Tokenizer& tok, const std::string& text, uint32_
                           const std::string& source, std::vector<uint32_t>& tokens);
 
 // Appends the record's document to `tokens` and its loss mask (0 = context, 1 = target) to
-// `mask`, which must hold one byte per token of `tokens` on entry: the prompt as `zaya serve`
-// tokenises a prompt (with the tokenizer's special tokens, e.g. BOS, even for an empty prompt),
-// then the completion (no special tokens), then `eos`. Returns false and appends nothing when
-// the completion is empty (there is nothing to train). Throws naming `source` for an id outside
-// [0, vocab).
+// `mask`, which must hold one byte per token of `tokens` on entry: for each turn, its prompt
+// (the first as `zaya serve` tokenises a prompt, with the tokenizer's special tokens such as BOS,
+// even when empty; later ones without) then its completion (no special tokens); then `eos`, a
+// target. Returns false and appends nothing when every completion is empty (there is nothing to
+// train). Throws naming `source` for an id outside [0, vocab).
 bool append_prompt_completion(const Tokenizer& tok, const PromptCompletion& record, uint32_t eos,
                               uint64_t vocab, const std::string& source, std::vector<uint32_t>& tokens,
                               std::vector<uint8_t>& mask);

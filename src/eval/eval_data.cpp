@@ -88,7 +88,7 @@ EvalTokens from_text(const std::vector<std::string>& patterns, const Tokenizer* 
           extract_prompt_completion(std::move(doc), o.prompt_field, o.completion_field, file);
       if (!append_prompt_completion(*tok, pc, uint32_t(eos), vocab, file, ids, mask)) continue;
       r.target_mask.insert(r.target_mask.end(), mask.begin(), mask.end());
-      r.text_bytes += pc.completion.size();
+      for (const PromptCompletion::Turn& t : pc.turns) r.text_bytes += t.completion.size();
     } else {
       const std::string text = extract_document_text(std::move(doc), o.text_field, file);
       if (!append_text_document(*tok, text, uint32_t(eos), vocab, file, ids)) continue;

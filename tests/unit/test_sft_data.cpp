@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -243,14 +244,59 @@ TEST_F(SftData, PrepareMasksThePromptAndTrainsTheCompletion) {
   EXPECT_EQ(ones, std::vector<uint8_t>(ones.size(), 1));
 }
 
+// A conversation: the fields are arrays of turns, and every completion is a target.
+TEST_F(SftData, PrepareTrainsEveryTurnOfAConversation) {
+  const std::string input = *dir_ + "/chat.jsonl";
+  const std::vector<std::string> prompts = {"The cat sat on the", " A dog ran in the", " Birds"},
+                                 completions = {" mat.", "", " fly south."};  // the second reply is empty
+  write_bytes(input, nlohmann::json{{"prompt", prompts}, {"completion", completions}}.dump() + "\n" +
+                         nlohmann::json{{"prompt", {"The cat", "The dog"}}, {"completion", {"", ""}}}.dump() +
+                         "\n");
+  const PrepareOptions o = options("chat", input);
+  const PrepareResult result = prepare_shards(o);
+  EXPECT_EQ(result.documents, 1u);
+  EXPECT_EQ(result.skipped, 1u);  // a conversation with no completion at all trains nothing
+  auto tok = load_tokenizer(*tokenizer_);
+  std::vector<uint32_t> want_tokens;
+  std::vector<uint8_t> want_mask;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int32_t id : tok->encode(prompts[i], /*add_special=*/i == 0)) {  // BOS before the first turn only
+      want_tokens.push_back(uint32_t(id));
+      want_mask.push_back(0);
+    }
+    for (int32_t id : tok->encode(completions[i])) {
+      want_tokens.push_back(uint32_t(id));
+      want_mask.push_back(1);
+    }
+  }
+  want_tokens.push_back(uint32_t(tok->eos_id()));
+  want_mask.push_back(1);
+  const ShardDataset ds = ShardDataset::open(o.out_dir);
+  std::vector<uint32_t> got_tokens(size_t(ds.tokens()));
+  std::vector<uint8_t> got_mask(got_tokens.size());
+  ds.read(0, got_tokens.size(), got_tokens.data());
+  ds.read_loss_mask(0, got_mask.size(), got_mask.data());
+  EXPECT_EQ(got_tokens, want_tokens);
+  EXPECT_EQ(got_mask, want_mask);
+  EXPECT_EQ(std::count(want_tokens.begin(), want_tokens.end(), uint32_t(tok->bos_id())), 1);
+}
+
 TEST_F(SftData, PrepareErrorsNameTheFileAndTheField) {
   const std::string input = *dir_ + "/bad.jsonl";
   write_bytes(input, "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\", \"answer\": \"b\"}\n");
   expect_error([&] { prepare_shards(options("bad", input)); },
                {input + ":2", "no field 'completion'", "--completion-field"});
-  write_bytes(input, "{\"prompt\": 3, \"completion\": \"b\"}\n");
+  // A record is two strings or two arrays of strings of one length; each error names the shape.
+  for (const std::string& line :
+       {"{\"prompt\": 3, \"completion\": \"b\"}", "{\"prompt\": [\"a\"], \"completion\": \"b\"}",
+        "{\"prompt\": [\"a\", \"c\"], \"completion\": [\"b\"]}", "{\"prompt\": [], \"completion\": []}"}) {
+    write_bytes(input, line + "\n");
+    expect_error([&] { prepare_shards(options("bad", input)); },
+                 {input + ":1", "must both be strings, or both arrays of strings of the same length"});
+  }
+  write_bytes(input, "{\"prompt\": [\"a\", 1], \"completion\": [\"b\", \"c\"]}\n");
   expect_error([&] { prepare_shards(options("bad", input)); },
-               {input + ":1", "field 'prompt' is not a string"});
+               {input + ":1", "turn 1 is not a pair of strings"});
   const std::string text = *dir_ + "/plain.txt";
   write_bytes(text, "a plain document");
   expect_error([&] { prepare_shards(options("bad", text)); }, {text, "needs JSONL records"});
