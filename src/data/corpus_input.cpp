@@ -308,10 +308,16 @@ nlohmann::json parse_jsonl_object(const RawDocument& doc, const std::string& whe
   return j;
 }
 
-std::string take_string_field(nlohmann::json& j, const std::string& field, const std::string& where,
-                              const std::string& hint) {
+nlohmann::json& find_field(nlohmann::json& j, const std::string& field, const std::string& where,
+                           const std::string& hint) {
   auto it = j.find(field);
   if (it == j.end()) fail_in(where, "object has no field '" + field + "'", hint);
+  return *it;
+}
+
+std::string take_string_field(nlohmann::json& j, const std::string& field, const std::string& where,
+                              const std::string& hint) {
+  nlohmann::json* it = &find_field(j, field, where, hint);
   if (!it->is_string()) fail_in(where, "field '" + field + "' is not a string");
   return std::move(it->get_ref<std::string&>());
 }
@@ -332,13 +338,11 @@ PromptCompletion extract_prompt_completion(RawDocument&& doc, const std::string&
             "write one JSON object per line with the prompt and completion fields");
   const std::string where = file + ":" + std::to_string(doc.line);
   nlohmann::json j = parse_jsonl_object(doc, where);
+  ZAYA_CHECK(prompt_field != completion_field, "the prompt and completion fields must differ");
   PromptCompletion out;
-  auto p = j.find(prompt_field), c = j.find(completion_field);
-  if (p == j.end())
-    fail_in(where, "object has no field '" + prompt_field + "'", "pick the prompt field with --prompt-field");
-  if (c == j.end())
-    fail_in(where, "object has no field '" + completion_field + "'",
-            "pick the completion field with --completion-field");
+  nlohmann::json* p = &find_field(j, prompt_field, where, "pick the prompt field with --prompt-field");
+  nlohmann::json* c =
+      &find_field(j, completion_field, where, "pick the completion field with --completion-field");
   if (p->is_string() && c->is_string()) {
     out.turns.push_back({std::move(p->get_ref<std::string&>()), std::move(c->get_ref<std::string&>())});
     return out;
@@ -352,7 +356,8 @@ PromptCompletion extract_prompt_completion(RawDocument&& doc, const std::string&
                        (c->is_array() ? " of " + std::to_string(c->size()) : ""));
   for (size_t i = 0; i < p->size(); ++i) {
     if (!(*p)[i].is_string() || !(*c)[i].is_string())
-      fail_in(where, shape + "; turn " + std::to_string(i) + " is not a pair of strings");
+      fail_in(where, shape + "; turn " + std::to_string(i + 1) + " of " + std::to_string(p->size()) +
+                         " is not a pair of strings");
     out.turns.push_back(
         {std::move((*p)[i].get_ref<std::string&>()), std::move((*c)[i].get_ref<std::string&>())});
   }

@@ -81,6 +81,12 @@ struct PromptCompletion {
     std::string prompt, completion;
   };
   std::vector<Turn> turns;
+  // UTF-8 bytes of all the completions (the text a model is trained and scored on).
+  uint64_t completion_bytes() const {
+    uint64_t n = 0;
+    for (const Turn& t : turns) n += t.completion.size();
+    return n;
+  }
 };
 PromptCompletion extract_prompt_completion(RawDocument&& doc, const std::string& prompt_field,
                                            const std::string& completion_field, const std::string& file);

@@ -1,6 +1,8 @@
 // Corpus records as document tokens (see document_tokens.h).
 #include "data/document_tokens.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace zaya {
@@ -43,15 +45,33 @@ bool append_prompt_completion(const Tokenizer& tok, const PromptCompletion& reco
                               uint64_t vocab, const std::string& source, std::vector<uint32_t>& tokens,
                               std::vector<uint8_t>& mask) {
   ZAYA_CHECK(mask.size() == tokens.size(), "a loss mask must run alongside its tokens");
-  bool any_completion = false;
-  for (const PromptCompletion::Turn& t : record.turns)
-    any_completion = any_completion || !t.completion.empty();
-  if (!any_completion) return false;
+  if (record.completion_bytes() == 0) return false;
+  const size_t begin = tokens.size();
+  std::string text;  // the conversation so far, as a client would send it back
   for (size_t i = 0; i < record.turns.size(); ++i) {
-    append_ids(tok.encode(record.turns[i].prompt, /*add_special=*/i == 0), vocab, source, tokens);
+    const PromptCompletion::Turn& turn = record.turns[i];
+    // The context up to this turn's prompt as the server tokenises that text; used when it
+    // extends the ids so far (the usual case), else this prompt is tokenised on its own.
+    std::vector<int32_t> prompt_ids;
+    text += turn.prompt;
+    if (i == 0) {
+      prompt_ids = tok.encode(turn.prompt, /*add_special=*/true);
+    } else {
+      const std::vector<int32_t> whole = tok.encode(text, /*add_special=*/true);
+      const size_t have = tokens.size() - begin;
+      const bool extends =
+          whole.size() >= have && std::equal(tokens.begin() + ptrdiff_t(begin), tokens.end(), whole.begin(),
+                                             [](uint32_t a, int32_t b) { return int64_t(a) == int64_t(b); });
+      if (extends)
+        prompt_ids.assign(whole.begin() + ptrdiff_t(have), whole.end());
+      else
+        prompt_ids = tok.encode(turn.prompt);
+    }
+    append_ids(prompt_ids, vocab, source, tokens);
     mask.resize(tokens.size(), 0);
-    append_ids(tok.encode(record.turns[i].completion), vocab, source, tokens);
+    append_ids(tok.encode(turn.completion), vocab, source, tokens);
     mask.resize(tokens.size(), 1);
+    text += turn.completion;
   }
   tokens.push_back(eos);
   mask.push_back(1);

@@ -24,10 +24,14 @@ bool append_text_document(const Tokenizer& tok, const std::string& text, uint32_
 
 // Appends the record's document to `tokens` and its loss mask (0 = context, 1 = target) to
 // `mask`, which must hold one byte per token of `tokens` on entry: for each turn, its prompt
-// (the first as `zaya serve` tokenises a prompt, with the tokenizer's special tokens such as BOS,
-// even when empty; later ones without) then its completion (no special tokens); then `eos`, a
-// target. Returns false and appends nothing when every completion is empty (there is nothing to
-// train). Throws naming `source` for an id outside [0, vocab).
+// then its completion (tokenised on its own, no special tokens, as a model generates ids); then
+// `eos`, a target. The first prompt is tokenised as `zaya serve` tokenises a prompt (with the
+// tokenizer's special tokens such as BOS, even when empty). A later prompt is the part beyond the
+// ids so far of the conversation's whole text up to it, tokenised the same way (what the server
+// sees when a client sends the conversation back), or, where that text's ids do not begin with
+// the ids so far, the prompt tokenised on its own. Returns false and appends nothing when every
+// completion is empty (there is nothing to train). Throws naming `source` for an id outside
+// [0, vocab).
 bool append_prompt_completion(const Tokenizer& tok, const PromptCompletion& record, uint32_t eos,
                               uint64_t vocab, const std::string& source, std::vector<uint32_t>& tokens,
                               std::vector<uint8_t>& mask);

@@ -73,12 +73,10 @@ void read_window(const Loader::Open& o, uint64_t start, int64_t L, bool check, u
           if (mask[u - t] == 0) tg[u - 1] = -1;
       }
     }
-    if (doc_starts) {
+    if (doc_starts && t < uint64_t(L)) {  // starts at window positions < L (inputs)
       auto idx = sh.index().subspan(0, size_t(sh.documents()));
-      for (auto it = std::lower_bound(idx.begin(), idx.end(), local); it != idx.end() && *it < local + take; ++it) {
-        const uint64_t pos = t + (*it - local);
-        if (pos < uint64_t(L)) doc_starts->push_back(int32_t(pos));
-      }
+      starts_in_range(idx.data(), idx.data() + idx.size(), local, local + std::min(take, uint64_t(L) - t), t,
+                      *doc_starts);
     }
     t += take;
     ++s;
@@ -86,6 +84,12 @@ void read_window(const Loader::Open& o, uint64_t start, int64_t L, bool check, u
 }
 
 }  // namespace
+
+void starts_in_range(const uint64_t* begin, const uint64_t* end, uint64_t from, uint64_t to, uint64_t shift,
+                     std::vector<int32_t>& out) {
+  for (const uint64_t* it = std::lower_bound(begin, end, from); it != end && *it < to; ++it)
+    out.push_back(int32_t(shift + (*it - from)));
+}
 
 void document_segments(const int32_t* starts, size_t count, int64_t seq_len, int32_t* segment_start) {
   size_t next = 0;

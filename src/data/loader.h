@@ -89,6 +89,12 @@ struct MicroBatchInfo {
 // the table Model::forward_backward takes for reset_at_document_boundary.
 void document_segments(const int32_t* starts, size_t count, int64_t seq_len, int32_t* segment_start);
 
+// Appends to `out`, as positions shift + (s - from), the entries s of the ascending `starts`
+// with from <= s < to: the document starts that fall in a window (the loader's windows and
+// `zaya eval`'s use this one rule).
+void starts_in_range(const uint64_t* begin, const uint64_t* end, uint64_t from, uint64_t to, uint64_t shift,
+                     std::vector<int32_t>& out);
+
 class Loader {
  public:
   // Opens every dataset's train split, validates the plan and starts at step 0 (the prefetch

@@ -341,7 +341,7 @@ class TokenizerPool {
       const uint32_t source = d.source;
       b.sources.push_back(source);
       if (sft) {
-        // Prompt, completion, EOS; an empty completion trains nothing and is skipped.
+        // Prompt(s) and completion(s), then EOS; a record with no completion text is skipped.
         const PromptCompletion pc =
             extract_prompt_completion(std::move(d), opt_.prompt_field, opt_.completion_field, files_[source]);
         append_prompt_completion(tok_, pc, eos_, vocab_, files_[source], b.tokens, b.mask);

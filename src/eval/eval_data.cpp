@@ -40,6 +40,7 @@ EvalTokens from_shards(const std::string& dir, const EvalDataOptions& o) {
   append_ids(r.tokens, buf.data(), buf.size(), dir);
   r.documents = ds.documents();
   r.description = "shard directory " + dir + ", split " + o.split;
+  r.has_document_boundaries = true;
   r.document_starts.reserve(size_t(ds.documents()));
   for (uint64_t d = 0; d < ds.documents(); ++d) r.document_starts.push_back(ds.document_start(d));
   if (ds.has_loss_mask()) {
@@ -88,7 +89,7 @@ EvalTokens from_text(const std::vector<std::string>& patterns, const Tokenizer* 
           extract_prompt_completion(std::move(doc), o.prompt_field, o.completion_field, file);
       if (!append_prompt_completion(*tok, pc, uint32_t(eos), vocab, file, ids, mask)) continue;
       r.target_mask.insert(r.target_mask.end(), mask.begin(), mask.end());
-      for (const PromptCompletion::Turn& t : pc.turns) r.text_bytes += t.completion.size();
+      r.text_bytes += pc.completion_bytes();
     } else {
       const std::string text = extract_document_text(std::move(doc), o.text_field, file);
       if (!append_text_document(*tok, text, uint32_t(eos), vocab, file, ids)) continue;
@@ -98,6 +99,7 @@ EvalTokens from_text(const std::vector<std::string>& patterns, const Tokenizer* 
     append_ids(r.tokens, ids.data(), ids.size(), file);
     ++r.documents;
   }
+  r.has_document_boundaries = true;
   r.description = std::to_string(files.size()) + " text file" + (files.size() == 1 ? "" : "s");
   if (records) r.description += " of prompt/completion records (completions only)";
   return r;

@@ -24,8 +24,9 @@ struct EvalTokens {
   // Supervised fine-tuning shards: per token, 1 where it is a training target (a completion),
   // 0 where it is context (a prompt); only targets are scored. Empty = every token is scored.
   std::vector<uint8_t> target_mask;
-  // The offset in `tokens` of every document's first token, ascending (shard directories and
-  // text; empty for a token file, whose document boundaries are not recorded).
+  // The offset in `tokens` of every document's first token, ascending, where the input records
+  // document boundaries (shard directories and text; not a flat token file).
+  bool has_document_boundaries = false;
   std::vector<uint64_t> document_starts;
 };
 

@@ -31,6 +31,8 @@ PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& t
            "was the data tokenized with this model's tokenizer?");
 
   const std::vector<uint8_t>* mask = o.target_mask;
+  if (o.document_starts && !std::is_sorted(o.document_starts->begin(), o.document_starts->end()))
+    fail("eval", "the document starts are not in ascending order");
   if (mask && mask->size() != tokens.size())
     fail("eval", "the target mask has " + std::to_string(mask->size()) + " entries for " +
                      std::to_string(tokens.size()) + " tokens");
@@ -57,9 +59,8 @@ PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& t
       }
       if (docs) {  // the window's document starts, as positions within it
         starts.clear();
-        for (auto it = std::lower_bound(docs->begin(), docs->end(), uint64_t(first));
-             it != docs->end() && *it < uint64_t(first + T); ++it)
-          starts.push_back(int32_t(*it - uint64_t(first)));
+        starts_in_range(docs->data(), docs->data() + docs->size(), uint64_t(first), uint64_t(first + T), 0,
+                        starts);
         document_segments(starts.data(), starts.size(), T, segments.data() + b * T);
       }
     }

@@ -2,8 +2,10 @@
 // over a token stream. The stream is cut into consecutive windows of seq_len input tokens, each
 // predicting the token after it, so every token but the first is scored exactly once, with the
 // window's earlier tokens as its context (windows do not overlap; the usual "N windows of T
-// tokens" perplexity, and what the trainer's held-out loss computes). The loss runs fused with
-// the LM head on the backend, so no [B, T, V] logits are materialised.
+// tokens" perplexity, and what the trainer's held-out loss computes). With document starts, a
+// token's context is instead the earlier tokens of its own document within the window (as the
+// trainer sees data with data.reset_at_document_boundary). The loss runs fused with the LM head
+// on the backend, so no [B, T, V] logits are materialised.
 #pragma once
 #include <cstdint>
 #include <functional>

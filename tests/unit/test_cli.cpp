@@ -285,6 +285,27 @@ TEST(Cli, SupervisedFineTuningFromPromptCompletionRecords) {
   const nlohmann::json reset = nlohmann::json::parse(std::ifstream(dir + "/reset.json"));
   EXPECT_EQ(reset.at("tokens"), from_shards.at("tokens"));
   EXPECT_NE(reset.at("loss").get<double>(), from_shards.at("loss").get<double>());
+  EXPECT_EQ(reset.at("reset_at_document_boundary"), true);
+  // The JSONL records with resets score as their shards do (the text path's document starts).
+  r = run("eval --model " + dir + "/run/model --tokenizer " + tok + " --data " + dir +
+          "/qa.jsonl --prompt-field prompt --completion-field completion --seq-len 16 "
+          "--reset-at-document-boundary"
+          " --out " +
+          dir + "/reset_jsonl.json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json reset_jsonl = nlohmann::json::parse(std::ifstream(dir + "/reset_jsonl.json"));
+  EXPECT_EQ(reset_jsonl.at("tokens"), reset.at("tokens"));
+  EXPECT_DOUBLE_EQ(reset_jsonl.at("loss").get<double>(), reset.at("loss").get<double>());
+  // A flat token file records no document boundaries: refused, saying why.
+  TokenFile flat;
+  flat.vocab_size = 320;
+  flat.documents = 1;
+  for (int i = 0; i < 100; ++i) flat.tokens.push_back(uint32_t(i % 300));
+  write_token_file(dir + "/flat.bin", flat);
+  r = run("eval --model " + dir + "/run/model --data " + dir +
+          "/flat.bin --seq-len 16 --reset-at-document-boundary");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("needs document boundaries"), std::string::npos) << r.output;
   // The recipe once as an argument and once with --recipe is refused (two values for one option).
   r = run("train " + dir + "/sft.toml --recipe " + dir + "/sft.toml");
   EXPECT_NE(r.status, 0) << r.output;

@@ -22,11 +22,13 @@
 #include "ckpt/checksum.h"
 #include "core/error.h"
 #include "data/data_stats.h"
+#include "data/document_tokens.h"
 #include "data/loader.h"
 #include "data/shard_format.h"
 #include "data/shard_reader.h"
 #include "data/shard_writer.h"
 #include "data/tokenizer.h"
+#include "eval/eval_data.h"
 #include "eval/perplexity.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -257,17 +259,28 @@ TEST_F(SftData, PrepareTrainsEveryTurnOfAConversation) {
   EXPECT_EQ(result.documents, 1u);
   EXPECT_EQ(result.skipped, 1u);  // a conversation with no completion at all trains nothing
   auto tok = load_tokenizer(*tokenizer_);
+  // Each later prompt is what the server's tokenisation of the conversation so far adds (here
+  // it always extends the ids before it); each completion is tokenised on its own.
   std::vector<uint32_t> want_tokens;
   std::vector<uint8_t> want_mask;
+  std::string text;
+  std::vector<size_t> prompt_ends;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    for (int32_t id : tok->encode(prompts[i], /*add_special=*/i == 0)) {  // BOS before the first turn only
-      want_tokens.push_back(uint32_t(id));
+    text += prompts[i];
+    const std::vector<int32_t> context = tok->encode(text, /*add_special=*/true);
+    ASSERT_GE(context.size(), want_tokens.size());
+    for (size_t k = 0; k < want_tokens.size(); ++k)
+      ASSERT_EQ(uint32_t(context[k]), want_tokens[k]) << "turn " << i;
+    for (size_t k = want_tokens.size(); k < context.size(); ++k) {
+      want_tokens.push_back(uint32_t(context[k]));
       want_mask.push_back(0);
     }
+    prompt_ends.push_back(want_tokens.size());
     for (int32_t id : tok->encode(completions[i])) {
       want_tokens.push_back(uint32_t(id));
       want_mask.push_back(1);
     }
+    text += completions[i];
   }
   want_tokens.push_back(uint32_t(tok->eos_id()));
   want_mask.push_back(1);
@@ -279,6 +292,44 @@ TEST_F(SftData, PrepareTrainsEveryTurnOfAConversation) {
   EXPECT_EQ(got_tokens, want_tokens);
   EXPECT_EQ(got_mask, want_mask);
   EXPECT_EQ(std::count(want_tokens.begin(), want_tokens.end(), uint32_t(tok->bos_id())), 1);
+  // The last reply is trained after exactly the ids the server gives the conversation's text.
+  const std::vector<int32_t> served =
+      tok->encode(text.substr(0, text.size() - completions.back().size()), true);
+  ASSERT_EQ(served.size(), prompt_ends.back());
+  for (size_t k = 0; k < served.size(); ++k) EXPECT_EQ(got_tokens[k], uint32_t(served[k])) << k;
+
+  // zaya eval reads the same conversations from the JSONL: the same tokens and mask, and bits per
+  // byte count the replies' bytes.
+  EvalDataOptions eo;
+  eo.prompt_field = "prompt";
+  eo.completion_field = "completion";
+  const EvalTokens ev = load_eval_tokens({input}, tok.get(), eo);
+  EXPECT_EQ(std::vector<uint32_t>(ev.tokens.begin(), ev.tokens.end()), want_tokens);
+  EXPECT_EQ(ev.target_mask, want_mask);
+  EXPECT_EQ(ev.text_bytes, uint64_t(completions[0].size() + completions[2].size()));
+  EXPECT_EQ(ev.document_starts, std::vector<uint64_t>{0});
+
+  // Where the conversation's text tokenises differently across a join ("the" + "mat" reads as
+  // "themat"), the later prompt is tokenised on its own.
+  PromptCompletion joined;
+  joined.turns = {{"The cat sat on the", "mat"}, {" and", " ran."}};
+  {
+    std::vector<int32_t> apart = tok->encode("The cat sat on the", true),
+                         whole = tok->encode("The cat sat on themat and", true);
+    const std::vector<int32_t> mat = tok->encode("mat");
+    apart.insert(apart.end(), mat.begin(), mat.end());
+    ASSERT_FALSE(whole.size() >= apart.size() && std::equal(apart.begin(), apart.end(), whole.begin()));
+  }
+  std::vector<uint32_t> ids;
+  std::vector<uint8_t> mask;
+  ASSERT_TRUE(append_prompt_completion(*tok, joined, 2, 320, "test", ids, mask));
+  std::vector<uint32_t> want;
+  for (const auto& [piece, special] : std::vector<std::pair<std::string, bool>>{
+           {"The cat sat on the", true}, {"mat", false}, {" and", false}, {" ran.", false}})
+    for (int32_t id : tok->encode(piece, special)) want.push_back(uint32_t(id));
+  want.push_back(2);
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(mask.size(), ids.size());
 }
 
 TEST_F(SftData, PrepareErrorsNameTheFileAndTheField) {
@@ -296,7 +347,7 @@ TEST_F(SftData, PrepareErrorsNameTheFileAndTheField) {
   }
   write_bytes(input, "{\"prompt\": [\"a\", 1], \"completion\": [\"b\", \"c\"]}\n");
   expect_error([&] { prepare_shards(options("bad", input)); },
-               {input + ":1", "turn 1 is not a pair of strings"});
+               {input + ":1", "turn 2 of 2 is not a pair of strings"});
   const std::string text = *dir_ + "/plain.txt";
   write_bytes(text, "a plain document");
   expect_error([&] { prepare_shards(options("bad", text)); }, {text, "needs JSONL records"});
@@ -522,6 +573,52 @@ TEST_F(SftData, PerplexityWithDocumentResetsScoresEachDocumentAlone) {
   o.document_starts = nullptr;
   const PerplexityResult packed = evaluate_perplexity(m, tokens, o);
   EXPECT_GT(std::abs(packed.loss_sum - alone), 1e-2);
+}
+
+// Document resets across windows and batch rows: windows of 8, two per pass; documents that end
+// at a window's end, start at its first position, start exactly at its end, and straddle two
+// windows. Reference: every window cut at its document starts, each piece scored alone (its last
+// position predicts the window's next token, as in the window).
+TEST_F(SftData, PerplexityResetsFollowDocumentsAcrossWindowsAndRows) {
+  auto be = make_cpu_backend();
+  Model m(preset_config("zaya-tiny"), *be);
+  m.init_random(12);
+  const std::vector<uint64_t> starts = {0, 5, 8, 13, 16, 22};
+  const int64_t n = 27, T = 8;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  for (int64_t i = 0; i < n; ++i) {
+    tokens.push_back(int32_t((i * 53 + 7) % m.config().vocab_size));
+    mask.push_back(std::count(starts.begin(), starts.end(), uint64_t(i)) ? 0
+                                                                         : 1);  // no target across documents
+  }
+  PerplexityOptions o;
+  o.seq_len = T;
+  o.batch = 2;
+  o.target_mask = &mask;
+  o.document_starts = &starts;
+  const PerplexityResult got = evaluate_perplexity(m, tokens, o);
+  double want = 0;
+  int64_t want_count = 0;
+  for (int64_t first = 0; first < n - 1; first += T) {
+    const int64_t end = std::min(first + T, n);
+    std::vector<int64_t> cuts = {first};
+    for (uint64_t s0 : starts)
+      if (int64_t(s0) > first && int64_t(s0) < end) cuts.push_back(int64_t(s0));
+    cuts.push_back(end);
+    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+      const int64_t a = cuts[c], b = cuts[c + 1], len = b - a;
+      std::vector<int32_t> ids(tokens.begin() + a, tokens.begin() + b), tg(size_t(len), -1);
+      for (int64_t t = 0; t < len; ++t)
+        if (a + t + 1 < n && mask[size_t(a + t + 1)]) tg[size_t(t)] = tokens[size_t(a + t + 1)];
+      want += eval_loss_sum(m, ids.data(), tg.data(), 1, len, &want_count);
+    }
+  }
+  EXPECT_EQ(got.scored_tokens, want_count);
+  EXPECT_NEAR(got.loss_sum, want, 1e-4 * std::abs(want));
+  const std::vector<uint64_t> unsorted = {0, 8, 5};
+  o.document_starts = &unsorted;
+  expect_error([&] { evaluate_perplexity(m, tokens, o); }, {"not in ascending order"});
 }
 
 // The trainer's first step on masked data: its logged loss is the mean over the completions'

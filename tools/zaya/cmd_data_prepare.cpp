@@ -70,12 +70,12 @@ void add_data_prepare(CLI::App* data) {
   prep->add_option("--text-field", opt.text_field, "JSONL field holding the document text")->capture_default_str();
   prep->add_option(
       "--prompt-field", opt.prompt_field,
-      "Supervised fine-tuning (with --completion-field): JSONL field holding the prompt, trained as "
-      "context only");
+      "Supervised fine-tuning (with --completion-field): JSONL field holding the prompt (or an array: "
+      "a conversation's prompts), context only");
   prep->add_option(
       "--completion-field", opt.completion_field,
-      "Supervised fine-tuning (with --prompt-field): JSONL field holding the completion, the only "
-      "training targets");
+      "Supervised fine-tuning (with --prompt-field): JSONL field holding the completion (or an array: "
+      "the conversation's replies), the only training targets");
   prep->add_option("--shard-size-mb", shard_mb, "Target shard size in MB (MiB)")->capture_default_str()
       ->check(CLI::PositiveNumber);
   prep->add_option("--val-fraction", opt.val_fraction, "Fraction of documents held out for validation")
@@ -90,7 +90,7 @@ void add_data_prepare(CLI::App* data) {
     const bool sft = !opt.completion_field.empty();
     std::printf("wrote %s: %llu %s (%llu %s skipped), %llu tokens\n", opt.out_dir.c_str(),
                 (unsigned long long)r.documents, sft ? "prompt/completion records" : "documents",
-                (unsigned long long)r.skipped, sft ? "with an empty completion" : "empty",
+                (unsigned long long)r.skipped, sft ? "with no completion" : "empty",
                 (unsigned long long)r.tokens);
     if (sft)
       std::printf(

@@ -125,7 +125,7 @@ void run_eval(const EvalCliOptions& o) {
   po.max_tokens = o.max_tokens;
   if (!data.target_mask.empty()) po.target_mask = &data.target_mask;
   if (o.reset_documents) {
-    if (data.document_starts.empty())
+    if (!data.has_document_boundaries)
       fail("eval",
            "--reset-at-document-boundary needs document boundaries: " + data.description +
                " has none recorded",
