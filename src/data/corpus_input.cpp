@@ -364,4 +364,19 @@ PromptCompletion extract_prompt_completion(RawDocument&& doc, const std::string&
   return out;
 }
 
+std::vector<ChatMessage> extract_chat_messages(RawDocument&& doc, const std::string& messages_field,
+                                               const std::string& file) {
+  if (!doc.json)
+    fail_in(file, "is a text file, but chat data needs JSONL records",
+            "write one JSON object per line with the message list in the messages field");
+  const std::string where = file + ":" + std::to_string(doc.line);
+  nlohmann::json j = parse_jsonl_object(doc, where);
+  const nlohmann::json& field =
+      find_field(j, messages_field, where, "pick the message list with --messages-field");
+  std::string error;
+  std::vector<ChatMessage> messages = parse_chat_messages(field, messages_field, &error);
+  if (!error.empty()) fail_in(where, error);
+  return messages;
+}
+
 }  // namespace zaya

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "data/chat_template.h"
+
 namespace zaya {
 
 // Expands files and glob patterns (glob(3): *, ?, [...]) in order; each pattern's matches are
@@ -90,5 +92,11 @@ struct PromptCompletion {
 };
 PromptCompletion extract_prompt_completion(RawDocument&& doc, const std::string& prompt_field,
                                            const std::string& completion_field, const std::string& file);
+
+// A chat record: the field `messages_field` of a JSONL object, a message list as
+// parse_chat_messages reads it. Throws naming file and line for a .txt input, invalid JSON, a
+// missing field or a malformed message.
+std::vector<ChatMessage> extract_chat_messages(RawDocument&& doc, const std::string& messages_field,
+                                               const std::string& file);
 
 }  // namespace zaya

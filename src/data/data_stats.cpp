@@ -89,6 +89,7 @@ std::vector<SplitStats> compute_data_stats(const std::string& dir, size_t top_k)
     s.tokens = ds.tokens();
     s.documents = ds.documents();
     s.loss_mask = ds.has_loss_mask();
+    s.chat = !ds.manifest().messages_field.empty();
     TokenCounter counter(ds.vocab_size());
     for (size_t i = 0; i < ds.shard_count(); ++i) {
       const ShardReader& r = ds.shard(i);
@@ -119,10 +120,11 @@ std::string format_data_stats(const std::vector<SplitStats>& stats, const Tokeni
                   with_commas(s.tokens).c_str(), with_commas(s.documents).c_str());
     o += line;
     if (s.loss_mask) {
-      std::snprintf(line, sizeof line,
-                    "  targets    %s (%.1f%% of the tokens: the completions; prompts are context)\n",
-                    with_commas(s.target_tokens).c_str(),
-                    100.0 * double(s.target_tokens) / double(std::max<uint64_t>(1, s.tokens)));
+      std::snprintf(
+          line, sizeof line, "  targets    %s (%.1f%% of the tokens: %s)\n",
+          with_commas(s.target_tokens).c_str(),
+          100.0 * double(s.target_tokens) / double(std::max<uint64_t>(1, s.tokens)),
+          s.chat ? "the assistant's replies; the rest is context" : "the completions; prompts are context");
       o += line;
     }
     if (s.documents == 0) continue;

@@ -15,6 +15,7 @@ struct SplitStats {
   uint64_t shards = 0, tokens = 0, documents = 0;
   uint64_t min_length = 0, max_length = 0;  // in tokens, EOS included
   bool loss_mask = false;                   // supervised fine-tuning data
+  bool chat = false;                        // of chat records (the targets are the replies)
   uint64_t target_tokens = 0;  // with a loss mask: tokens that are training targets (completions)
   // length_histogram[b] counts documents with length in [2^b, 2^(b+1)).
   std::vector<uint64_t> length_histogram;

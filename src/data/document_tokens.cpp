@@ -78,4 +78,63 @@ bool append_prompt_completion(const Tokenizer& tok, const PromptCompletion& reco
   return true;
 }
 
+bool append_chat_document(const ChatFormat& chat, const std::vector<ChatMessage>& messages,
+                          const std::string& what, uint32_t eos, uint64_t vocab, const std::string& source,
+                          std::vector<uint32_t>& tokens, std::vector<uint8_t>& mask) {
+  ZAYA_CHECK(mask.size() == tokens.size(), "a loss mask must run alongside its tokens");
+  const std::string problem = chat.check(messages, /*for_reply=*/false, what);
+  if (!problem.empty())
+    fail("data", source + ": " + problem, "the chat template is " + chat.chat_template().name);
+  const ChatTokens rendered = chat.render(messages, /*for_reply=*/false);
+  if (rendered.ids.empty()) return false;  // no reply to train
+  append_ids(rendered.ids, vocab, source, tokens);
+  mask.insert(mask.end(), rendered.target.begin(), rendered.target.end());
+  if (tokens.back() != eos) {
+    tokens.push_back(eos);
+    mask.push_back(0);
+  }
+  return true;
+}
+
+void check_record_fields(const RecordFields& f, const std::string& component) {
+  check_prompt_completion_fields(f.prompt_field, f.completion_field, component);
+  if (f.messages_field.empty() != f.chat_template.empty())
+    fail(component, "chat records need both --messages-field and --chat-template (" +
+                        std::string(f.messages_field.empty() ? "--messages-field" : "--chat-template") +
+                        " is missing)");
+  if (f.chat() && f.prompt_completion())
+    fail(component, "--messages-field and --prompt-field/--completion-field are two kinds of record",
+         "pass one kind");
+}
+
+DocumentBuilder::DocumentBuilder(const Tokenizer& tok, RecordFields fields, uint32_t eos, uint64_t vocab)
+    : tok_(tok), fields_(std::move(fields)), eos_(eos), vocab_(vocab) {
+  if (fields_.chat()) chat_ = std::make_unique<ChatFormat>(load_chat_template(fields_.chat_template), tok_);
+}
+
+bool DocumentBuilder::append(RawDocument&& doc, const std::string& file, std::vector<uint32_t>& tokens,
+                             std::vector<uint8_t>& mask, uint64_t* scored_bytes) const {
+  uint64_t bytes = 0;
+  bool kept = false;
+  if (chat_) {
+    const std::string where = doc.json ? file + ":" + std::to_string(doc.line) : file;
+    const std::vector<ChatMessage> messages =
+        extract_chat_messages(std::move(doc), fields_.messages_field, file);
+    kept = append_chat_document(*chat_, messages, fields_.messages_field, eos_, vocab_, where, tokens, mask);
+    for (const ChatMessage& m : messages)
+      if (m.role == "assistant") bytes += chat_->content_text(m.content).size();
+  } else if (fields_.prompt_completion()) {
+    const PromptCompletion pc =
+        extract_prompt_completion(std::move(doc), fields_.prompt_field, fields_.completion_field, file);
+    kept = append_prompt_completion(tok_, pc, eos_, vocab_, file, tokens, mask);
+    bytes = pc.completion_bytes();
+  } else {
+    const std::string text = extract_document_text(std::move(doc), fields_.text_field, file);
+    kept = append_text_document(tok_, text, eos_, vocab_, file, tokens);
+    bytes = text.size();
+  }
+  if (kept && scored_bytes) *scored_bytes += bytes;
+  return kept;
+}
+
 }  // namespace zaya

@@ -1,12 +1,15 @@
 // How a corpus record becomes a document's tokens, the one rule `zaya data prepare` (shards) and
 // `zaya eval` (text inputs) share (docs/formats.md): a plain text is its ids then EOS; a
 // supervised fine-tuning record is prompt + completion + EOS, with a loss mask that makes the
-// completion and EOS the only training targets.
+// completion and EOS the only training targets; a chat record is its messages rendered by a chat
+// template, the assistant's replies (with the tokens that end them) the only targets.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "data/chat_template.h"
 #include "data/corpus_input.h"
 #include "data/tokenizer.h"
 
@@ -35,5 +38,55 @@ bool append_text_document(const Tokenizer& tok, const std::string& text, uint32_
 bool append_prompt_completion(const Tokenizer& tok, const PromptCompletion& record, uint32_t eos,
                               uint64_t vocab, const std::string& source, std::vector<uint32_t>& tokens,
                               std::vector<uint8_t>& mask);
+
+// Appends a chat record's document: the messages as `chat` renders them for training (each
+// reply and its end-of-reply token are targets, the rest context), then `eos` as context (a
+// separator, not a target) unless the last token is already EOS. Returns false and appends
+// nothing when the messages hold no reply. Throws naming `source` for messages the template
+// cannot render and ids outside [0, vocab).
+// `what` names the message list in errors.
+bool append_chat_document(const ChatFormat& chat, const std::vector<ChatMessage>& messages,
+                          const std::string& what, uint32_t eos, uint64_t vocab, const std::string& source,
+                          std::vector<uint32_t>& tokens, std::vector<uint8_t>& mask);
+
+// Which JSONL fields hold a record, as `zaya data prepare` and `zaya eval` take them: plain
+// documents (text_field), prompt/completion records (both fields), or chat records (a message
+// list in messages_field, rendered by the chat template named in chat_template).
+struct RecordFields {
+  std::string text_field = "text";
+  std::string prompt_field, completion_field;
+  std::string messages_field, chat_template;
+  bool prompt_completion() const { return !completion_field.empty(); }
+  bool chat() const { return !messages_field.empty(); }
+  bool supervised() const { return prompt_completion() || chat(); }
+};
+
+// Checks that the fields name one kind of record: check_prompt_completion_fields, and
+// --messages-field with --chat-template, apart from the prompt/completion fields. Throws
+// zaya::Error under `component` naming the options.
+void check_record_fields(const RecordFields& fields, const std::string& component);
+
+// Turns raw records into documents by one rule, on any number of threads at once.
+class DocumentBuilder {
+ public:
+  // Loads and binds the chat template for chat records (throws as load_chat_template and
+  // ChatFormat do). The tokenizer must outlive the builder.
+  DocumentBuilder(const Tokenizer& tok, RecordFields fields, uint32_t eos, uint64_t vocab);
+  // Appends the record's document to tokens (and its loss mask to mask for supervised records;
+  // mask is then one byte per token on entry). Returns false when the record is skipped (an
+  // empty text, no completion text, no reply). *scored_bytes, when given, gains the UTF-8 bytes
+  // of the text that is scored (the document, the completions, or the replies).
+  bool append(RawDocument&& doc, const std::string& file, std::vector<uint32_t>& tokens,
+              std::vector<uint8_t>& mask, uint64_t* scored_bytes = nullptr) const;
+  const RecordFields& fields() const { return fields_; }
+  const ChatFormat* chat() const { return chat_.get(); }
+
+ private:
+  const Tokenizer& tok_;
+  RecordFields fields_;
+  uint32_t eos_;
+  uint64_t vocab_;
+  std::unique_ptr<ChatFormat> chat_;
+};
 
 }  // namespace zaya

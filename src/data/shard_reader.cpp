@@ -331,8 +331,13 @@ Manifest read_manifest(const std::string& dir) {
   if (j.contains("loss_mask")) {  // written only for supervised fine-tuning data
     const json& lm = p.object(j, "loss_mask", "");
     m.loss_mask = true;
-    m.prompt_field = p.str(lm, "prompt_field", "loss_mask.");
-    m.completion_field = p.str(lm, "completion_field", "loss_mask.");
+    if (lm.contains("messages_field")) {
+      m.messages_field = p.str(lm, "messages_field", "loss_mask.");
+      m.chat_template = p.str(lm, "chat_template", "loss_mask.");
+    } else {
+      m.prompt_field = p.str(lm, "prompt_field", "loss_mask.");
+      m.completion_field = p.str(lm, "completion_field", "loss_mask.");
+    }
   }
   const json& sources = p.array(j, "sources", "");
   for (size_t i = 0; i < sources.size(); ++i) {

@@ -101,6 +101,8 @@ struct Manifest {
   // every shard carries a loss mask, prompts are context and completions are targets.
   bool loss_mask = false;
   std::string prompt_field, completion_field;
+  // Chat data (`zaya data prepare --messages-field F --chat-template T`), instead of the two above.
+  std::string messages_field, chat_template;
   std::vector<ManifestSource> sources;
   std::map<std::string, ManifestSplit> splits;  // "train", "val"
 };

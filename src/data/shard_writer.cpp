@@ -231,7 +231,9 @@ void write_manifest(const std::string& dir, const Manifest& m) {
                     {"vocab_size", m.vocab_size},
                     {"eos_id", m.eos_id}};
   j["text_field"] = m.text_field;
-  if (m.loss_mask)
+  if (m.loss_mask && !m.messages_field.empty())
+    j["loss_mask"] = {{"messages_field", m.messages_field}, {"chat_template", m.chat_template}};
+  else if (m.loss_mask)
     j["loss_mask"] = {{"prompt_field", m.prompt_field}, {"completion_field", m.completion_field}};
   j["val_fraction"] = m.val_fraction;
   j["split_rule"] = "document n (0-based, input order) is val iff splitmix64(n) >> 11 < val_fraction * 2^53";
@@ -285,9 +287,8 @@ struct Batch {
 // Tokeniser threads over a queue of batches; results are consumed in submission order.
 class TokenizerPool {
  public:
-  TokenizerPool(int threads, const Tokenizer& tok, const std::vector<std::string>& files,
-                const PrepareOptions& opt, uint32_t eos, uint64_t vocab)
-      : tok_(tok), files_(files), opt_(opt), eos_(eos), vocab_(vocab) {
+  TokenizerPool(int threads, const DocumentBuilder& builder, const std::vector<std::string>& files)
+      : builder_(builder), files_(files) {
     for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { run(); });
   }
   ~TokenizerPool() {
@@ -334,32 +335,21 @@ class TokenizerPool {
     }
   }
   void process(Batch& b) {
-    const bool sft = !opt_.completion_field.empty();
     b.ends.reserve(b.docs.size());
     b.sources.reserve(b.docs.size());
     for (RawDocument& d : b.docs) {
       const uint32_t source = d.source;
       b.sources.push_back(source);
-      if (sft) {
-        // Prompt(s) and completion(s), then EOS; a record with no completion text is skipped.
-        const PromptCompletion pc =
-            extract_prompt_completion(std::move(d), opt_.prompt_field, opt_.completion_field, files_[source]);
-        append_prompt_completion(tok_, pc, eos_, vocab_, files_[source], b.tokens, b.mask);
-      } else {
-        const std::string text = extract_document_text(std::move(d), opt_.text_field, files_[source]);
-        append_text_document(tok_, text, eos_, vocab_, files_[source], b.tokens);
-      }
+      // A record that is skipped (no text, no completion, no reply) appends nothing.
+      builder_.append(std::move(d), files_[source], b.tokens, b.mask);
       b.ends.push_back(b.tokens.size());
     }
     b.docs.clear();
     b.docs.shrink_to_fit();
   }
 
-  const Tokenizer& tok_;
+  const DocumentBuilder& builder_;
   const std::vector<std::string>& files_;
-  const PrepareOptions& opt_;
-  const uint32_t eos_;
-  const uint64_t vocab_;
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   std::deque<std::shared_ptr<Batch>> queue_;
@@ -401,8 +391,10 @@ PrepareResult prepare_shards(const PrepareOptions& opt) {
     fail(kComponent, "shard size " + std::to_string(opt.shard_bytes) + " bytes is too small");
   if (opt.out_dir.empty()) fail(kComponent, "no output directory given", "pass --out DIR");
   if (opt.inputs.empty()) fail(kComponent, "no input files given", "pass --input FILES_OR_GLOBS");
-  check_prompt_completion_fields(opt.prompt_field, opt.completion_field, kComponent);
-  const bool sft = !opt.completion_field.empty();
+  const RecordFields fields{opt.text_field, opt.prompt_field, opt.completion_field, opt.messages_field,
+                            opt.chat_template};
+  check_record_fields(fields, kComponent);
+  const bool sft = fields.supervised();
 
   auto tok = load_tokenizer(opt.tokenizer);
   const uint32_t tok_hash = tokenizer_file_hash(opt.tokenizer);
@@ -412,6 +404,7 @@ PrepareResult prepare_shards(const PrepareOptions& opt) {
          "use a tokenizer with an end-of-sequence token");
   const uint64_t vocab = uint64_t(tok->vocab_size());
   if (uint64_t(eos) >= vocab) fail("tokenizer", opt.tokenizer + ": EOS id is outside the vocabulary");
+  const DocumentBuilder builder(*tok, fields, uint32_t(eos), vocab);  // binds the chat template
 
   const std::vector<std::string> files = expand_inputs(opt.inputs);
   CorpusReader reader(files);
@@ -432,6 +425,8 @@ PrepareResult prepare_shards(const PrepareOptions& opt) {
   m.loss_mask = sft;
   m.prompt_field = opt.prompt_field;
   m.completion_field = opt.completion_field;
+  m.messages_field = opt.messages_field;
+  m.chat_template = opt.chat_template;
   for (const auto& f : files) m.sources.push_back({f, 0, 0});
 
   ShardWriter::Options wo;
@@ -468,7 +463,7 @@ PrepareResult prepare_shards(const PrepareOptions& opt) {
   };
 
   {
-    TokenizerPool pool(threads, *tok, files, opt, uint32_t(eos), vocab);
+    TokenizerPool pool(threads, builder, files);
     std::deque<std::shared_ptr<Batch>> inflight;
     uint64_t next_doc = 0;
     bool eof = false;

@@ -85,6 +85,10 @@ struct PrepareOptions {
   // document is prompt + completion + EOS and only the completion and EOS are training targets
   // (the shards carry a loss mask). Both empty = plain documents from text_field.
   std::string prompt_field, completion_field;
+  // Chat records (both set): each JSONL record's message list (messages_field) rendered by the chat
+  // template (a built-in's name or a TOML file, chat_template.h); the assistant's replies and the
+  // tokens that end them are the only targets.
+  std::string messages_field, chat_template;
   uint64_t shard_bytes = 256ull << 20;   // target shard size
   double val_fraction = 0.0;             // 0 = no validation split
   int threads = 0;                       // tokeniser threads; 0 = hardware concurrency

@@ -46,7 +46,9 @@ EvalTokens from_shards(const std::string& dir, const EvalDataOptions& o) {
   if (ds.has_loss_mask()) {
     r.target_mask.resize(buf.size());
     if (!buf.empty()) ds.read_loss_mask(0, buf.size(), r.target_mask.data());
-    r.description += " (completions only: prompts are context)";
+    r.description += ds.manifest().messages_field.empty() ? " (completions only: prompts are context)"
+                                                          : " (the assistant's replies only, chat template " +
+                                                                ds.manifest().chat_template + ")";
   }
   return r;
 }
@@ -73,35 +75,29 @@ EvalTokens from_text(const std::vector<std::string>& patterns, const Tokenizer* 
     Compression compression;
     classify_input(f, &kind, &compression);  // throws naming the file for other extensions
   }
-  const bool records = !o.completion_field.empty();
+  const RecordFields fields{o.text_field, o.prompt_field, o.completion_field, o.messages_field,
+                            o.chat_template};
+  const DocumentBuilder builder(*tok, fields, uint32_t(eos), uint64_t(tok->vocab_size()));
   CorpusReader reader(files);
   EvalTokens r;
   RawDocument doc;
   std::vector<uint32_t> ids;
   std::vector<uint8_t> mask;
-  const uint64_t vocab = uint64_t(tok->vocab_size());
   while (reader.next(&doc)) {
     const std::string file = files[doc.source];
     ids.clear();
     mask.clear();
-    if (records) {
-      const PromptCompletion pc =
-          extract_prompt_completion(std::move(doc), o.prompt_field, o.completion_field, file);
-      if (!append_prompt_completion(*tok, pc, uint32_t(eos), vocab, file, ids, mask)) continue;
-      r.target_mask.insert(r.target_mask.end(), mask.begin(), mask.end());
-      r.text_bytes += pc.completion_bytes();
-    } else {
-      const std::string text = extract_document_text(std::move(doc), o.text_field, file);
-      if (!append_text_document(*tok, text, uint32_t(eos), vocab, file, ids)) continue;
-      r.text_bytes += text.size();
-    }
+    if (!builder.append(std::move(doc), file, ids, mask, &r.text_bytes)) continue;
+    if (fields.supervised()) r.target_mask.insert(r.target_mask.end(), mask.begin(), mask.end());
     r.document_starts.push_back(r.tokens.size());
     append_ids(r.tokens, ids.data(), ids.size(), file);
     ++r.documents;
   }
   r.has_document_boundaries = true;
   r.description = std::to_string(files.size()) + " text file" + (files.size() == 1 ? "" : "s");
-  if (records) r.description += " of prompt/completion records (completions only)";
+  if (fields.prompt_completion()) r.description += " of prompt/completion records (completions only)";
+  if (fields.chat())
+    r.description += " of chat records, template " + o.chat_template + " (the assistant's replies only)";
   return r;
 }
 
@@ -111,16 +107,21 @@ EvalTokens load_eval_tokens(const std::vector<std::string>& inputs, const Tokeni
                             const EvalDataOptions& o) {
   if (inputs.empty())
     fail("eval", "no data given", "pass --data with a shard directory, a .bin token file or text files");
-  check_prompt_completion_fields(o.prompt_field, o.completion_field, "eval");
+  const RecordFields fields{o.text_field, o.prompt_field, o.completion_field, o.messages_field,
+                            o.chat_template};
+  check_record_fields(fields, "eval");
   if (inputs.size() == 1) {
     const std::string& in = inputs[0];
     std::error_code ec;
     const bool dir = fs::is_directory(in, ec), bin = fs::path(in).extension() == ".bin";
-    if ((dir || bin) && !o.completion_field.empty())
+    if ((dir || bin) && fields.supervised())
       fail("eval",
-           in + ": --prompt-field and --completion-field apply to JSONL text, not to " +
+           in + ": " +
+               (fields.chat() ? std::string("--messages-field and --chat-template apply")
+                              : std::string("--prompt-field and --completion-field apply")) +
+               " to JSONL text, not to " +
                (dir ? std::string("a shard directory") : std::string("a token file")),
-           dir ? "prompt/completion shards carry their loss mask; pass the directory alone" : "");
+           dir ? "supervised fine-tuning shards carry their loss mask; pass the directory alone" : "");
     if (dir) {
       if (!fs::exists(fs::path(in) / "manifest.json", ec))
         fail("eval", in + " is a directory without manifest.json",

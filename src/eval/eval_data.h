@@ -36,6 +36,9 @@ struct EvalDataOptions {
   // JSONL prompt/completion records (both set): each is tokenised as `zaya data prepare
   // --prompt-field --completion-field` does, and only the completions are scored.
   std::string prompt_field, completion_field;
+  // JSONL chat records (both set): tokenised as `zaya data prepare --messages-field
+  // --chat-template` does, and only the assistant's replies (with the tokens ending them) are scored.
+  std::string messages_field, chat_template;
 };
 
 // tok may be null unless the inputs are text. Throws zaya::Error naming the file and problem.

@@ -7,12 +7,6 @@ using json = nlohmann::json;
 
 namespace {
 
-json usage_json(const CompletionUsage& u) {
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
-}
-
 json logprobs_json(const std::optional<std::vector<LogprobEntry>>& entries) {
   if (!entries) return nullptr;
   json tokens = json::array(), logprobs = json::array(), top = json::array(), offsets = json::array();
@@ -54,6 +48,12 @@ json completion(const CompletionMeta& meta, json choices) {
 
 }  // namespace
 
+json usage_json(const CompletionUsage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
 json error_body(const std::string& message, const std::string& type) {
   return {{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};
 }
@@ -83,13 +83,15 @@ json completion_final_chunk_body(const CompletionMeta& meta, int64_t index, cons
   return body;
 }
 
-json models_body(const std::string& model, int64_t created, int64_t context_length, int64_t vocab_size) {
+json models_body(const std::string& model, int64_t created, int64_t context_length, int64_t vocab_size,
+                 const std::string& chat_template) {
   json entry = {{"id", model},
                 {"object", "model"},
                 {"created", created},
                 {"owned_by", "zaya"},
                 {"context_length", context_length},
-                {"vocab_size", vocab_size}};
+                {"vocab_size", vocab_size},
+                {"chat_template", chat_template.empty() ? json(nullptr) : json(chat_template)}};
   return {{"object", "list"}, {"data", json::array({std::move(entry)})}};
 }
 

@@ -26,6 +26,9 @@ struct CompletionUsage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
 };
 
+// {"prompt_tokens", "completion_tokens", "total_tokens"}
+nlohmann::json usage_json(const CompletionUsage& usage);
+
 // A whole completion: id, object "text_completion", created, model, choices [{index, text,
 // token_ids, logprobs, finish_reason}] (choice i is results[i]), usage. logprobs is null, or
 // OpenAI's {tokens, token_logprobs, top_logprobs, text_offset}.
@@ -41,9 +44,9 @@ nlohmann::json completion_final_chunk_body(const CompletionMeta& meta, int64_t i
                                            const CompletionResult& result, const CompletionUsage* usage);
 
 // GET /v1/models: {"object": "list", "data": [{"id", "object": "model", "created", "owned_by",
-// "context_length", "vocab_size"}]}
+// "context_length", "vocab_size", "chat_template"}]} (the chat template's name or file, null without one)
 nlohmann::json models_body(const std::string& model, int64_t created, int64_t context_length,
-                           int64_t vocab_size);
+                           int64_t vocab_size, const std::string& chat_template = "");
 
 // Serialised JSON (invalid UTF-8 replaced by U+FFFD).
 std::string json_text(const nlohmann::json& value);

@@ -43,6 +43,12 @@ struct CompletionJob {
   SamplingParams sampling;
   uint64_t seed = 0;
   std::vector<std::string> stop;
+  // Tokens that end the completion as the model's EOS does (not included, finish_reason "stop"):
+  // a chat template's end of reply.
+  std::vector<int32_t> end_ids;
+  // The text is the generated ids decoded on their own, not past the prompt's seam: a chat
+  // reply, which a chat template tokenises on its own and which must tokenise back to its ids.
+  bool text_alone = false;
   bool echo = false;  // the text starts with the prompt's (and logprobs with its tokens')
   int logprobs = -1;  // -1: none; else the alternatives per token (0 .. kMaxLogprobs)
   // Sum the model's log-probability of every sampled token (best_of ranks candidates by it).

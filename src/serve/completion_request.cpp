@@ -1,6 +1,7 @@
 // Request validation for the inference API (see completion_request.h).
 #include "serve/completion_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -302,6 +303,87 @@ std::vector<std::vector<int32_t>> completion_prompt_ids(const CompletionRequest&
     all.push_back(std::move(ids));
   }
   return all;
+}
+
+ChatCompletionRequest parse_chat_completion_request(const json& body, const ModelLimits& limits,
+                                                    const ChatFormat* chat) {
+  require_object(body);
+  if (!chat)
+    invalid_request(
+        "messages: this server has no chat template; start it with --chat-template NAME|FILE (the one the "
+        "model "
+        "was fine-tuned with), or send the prompt text to /v1/completions");
+  ChatCompletionRequest c;
+  CompletionRequest& r = c.completion;
+  const json* m = field(body, "messages");
+  if (!m) invalid_request("messages: required; send an array of {\"role\", \"content\"} messages");
+  std::string error;
+  c.messages = parse_chat_messages(*m, "messages", &error);
+  if (error.empty()) error = chat->check(c.messages, /*for_reply=*/true);
+  if (!error.empty()) invalid_request(error);
+  PromptInput prompt;
+  prompt.ids = chat->render(c.messages, /*for_reply=*/true).ids;
+  for (int32_t id : prompt.ids)
+    if (id < 0 || id >= limits.vocab_size)
+      invalid_request("messages: the tokenizer gave token id " + std::to_string(id) +
+                      ", outside the model's vocabulary [0, " + std::to_string(limits.vocab_size) +
+                      "); the server's tokenizer does not match its model");
+  if (prompt.ids.empty()) invalid_request("messages: the chat template renders them to no tokens");
+  const int64_t n = int64_t(prompt.ids.size());
+  r.prompts.push_back(std::move(prompt));
+  // The reply may use the rest of the context unless the client bounds it.
+  const char* limit_name = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (const json* v = field(body, limit_name)) {
+    if (!get_int64(*v, &r.max_tokens) || r.max_tokens < 1) expected(limit_name, "an integer >= 1", *v);
+    if (r.max_tokens > limits.context_length - n)  // not n + max_tokens: that can overflow
+      invalid_request(std::string(limit_name) + ": the messages (" + std::to_string(n) + " tokens) + " +
+                      limit_name + " (" + std::to_string(r.max_tokens) +
+                      ") exceed the model's context length " + std::to_string(limits.context_length) +
+                      "; ask for at most " + std::to_string(std::max<int64_t>(0, limits.context_length - n)));
+  } else {
+    if (n >= limits.context_length)
+      invalid_request("messages: " + std::to_string(n) +
+                      " tokens leave no room for a reply in the model's context length " +
+                      std::to_string(limits.context_length));
+    r.max_tokens = limits.context_length - n;
+  }
+  parse_sampling(body, r);
+  parse_stop(body, r);
+  parse_choices(body, r);
+  parse_logit_adjustments(body, limits, r);
+  if (get_bool_field(body, "logprobs", false)) {
+    r.logprobs = 0;
+    if (const json* v = field(body, "top_logprobs")) {
+      int64_t k = -1;
+      if (!get_int64(*v, &k) || k < 0 || k > kMaxLogprobs)
+        expected("top_logprobs", "an integer in [0, " + std::to_string(kMaxLogprobs) + "]", *v);
+      r.logprobs = int(k);
+    }
+  } else if (field(body, "top_logprobs")) {
+    invalid_request("top_logprobs: needs \"logprobs\": true");
+  }
+  r.stream = get_bool_field(body, "stream", false);
+  if (r.stream && r.best_of > r.n)
+    invalid_request("best_of: streaming needs best_of = n (" + std::to_string(r.n) + "), got " +
+                    std::to_string(r.best_of));
+  if (const json* v = field(body, "stream_options")) {
+    if (!v->is_object()) expected("stream_options", "an object", *v);
+    if (!r.stream) invalid_request("stream_options: applies only with \"stream\": true");
+    c.include_usage = get_bool_field(*v, "include_usage", false);
+  }
+  // Tools and structured output are not implemented: a client asking for them learns so.
+  if (const json* v = field(body, "tools"); v && !(v->is_array() && v->empty()))
+    invalid_request("tools: tool calls are not supported by this server");
+  if (const json* v = field(body, "functions"); v && !(v->is_array() && v->empty()))
+    invalid_request("functions: function calls are not supported by this server");
+  if (const json* v = field(body, "response_format")) {
+    const json* type = v->is_object() ? field(*v, "type") : nullptr;
+    if (!type || *type != "text")
+      invalid_request("response_format: only {\"type\": \"text\"} is supported by this server, got " +
+                      describe_json_value(*v));
+  }
+  if (const json* v = field(body, "model"); v && !v->is_string()) expected("model", "a string", *v);
+  return c;
 }
 
 TokenizeRequest parse_tokenize_request(const json& body) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "serve/api_error.h"
 #include "serve/logprobs.h"
@@ -62,6 +63,24 @@ CompletionRequest parse_completion_request(const nlohmann::json& body, const Mod
 std::vector<std::vector<int32_t>> completion_prompt_ids(const CompletionRequest& request,
                                                         const Tokenizer* tokenizer,
                                                         const ModelLimits& limits);
+
+// POST /v1/chat/completions: a completion whose one prompt is the message list rendered by the
+// server's chat template (the prompt of the assistant's next reply), ending at the template's end
+// of reply.
+struct ChatCompletionRequest {
+  CompletionRequest completion;  // prompts[0] holds the rendered ids; max_tokens is resolved
+  std::vector<ChatMessage> messages;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+};
+
+// Validates a /v1/chat/completions body: messages (rendered by `chat`; null: the server has no
+// chat template, a 400), max_completion_tokens or max_tokens (default: the rest of the context),
+// n, temperature, top_p, top_k, seed, stop, presence/frequency penalties, logit_bias, logprobs
+// (a boolean) with top_logprobs, stream and stream_options. Tools and structured output are
+// refused. The rendered prompt is checked against the vocabulary and context as
+// completion_prompt_ids checks a prompt.
+ChatCompletionRequest parse_chat_completion_request(const nlohmann::json& body, const ModelLimits& limits,
+                                                    const ChatFormat* chat);
 
 struct TokenizeRequest {
   std::string text;

@@ -35,7 +35,8 @@ CompletionRun::CompletionRun(const ModelConfig& config, const Tokenizer* tok, co
       job_(job),
       emit_(std::move(emit)),
       sampler_(job.sampling, config.vocab_size, job.seed),
-      text_(tok, id_tail(job.prompt, CompletionText::kContextTail), job.stop),
+      text_(tok, job.text_alone ? std::vector<int32_t>{} : id_tail(job.prompt, CompletionText::kContextTail),
+            job.stop),
       seen_(job.prompt),
       echo_sent_(!job.echo),
       prompt_logits_wanted_(job.echo && job.logprobs >= 0) {
@@ -86,12 +87,14 @@ int32_t CompletionRun::step(const float* logits) {
     r_.logprob_sum += lp->logprob;
     ++r_.scored_tokens;
   }
-  for (int64_t e : cfg_.eos_token_ids)
-    if (id == e) {
-      reason_ = "stop";
-      ended_ = true;
-      return -1;
-    }
+  const bool end_of_reply = std::find(job_.end_ids.begin(), job_.end_ids.end(), id) != job_.end_ids.end();
+  const bool eos = std::find(cfg_.eos_token_ids.begin(), cfg_.eos_token_ids.end(), int64_t(id)) !=
+                   cfg_.eos_token_ids.end();
+  if (eos || end_of_reply) {
+    reason_ = "stop";
+    ended_ = true;
+    return -1;
+  }
   if (!send_echo()) {
     reason_ = "cancelled";
     ended_ = true;
@@ -101,8 +104,8 @@ int32_t CompletionRun::step(const float* logits) {
   CompletionText::Step step = text_.push(id);
   CompletionChunk c{step.text, {id}, std::nullopt};
   if (job_.logprobs >= 0) {
-    entries_.push_back(
-        {token_name(tok_, step.text, id), offset_, lp->logprob, named_alternatives(tok_, seen_, *lp)});
+    entries_.push_back({token_name(tok_, step.text, id), offset_, lp->logprob,
+                        named_alternatives(tok_, text_context(), *lp)});
     c.logprobs = std::vector<LogprobEntry>{entries_.back()};
   }
   offset_ += int64_t(step.text.size());

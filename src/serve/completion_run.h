@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,12 @@ class CompletionRun {
   std::string reason_ = "length";
 
   bool send_echo();
+  // The ids a generated token's text follows: the prompt and the tokens before it, or with
+  // job.text_alone only the tokens before it (the alternatives are named as the token is).
+  std::span<const int32_t> text_context() const {
+    std::span<const int32_t> all(seen_);
+    return job_.text_alone ? all.subspan(job_.prompt.size()) : all;
+  }
 };
 
 // Runs one completion alone on the model (a batch of one) and returns its result.

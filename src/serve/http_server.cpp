@@ -20,6 +20,7 @@
 #include "serve/api_error.h"
 #include "serve/api_json.h"
 #include "serve/best_of.h"
+#include "serve/chat_json.h"
 #include "serve/completion_engine.h"
 #include "serve/completion_request.h"
 #include "serve/metrics.h"
@@ -89,8 +90,8 @@ std::string count_or_dash(int64_t n) { return n < 0 ? "-" : std::to_string(n); }
 // The route a request counts under in the metrics: one of the server's, or "other" (so that
 // requests for arbitrary paths cannot grow the label set).
 std::string route_label(const std::string& path) {
-  for (const char* route :
-       {"/health", "/metrics", "/v1/models", "/v1/completions", "/tokenize", "/detokenize"})
+  for (const char* route : {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
+                            "/tokenize", "/detokenize"})
     if (path == route) return route;
   return "other";
 }
@@ -111,6 +112,12 @@ struct HttpServer::Impl {
                              opt.context, opt.keep_bytes}),
         limits{m.config().vocab_size, engine.context()},
         created(unix_now()) {
+    if (!opt.chat_template.empty()) {
+      if (!tok)
+        fail("serve", "--chat-template " + opt.chat_template + " needs a tokenizer, and the server has none",
+             "pass --tokenizer PATH, or keep tokenizer.json or tokenizer.model in the model directory");
+      chat = std::make_unique<ChatFormat>(load_chat_template(opt.chat_template), *tok);
+    }
     std::random_device rd;
     rng.seed((uint64_t(rd()) << 32) ^ rd());
     id_salt = rng();
@@ -118,6 +125,7 @@ struct HttpServer::Impl {
 
   const Tokenizer* tok;
   ServerOptions opt;
+  std::unique_ptr<ChatFormat> chat;  // with --chat-template
   CompletionEngine engine;  // before limits, which take its context
   ModelLimits limits;
   httplib::Server svr;
@@ -138,17 +146,25 @@ struct HttpServer::Impl {
     std::lock_guard lk(rng_mu);
     return rng();
   }
-  std::string new_completion_id() {
+  std::string new_completion_id(const char* prefix = "cmpl") {
     char buf[48];
-    std::snprintf(buf, sizeof buf, "cmpl-%016llx%08llx", (unsigned long long)id_salt,
+    std::snprintf(buf, sizeof buf, "%s-%016llx%08llx", prefix, (unsigned long long)id_salt,
                   (unsigned long long)(++completions & 0xffffffffull));
     return buf;
   }
 
   void set_up_routes();
+  // How a response is shaped: /v1/completions' text completions, or /v1/chat/completions' chat
+  // completions (include_usage: a streamed chat ends with a chunk carrying the usage).
+  struct ResponseShape {
+    bool chat = false, include_usage = false;
+  };
   void completions_handler(const std::string& body, httplib::Response& res);
+  void chat_handler(const std::string& body, httplib::Response& res);
+  void run_jobs(const CompletionRequest& request, const std::vector<std::vector<int32_t>>& prompts,
+                const std::vector<int32_t>& end_ids, ResponseShape shape, httplib::Response& res);
   void stream(std::vector<CompletionJob>& jobs, const CompletionMeta& meta, CompletionUsage usage,
-              httplib::DataSink& sink);
+              ResponseShape shape, httplib::DataSink& sink);
   const Tokenizer& tokenizer_or_400(const char* endpoint) const;
 };
 
@@ -160,7 +176,22 @@ const Tokenizer& HttpServer::Impl::tokenizer_or_400(const char* endpoint) const 
 
 void HttpServer::Impl::completions_handler(const std::string& body, httplib::Response& res) {
   const CompletionRequest request = parse_completion_request(parse_json_body(body), limits);
-  const std::vector<std::vector<int32_t>> prompts = completion_prompt_ids(request, tok, limits);
+  run_jobs(request, completion_prompt_ids(request, tok, limits), {}, ResponseShape{}, res);
+}
+
+void HttpServer::Impl::chat_handler(const std::string& body, httplib::Response& res) {
+  const ChatCompletionRequest request =
+      parse_chat_completion_request(parse_json_body(body), limits, chat.get());
+  const std::vector<std::vector<int32_t>> prompts{request.completion.prompts[0].ids};
+  run_jobs(request.completion, prompts, {chat->end_of_reply_id()}, ResponseShape{true, request.include_usage},
+           res);
+}
+
+// Queues a request's completions and answers with their results, whole or streamed.
+void HttpServer::Impl::run_jobs(const CompletionRequest& request,
+                                const std::vector<std::vector<int32_t>>& prompts,
+                                const std::vector<int32_t>& end_ids, ResponseShape shape,
+                                httplib::Response& res) {
   // Choice i * n + j: prompt i, sample j (seed + j, so choice 0 is what n = 1 gives). With
   // best_of > n, candidate j of prompt i samples with seed + j and the n likeliest are kept.
   const uint64_t seed = request.seed ? *request.seed : random_seed();
@@ -176,6 +207,8 @@ void HttpServer::Impl::completions_handler(const std::string& body, httplib::Res
       job.sampling = request.sampling;
       job.seed = seed + uint64_t(j);
       job.stop = request.stop;
+      job.end_ids = end_ids;
+      job.text_alone = shape.chat;  // a reply's content, as the chat template tokenises it back
       job.echo = request.echo;
       job.logprobs = request.logprobs;
       job.score = ranked;
@@ -183,7 +216,7 @@ void HttpServer::Impl::completions_handler(const std::string& body, httplib::Res
     }
   }
   t_log.prompt_tokens = usage.prompt_tokens;
-  const CompletionMeta meta{new_completion_id(), unix_now(), opt.model_id};
+  const CompletionMeta meta{new_completion_id(shape.chat ? "chatcmpl" : "cmpl"), unix_now(), opt.model_id};
   if (!request.stream) {
     std::vector<CompletionEngine::Ticket> tickets = engine.submit(std::move(*jobs));  // decoded together
     std::vector<CompletionResult> results;
@@ -194,7 +227,9 @@ void HttpServer::Impl::completions_handler(const std::string& body, httplib::Res
     if (ranked) results = keep_best_of(std::move(results), request.best_of, request.n);
     t_log.generated = usage.completion_tokens;
     t_log.note = results.size() == 1 ? results[0].finish_reason : std::to_string(results.size()) + " choices";
-    reply_json(res, 200, completion_body(meta, results, usage));
+    reply_json(
+        res, 200,
+        shape.chat ? chat_completion_body(meta, results, usage) : completion_body(meta, results, usage));
     return;
   }
   // The status line goes out before generation starts: answer a full queue now, while a 503
@@ -204,8 +239,8 @@ void HttpServer::Impl::completions_handler(const std::string& body, httplib::Res
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");  // reverse proxies: pass events through unbuffered
   res.set_chunked_content_provider("text/event-stream",
-                                   [this, jobs, meta, usage](size_t, httplib::DataSink& sink) {
-                                     stream(*jobs, meta, usage, sink);
+                                   [this, jobs, meta, usage, shape](size_t, httplib::DataSink& sink) {
+                                     stream(*jobs, meta, usage, shape, sink);
                                      return true;
                                    });
 }
@@ -216,22 +251,32 @@ void HttpServer::Impl::completions_handler(const std::string& body, httplib::Res
 // [DONE]. The choices are decoded together; a later one's chunks wait until the ones before it
 // are written. A client that goes away cancels every choice at its next token.
 void HttpServer::Impl::stream(std::vector<CompletionJob>& jobs, const CompletionMeta& meta,
-                              CompletionUsage usage, httplib::DataSink& sink) {
+                              CompletionUsage usage, ResponseShape shape, httplib::DataSink& sink) {
   bool open = true;
   auto send = [&](const std::string& event) { return open = open && sink.write(event.data(), event.size()); };
+  // A chat stream that ends with a usage chunk carries "usage": null on every chunk before it.
+  auto chat_event = [&](json chunk) {
+    if (shape.include_usage) chunk["usage"] = nullptr;
+    return sse_event(chunk);
+  };
   try {
     t_log.generated = 0;
     const size_t choices = jobs.size();
     std::vector<CompletionEngine::Ticket> tickets = engine.submit(std::move(jobs));
     for (size_t i = 0; i < choices && open; ++i) {
       const int64_t index = int64_t(i);
+      if (shape.chat) send(chat_event(chat_role_chunk_body(meta, index)));
       const CompletionResult r = engine.wait(tickets[i], [&](const CompletionChunk& c) {
-        return send(sse_event(completion_chunk_body(meta, index, c)));
+        return send(shape.chat ? chat_event(chat_chunk_body(meta, index, c))
+                               : sse_event(completion_chunk_body(meta, index, c)));
       });
       usage.completion_tokens += int64_t(r.ids.size());
       t_log.generated = usage.completion_tokens;
       t_log.note = choices == 1 ? r.finish_reason : std::to_string(i + 1) + " choices";
-      send(sse_event(completion_final_chunk_body(meta, index, r, i + 1 == choices ? &usage : nullptr)));
+      const bool last = i + 1 == choices;
+      send(shape.chat ? chat_event(chat_final_chunk_body(meta, index, r))
+                      : sse_event(completion_final_chunk_body(meta, index, r, last ? &usage : nullptr)));
+      if (shape.chat && last && shape.include_usage) send(sse_event(chat_usage_chunk_body(meta, usage)));
     }
   } catch (const ApiError& e) {
     t_log.note = e.what();
@@ -277,12 +322,18 @@ void HttpServer::Impl::set_up_routes() {
 
   svr.Get("/v1/models", guarded([this](const httplib::Request&, httplib::Response& res) {
             reply_json(res, 200,
-                       models_body(opt.model_id, created, limits.context_length, limits.vocab_size));
+                       models_body(opt.model_id, created, limits.context_length, limits.vocab_size,
+                                   opt.chat_template));
           }));
 
   svr.Post("/v1/completions",
            guarded_post([this](const httplib::Request&, httplib::Response& res, const std::string& body) {
              completions_handler(body, res);
+           }));
+
+  svr.Post("/v1/chat/completions",
+           guarded_post([this](const httplib::Request&, httplib::Response& res, const std::string& body) {
+             chat_handler(body, res);
            }));
 
   svr.Post("/tokenize",
@@ -299,7 +350,7 @@ void HttpServer::Impl::set_up_routes() {
              reply_json(res, 200, {{"text", t.decode(r.ids, r.skip_special)}});
            }));
 
-  for (const char* path : {"/v1/completions", "/tokenize", "/detokenize"})
+  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
     svr.Get(path, [path](const httplib::Request&, httplib::Response& res) {
       res.set_header("Allow", "POST");
       reply_error(res, 405, "invalid_request_error", std::string(path) + " takes POST with a JSON body");
@@ -316,7 +367,7 @@ void HttpServer::Impl::set_up_routes() {
         type = "not_found_error";
         message = "no route for " + req.method + " " + req.path +
                   "; the routes are GET /health, GET /metrics, GET /v1/models, POST /v1/completions, POST "
-                  "/tokenize, POST /detokenize";
+                  "/v1/chat/completions, POST /tokenize, POST /detokenize";
         break;
       case 413:
         message = "request body: larger than " + std::to_string(opt.max_body_bytes) + " bytes";

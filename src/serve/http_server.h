@@ -30,6 +30,9 @@ struct ServerOptions {
   int compute_threads = 0;                   // OpenMP threads for the model (0 = OpenMP's default)
   size_t max_body_bytes = size_t(16) << 20;  // larger request bodies get a 413
   bool log_requests = true;                  // one line per request on the zaya log (stderr)
+  // POST /v1/chat/completions renders messages with this chat template (a built-in's name or a
+  // TOML file, data/chat_template.h); empty: that route answers 400. Needs a tokenizer.
+  std::string chat_template;
 };
 
 class HttpServer {

@@ -88,9 +88,12 @@ std::string TrainData::describe() const {
       s += std::string(d ? "," : "") + " " + ph.mixture[d].name + " (" +
            std::to_string(loader_->dataset(p, d).tokens()) + " tokens, weight " +
            std::to_string(ph.mixture[d].weight).substr(0, 4) +
-           (loader_->dataset(p, d).has_loss_mask()
+           (!loader_->dataset(p, d).has_loss_mask() ? ""
+            : loader_->dataset(p, d).manifest().messages_field.empty()
                 ? ", supervised fine-tuning: the loss counts completions only"
-                : "") +
+                : ", supervised fine-tuning of chats (template " +
+                      loader_->dataset(p, d).manifest().chat_template +
+                      "): the loss counts the assistant's replies only") +
            ")";
     if (ph.rope_theta > 0) s += ", RoPE theta " + std::to_string(int64_t(ph.rope_theta));
     if (ph.lr_scale != 1) s += ", LR x" + std::to_string(ph.lr_scale).substr(0, 4);

@@ -112,6 +112,7 @@ class ServeHttp : public ::testing::Test {
     so.port = 0;
     so.model_id = "tiny-test";
     so.log_requests = false;
+    so.chat_template = "plain";  // POST /v1/chat/completions (test_serve_chat.cpp)
     server_ = new HttpServer(*model_, tok_, so);
     server_->start();
   }

@@ -311,6 +311,69 @@ TEST(Cli, SupervisedFineTuningFromPromptCompletionRecords) {
   EXPECT_NE(r.status, 0) << r.output;
 }
 
+TEST(Cli, SupervisedFineTuningOfChats) {
+  // As a user would: chat JSONL (OpenAI message lists) -> shards rendered by a chat template ->
+  // `zaya train` -> `zaya eval` of the replies, from the shards and from the JSONL alike.
+  const std::string dir = temp_path("sft_chat");
+  fs::create_directories(dir);
+  const std::string tok = test::train_small_tokenizer(dir + "/tok");
+  {
+    std::ofstream out(dir + "/chats.jsonl");
+    for (int i = 0; i < 100; ++i)
+      out << nlohmann::json{{"messages",
+                             {{{"role", "user"},
+                               {"content", i % 2 ? "The cat sat on the" : "A dog ran in the"}},
+                              {{"role", "assistant"}, {"content", i % 2 ? "mat." : "park."}}}}}
+                 .dump()
+          << "\n";
+  }
+  const std::string chat_options = " --messages-field messages --chat-template plain";
+  auto r = run("data prepare --tokenizer " + tok + " --input " + dir + "/chats.jsonl --out " + dir +
+               "/shards --val-fraction 1" + chat_options);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("100 chat records (0 with no reply skipped)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("are reply targets"), std::string::npos) << r.output;
+  r = run("data prepare --tokenizer " + tok + " --input " + dir + "/chats.jsonl --out " + dir +
+          "/train --val-fraction 0" + chat_options);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ofstream(dir + "/sft.toml") << "run_dir = \"" << dir << "/run\"\n[model]\npreset = \"zaya-tiny\"\n"
+                                   << "[data]\ntrain = \"" << dir
+                                   << "/train\"\ntokenizer = \"\"\nseq_len = 16\n"
+                                   << "[batch]\nmicro_batch = 2\nglobal_batch = 4\n"
+                                   << "[schedule]\ntotal_steps = 2\nwarmup_steps = 1\n"
+                                   << "[checkpoint]\nevery = 0\n[eval]\nevery = 0\nsample_tokens = 0\n";
+  r = run("train " + dir + "/sft.toml");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(
+      r.output.find("fine-tuning of chats (template plain): the loss counts the assistant's replies only"),
+      std::string::npos)
+      << r.output;
+  r = run("eval --model " + dir + "/run/model --data " + dir + "/shards --seq-len 16 --out " + dir +
+          "/shards.json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run("eval --model " + dir + "/run/model --tokenizer " + tok + " --data " + dir +
+          "/chats.jsonl --seq-len 16 --out " + dir + "/jsonl.json" + chat_options);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("chat records, template plain"), std::string::npos) << r.output;
+  const nlohmann::json from_shards = nlohmann::json::parse(std::ifstream(dir + "/shards.json"));
+  const nlohmann::json from_jsonl = nlohmann::json::parse(std::ifstream(dir + "/jsonl.json"));
+  // The replies only: each reply's tokens and the EOS that ends it.
+  const auto small = load_tokenizer(tok);
+  const int64_t want_scored =
+      50 * int64_t(small->encode("mat.").size() + 1) + 50 * int64_t(small->encode("park.").size() + 1);
+  EXPECT_EQ(from_jsonl.at("tokens").get<int64_t>(), want_scored);
+  EXPECT_EQ(from_shards.at("tokens").get<int64_t>(), want_scored);
+  EXPECT_DOUBLE_EQ(from_jsonl.at("loss").get<double>(), from_shards.at("loss").get<double>());
+  // A template the tokenizer cannot carry, and a template that is neither built in nor a file.
+  r = run("data prepare --tokenizer " + tok + " --input " + dir + "/chats.jsonl --out " + dir +
+          "/bad --messages-field messages --chat-template chatml");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("is not one token of this tokenizer"), std::string::npos) << r.output;
+  r = run("serve --model " + dir + "/run/model --tokenizer " + tok + " --port 0 --chat-template nonesuch");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("'nonesuch' is neither a built-in chat template"), std::string::npos) << r.output;
+}
+
 TEST(Cli, InitThenInfoShowsParameterCounts) {
   const std::string dir = temp_path("init");
   auto r = run("init --preset zaya-tiny --out " + dir + " --seed 3");

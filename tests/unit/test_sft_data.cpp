@@ -338,10 +338,10 @@ TEST_F(SftData, PrepareErrorsNameTheFileAndTheField) {
   expect_error([&] { prepare_shards(options("bad", input)); },
                {input + ":2", "no field 'completion'", "--completion-field"});
   // A record is two strings or two arrays of strings of one length; each error names the shape.
-  for (const std::string& line :
+  for (const char* line :
        {"{\"prompt\": 3, \"completion\": \"b\"}", "{\"prompt\": [\"a\"], \"completion\": \"b\"}",
         "{\"prompt\": [\"a\", \"c\"], \"completion\": [\"b\"]}", "{\"prompt\": [], \"completion\": []}"}) {
-    write_bytes(input, line + "\n");
+    write_bytes(input, std::string(line) + "\n");
     expect_error([&] { prepare_shards(options("bad", input)); },
                  {input + ":1", "must both be strings, or both arrays of strings of the same length"});
   }

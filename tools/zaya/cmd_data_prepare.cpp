@@ -76,6 +76,13 @@ void add_data_prepare(CLI::App* data) {
       "--completion-field", opt.completion_field,
       "Supervised fine-tuning (with --prompt-field): JSONL field holding the completion (or an array: "
       "the conversation's replies), the only training targets");
+  prep->add_option(
+      "--messages-field", opt.messages_field,
+      "Supervised fine-tuning of chats (with --chat-template): JSONL field holding a message list "
+      "[{\"role\", \"content\"}, ...]; the assistant's replies are the only training targets");
+  prep->add_option("--chat-template", opt.chat_template,
+                   "With --messages-field: how messages become tokens, a built-in (chatml, gemma, llama3, "
+                   "plain) or a TOML template file; serve the model with the same one");
   prep->add_option("--shard-size-mb", shard_mb, "Target shard size in MB (MiB)")->capture_default_str()
       ->check(CLI::PositiveNumber);
   prep->add_option("--val-fraction", opt.val_fraction, "Fraction of documents held out for validation")
@@ -87,16 +94,23 @@ void add_data_prepare(CLI::App* data) {
     auto bar = std::make_shared<ProgressBar>();
     opt.progress = [bar](const PrepareProgress& p) { (*bar)(p); };
     PrepareResult r = prepare_shards(opt);
-    const bool sft = !opt.completion_field.empty();
+    const bool chat = !opt.messages_field.empty(), sft = chat || !opt.completion_field.empty();
     std::printf("wrote %s: %llu %s (%llu %s skipped), %llu tokens\n", opt.out_dir.c_str(),
-                (unsigned long long)r.documents, sft ? "prompt/completion records" : "documents",
-                (unsigned long long)r.skipped, sft ? "with no completion" : "empty",
+                (unsigned long long)r.documents,
+                chat  ? "chat records"
+                : sft ? "prompt/completion records"
+                      : "documents",
+                (unsigned long long)r.skipped,
+                chat  ? "with no reply"
+                : sft ? "with no completion"
+                      : "empty",
                 (unsigned long long)r.tokens);
     if (sft)
-      std::printf(
-          "  loss mask: %llu of the %llu tokens are completion targets (%.1f%%); prompts are context only\n",
-          (unsigned long long)r.target_tokens, (unsigned long long)r.tokens,
-          r.tokens ? 100.0 * double(r.target_tokens) / double(r.tokens) : 0.0);
+      std::printf("  loss mask: %llu of the %llu tokens are %s targets (%.1f%%); %s are context only\n",
+                  (unsigned long long)r.target_tokens, (unsigned long long)r.tokens,
+                  chat ? "reply" : "completion",
+                  r.tokens ? 100.0 * double(r.target_tokens) / double(r.tokens) : 0.0,
+                  chat ? "the other messages and the template's text" : "prompts");
     for (const auto& [name, split] : r.manifest.splits)
       std::printf("  %-5s %zu shards, %llu documents, %llu tokens\n", name.c_str(), split.shards.size(),
                   (unsigned long long)split.documents, (unsigned long long)split.tokens);

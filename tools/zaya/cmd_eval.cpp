@@ -23,7 +23,7 @@ namespace {
 
 struct EvalCliOptions {
   std::string model_dir, tokenizer, backend = "cpu", out, split = "val", text_field = "text";
-  std::string prompt_field, completion_field;
+  std::string prompt_field, completion_field, messages_field, chat_template;
   bool reset_documents = false;
   std::vector<std::string> data;
   int64_t seq_len = 1024, batch = 4, max_tokens = 0;
@@ -110,6 +110,8 @@ void run_eval(const EvalCliOptions& o) {
   dopt.text_field = o.text_field;
   dopt.prompt_field = o.prompt_field;
   dopt.completion_field = o.completion_field;
+  dopt.messages_field = o.messages_field;
+  dopt.chat_template = o.chat_template;
   const EvalTokens data = load_eval_tokens(o.data, tok.get(), dopt);
   const int64_t context = model->config().max_position_embeddings;
   if (context > 0 && o.seq_len > context)
@@ -194,6 +196,11 @@ void add_eval(CLI::App& app) {
   cmd->add_option(
       "--completion-field", o.completion_field,
       "JSONL prompt/completion records (with --prompt-field): the completion, the only tokens scored");
+  cmd->add_option("--messages-field", o.messages_field,
+                  "JSONL chat records (with --chat-template): the message list; only the assistant's replies "
+                  "are scored");
+  cmd->add_option("--chat-template", o.chat_template,
+                  "With --messages-field: a built-in (chatml, gemma, llama3, plain) or a TOML template file");
   cmd->add_option("--tokenizer", o.tokenizer,
                   "tokenizer.json or .model for text (default: the model directory's)");
   cmd->add_option("--seq-len", o.seq_len, "Tokens of context per window")

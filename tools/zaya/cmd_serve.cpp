@@ -21,7 +21,7 @@ namespace zaya::cli {
 namespace {
 
 struct ServeCliOptions {
-  std::string model_dir, tokenizer, host = "127.0.0.1", backend = "cpu";
+  std::string model_dir, tokenizer, host = "127.0.0.1", backend = "cpu", chat_template;
   int port = 8080, threads = 0, http_threads = 32;
   size_t max_queue = 16;
   int64_t batch = 8, prefill_chunk = 256, context = 0, keep_mib = 1024;
@@ -69,6 +69,7 @@ void run_serve(const ServeCliOptions& o) {
   so.prefill_chunk = o.prefill_chunk;
   so.context = o.context;
   so.keep_bytes = o.keep_mib << 20;
+  so.chat_template = o.chat_template;
   HttpServer server(*model, tok.get(), so);
   server.start();
   char batch_line[200];
@@ -90,6 +91,9 @@ void run_serve(const ServeCliOptions& o) {
             ", " +
             (tok ? "tokenizer with " + std::to_string(tok->vocab_size()) + " tokens"
                  : "no tokenizer: token-id prompts only") +
+            ", " +
+            (o.chat_template.empty() ? std::string("no chat template: /v1/chat/completions answers 400")
+                                     : "chat template " + o.chat_template) +
             ")");
   std::printf("zaya serve: listening on %s\n", server.url().c_str());
   std::fflush(stdout);
@@ -171,6 +175,9 @@ void add_serve(CLI::App& app) {
                   "prefills only its new message (least recently used first out); 0 = none")
       ->capture_default_str()
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  cmd->add_option("--chat-template", o.chat_template,
+                  "How POST /v1/chat/completions turns messages into a prompt: a built-in (chatml, gemma, "
+                  "llama3, plain) or a TOML template file; use the one the model was fine-tuned with");
   cmd->add_option("--max-queue", o.max_queue, "Completions that may wait for the model; more get HTTP 503")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
