@@ -4,6 +4,7 @@
 // whole and streamed (a role chunk, content deltas, a finish chunk, and the usage chunk that stream_options
 // asks for); a template's end of reply ends generation as EOS does; bad requests are 400s naming the field.
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -174,6 +175,7 @@ TEST_F(ServeHttp, BadChatRequestsAre400NamingTheField) {
       {{{"messages", json::array()}}, "messages: expected at least one message"},
       {{{"messages", user}, {"max_tokens", 0}}, "max_tokens: expected an integer >= 1, got 0"},
       {{{"messages", user}, {"max_completion_tokens", 100000}}, "max_completion_tokens: the messages ("},
+      {{{"messages", user}, {"max_tokens", std::numeric_limits<int64_t>::max()}}, "max_tokens: the messages ("},
       {{{"messages", user}, {"temperature", "hot"}}, "temperature: expected a number >= 0"},
       {{{"messages", user}, {"top_logprobs", 2}}, "top_logprobs: needs \"logprobs\": true"},
       {{{"messages", user}, {"logprobs", true}, {"top_logprobs", 21}},
