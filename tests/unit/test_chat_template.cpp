@@ -25,6 +25,7 @@
 #include "data/shard_writer.h"
 #include "data/tokenizer.h"
 #include "eval/eval_data.h"
+#include "test_helpers.h"
 
 namespace zaya {
 namespace {
@@ -99,18 +100,7 @@ std::string targets_of(const Tokenizer& tok, const ChatTokens& t) {
 const std::vector<ChatMessage> kConversation = {
     {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", " And? "}};
 
-// Expects `fn` to throw zaya::Error whose message holds every one of `parts`.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "no zaya::Error thrown";
-}
+using test::expect_error;
 
 TEST(ChatTemplate, BuiltinsRenderTheirFormats) {
   const SpecialByteTokenizer tok;

@@ -369,6 +369,25 @@ TEST(Cli, SupervisedFineTuningOfChats) {
           "/bad --messages-field messages --chat-template chatml");
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("is not one token of this tokenizer"), std::string::npos) << r.output;
+  // `zaya chat`: stdin lines are user messages, each turn's prompt the conversation so far
+  // (ChatSession's own test checks that a turn prefills only its new message).
+  std::ofstream(dir + "/lines.txt") << "The cat sat on the\nA dog ran in the\n/reset\nThe cat sat on the\n";
+  r = run("chat --model " + dir + "/run/model --tokenizer " + tok +
+          " --chat-template plain --temperature 0 --max-tokens 4 < " + dir + "/lines.txt");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<std::pair<int64_t, int64_t>> turns;  // (prompt tokens, prefilled) per turn
+  for (size_t at = r.output.find("[zaya] "); at != std::string::npos; at = r.output.find("[zaya] ", at + 1)) {
+    long long prompt = 0, prefilled = 0;
+    if (std::sscanf(r.output.c_str() + at, "[zaya] %lld prompt tokens (%lld prefilled", &prompt,
+                    &prefilled) == 2)
+      turns.emplace_back(prompt, prefilled);
+  }
+  ASSERT_EQ(turns.size(), 3u) << r.output;
+  EXPECT_EQ(turns[0].first, turns[0].second);             // the first turn runs its whole prompt
+  EXPECT_GT(turns[1].first, turns[0].first) << r.output;  // the conversation so far, and more
+  EXPECT_LE(turns[1].second, turns[1].first) << r.output;
+  EXPECT_EQ(turns[2], turns[0]) << r.output;  // after /reset, the first turn again
+  EXPECT_NE(r.output.find("the conversation starts over"), std::string::npos) << r.output;
   r = run("serve --model " + dir + "/run/model --tokenizer " + tok + " --port 0 --chat-template nonesuch");
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("'nonesuch' is neither a built-in chat template"), std::string::npos) << r.output;

@@ -1,17 +1,32 @@
 // Shared helpers for zaya's unit tests: fixture paths, error metrics, random fills.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
+#include "core/error.h"
 #include "core/rng.h"
 
 namespace zaya::test {
 
 inline std::string source_path(const std::string& rel) { return std::string(ZAYA_SOURCE_DIR) + "/" + rel; }
+
+// Expects fn to throw zaya::Error whose message holds every one of `parts`.
+inline void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
+    return;
+  }
+  ADD_FAILURE() << "no zaya::Error thrown";
+}
 
 // max|a-b| / max|b|: relative to the reference's scale, robust to entries near zero. A NaN in
 // either input (an output never written: the GPU tests poison outputs with NaN) or an infinite

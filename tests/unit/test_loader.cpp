@@ -23,6 +23,7 @@
 #include "data/shard_format.h"
 #include "data/shard_reader.h"
 #include "data/shard_writer.h"
+#include "test_helpers.h"
 #include "train/schedule.h"
 
 namespace {
@@ -62,17 +63,7 @@ std::string jsonl_line(const std::string& text) {
   return "{\"text\": \"" + esc + "\"}\n";
 }
 
-// Expects `fn` to throw zaya::Error whose message contains every one of `parts`.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const zaya::Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "no zaya::Error thrown";
-}
+using zaya::test::expect_error;
 
 struct Row {
   std::vector<int32_t> in, tg, starts;

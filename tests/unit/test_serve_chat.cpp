@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "data/chat_template.h"
+#include "serve/chat_session.h"
 #include "serve/completion_run.h"
 #include "serve_http_fixture.h"
 
@@ -288,6 +289,77 @@ TEST(ServeChatSetup, AReplysAlternativesAreNamedAsItsTokensAre) {
     EXPECT_EQ((*first.top)[0].first, name) << "the chosen token among its alternatives, named alike";
   }
   fs::remove_all(dir);
+}
+
+// `zaya chat`'s session: each reply is what generate() gives the rendered conversation; a turn
+// whose tokens extend what the decode state holds prefills only the rest, and continuing the
+// state gives the reply a fresh prefill gives.
+TEST_F(ServeHttp, ChatSessionContinuesItsStateTurnByTurn) {
+  auto be = make_cpu_backend();
+  auto model = tiny_model(*be);
+  const ChatFormat plain(load_chat_template("plain"), *tok_);
+  ChatSession session(*model, *tok_, plain);
+  EXPECT_EQ(session.context(), model->config().max_position_embeddings);
+  session.add("system", "Numbers like 12345.");
+  const SamplingParams greedy{0.0f, 0, 1.0f};
+  // The first reply is one word-start piece over and over (a logit bias), so that it
+  // re-tokenises to its ids: a SentencePiece tokenizer gives a reply that starts mid-word a
+  // word-start piece of its own, which the random model does not generate.
+  SamplingParams words = greedy;
+  for (const char* w : {"The", "the", "quick", "brown", "model", "text"})
+    if (tok_->encode(w).size() == 1) {
+      words.logit_bias = {{tok_->encode(w)[0], 100.0f}};
+      break;
+    }
+  ASSERT_FALSE(words.logit_bias.empty());
+  std::string streamed;
+  const ChatSession::Turn t1 =
+      session.say("The quick brown fox", words, 0, 12, [&](const std::string& piece) { streamed += piece; });
+  std::vector<ChatMessage> m = {{"system", "Numbers like 12345."}, {"user", "The quick brown fox"}};
+  const std::vector<int32_t> prompt1 = plain.render(m, true).ids;
+  EXPECT_EQ(t1.prompt_tokens, int64_t(prompt1.size()));
+  EXPECT_EQ(t1.prefilled, int64_t(prompt1.size()));
+  EXPECT_EQ(t1.ids, reference(prompt1, 12, words, 0));
+  EXPECT_EQ(t1.reply, tok_->decode(t1.ids, true));
+  EXPECT_EQ(streamed, t1.reply);
+  EXPECT_EQ(t1.finish_reason, t1.ids.size() == 12 ? "length" : "stop");
+
+  const ChatSession::Turn t2 = session.say("A tokenizer turns text", greedy, 1, 12);
+  m.push_back({"assistant", t1.reply});
+  m.push_back({"user", "A tokenizer turns text"});
+  const std::vector<int32_t> prompt2 = plain.render(m, true).ids;
+  EXPECT_EQ(t2.prompt_tokens, int64_t(prompt2.size()));
+  // The state holds the first prompt and the reply but its last token when max_tokens cut it
+  // (sampled, never fed); the second prompt extends those tokens, as the reply re-tokenises to
+  // its ids.
+  std::vector<int32_t> fed = prompt1;
+  fed.insert(fed.end(), t1.ids.begin(), t1.ids.end() - (t1.finish_reason == "length" ? 1 : 0));
+  ASSERT_TRUE(prompt2.size() > fed.size() && std::equal(fed.begin(), fed.end(), prompt2.begin()))
+      << "reply " << json(t1.ids) << " \"" << t1.reply << "\" re-tokenises to "
+      << json(tok_->encode(t1.reply));
+  EXPECT_EQ(t2.prefilled, int64_t(prompt2.size() - fed.size()));
+  EXPECT_EQ(t2.ids, reference(prompt2, 12, greedy, 1));
+  ASSERT_EQ(session.messages().size(), 5u);
+  EXPECT_EQ(session.messages()[4].content, t2.reply);
+
+  // Starting over keeps the system message and runs the whole prompt again.
+  session.reset();
+  ASSERT_EQ(session.messages().size(), 1u);
+  const ChatSession::Turn t3 = session.say("The quick brown fox", words, 0, 12);
+  EXPECT_EQ(t3.ids, t1.ids);
+  EXPECT_EQ(t3.prefilled, t3.prompt_tokens);
+
+  // A conversation that no longer fits is refused, and nothing of it is kept.
+  ChatSession small(*model, *tok_, plain, 8);
+  try {
+    small.say("The quick brown fox jumps over the lazy dog", greedy, 0, 4);
+    ADD_FAILURE() << "a conversation longer than the context was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("leaves no room for a reply in the context of 8 positions"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(small.messages().empty());
 }
 
 }  // namespace

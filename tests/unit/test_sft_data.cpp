@@ -33,6 +33,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "model/model_io.h"
+#include "test_helpers.h"
 #include "train/recipe.h"
 #include "train/train_data.h"
 #include "train/train_support.h"
@@ -61,18 +62,7 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
 }
 
-// Expects `fn` to throw zaya::Error whose message holds every one of `parts`.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "no zaya::Error thrown";
-}
+using test::expect_error;
 
 struct Record {
   std::string prompt, completion;

@@ -8,6 +8,7 @@ namespace zaya::cli {
 void add_info(CLI::App& app);
 void add_init(CLI::App& app);
 void add_generate(CLI::App& app);
+void add_chat(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_score(CLI::App& app);
 void add_tokenize(CLI::App& app);

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   zaya::cli::add_info(app);
   zaya::cli::add_init(app);
   zaya::cli::add_generate(app);
+  zaya::cli::add_chat(app);
   zaya::cli::add_serve(app);
   zaya::cli::add_score(app);
   zaya::cli::add_tokenize(app);
