@@ -51,6 +51,7 @@ ChatSession::Turn ChatSession::say(const std::string& user, const SamplingParams
                                    int64_t max_tokens,
                                    const std::function<void(const std::string&)>& on_text) {
   using Clock = std::chrono::steady_clock;
+  if (max_tokens < 1) fail("chat", "a reply needs max_tokens >= 1, got " + std::to_string(max_tokens));
   std::vector<ChatMessage> next = messages_;
   next.push_back({"user", user});
   const std::vector<int32_t> prompt = chat_.render(next, /*for_reply=*/true).ids;

@@ -385,9 +385,21 @@ TEST(Cli, SupervisedFineTuningOfChats) {
   ASSERT_EQ(turns.size(), 3u) << r.output;
   EXPECT_EQ(turns[0].first, turns[0].second);             // the first turn runs its whole prompt
   EXPECT_GT(turns[1].first, turns[0].first) << r.output;  // the conversation so far, and more
-  EXPECT_LE(turns[1].second, turns[1].first) << r.output;
+  EXPECT_EQ(r.output.find("> "), std::string::npos) << r.output;  // no prompt for piped input
   EXPECT_EQ(turns[2], turns[0]) << r.output;  // after /reset, the first turn again
   EXPECT_NE(r.output.find("the conversation starts over"), std::string::npos) << r.output;
+  // A turn that does not fit the context is reported and the chat goes on (exit status 1 at the
+  // end); unknown commands are not sent to the model.
+  std::ofstream(dir + "/long.txt")
+      << "The cat sat on the mat and a dog ran in the park\n/help\n/reset\ncat\n";
+  r = run("chat --model " + dir + "/run/model --tokenizer " + tok +
+          " --chat-template plain --temperature 0 --max-tokens 2 --context 24 < " + dir + "/long.txt");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("[zaya] error: chat: the conversation ("), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("leaves no room for a reply in the context of 24 positions"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("unknown command /help"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("prefilled"), std::string::npos) << r.output;  // "cat" still got its turn
   r = run("serve --model " + dir + "/run/model --tokenizer " + tok + " --port 0 --chat-template nonesuch");
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("'nonesuch' is neither a built-in chat template"), std::string::npos) << r.output;

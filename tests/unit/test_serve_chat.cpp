@@ -349,6 +349,18 @@ TEST_F(ServeHttp, ChatSessionContinuesItsStateTurnByTurn) {
   EXPECT_EQ(t3.ids, t1.ids);
   EXPECT_EQ(t3.prefilled, t3.prompt_tokens);
 
+  // A reply that fills the context stops there: capacity - prompt + 1 tokens (the last sampled,
+  // never fed); the next turn no longer fits and is refused, the conversation unchanged.
+  ChatSession tight(*model, *tok_, plain, int64_t(prompt1.size()) + 3);
+  tight.add("system", "Numbers like 12345.");
+  const ChatSession::Turn full = tight.say("The quick brown fox", words, 0, 12);
+  EXPECT_EQ(full.finish_reason, "context");
+  EXPECT_EQ(full.ids, reference(prompt1, 4, words, 0));
+  ASSERT_EQ(tight.messages().size(), 3u);
+  EXPECT_THROW(tight.say("More?", words, 0, 12), Error);
+  EXPECT_EQ(tight.messages().size(), 3u);
+  EXPECT_THROW(tight.say("More?", words, 0, 0), Error);  // max_tokens 0: no reply to add
+
   // A conversation that no longer fits is refused, and nothing of it is kept.
   ChatSession small(*model, *tok_, plain, 8);
   try {

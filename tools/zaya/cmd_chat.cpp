@@ -1,7 +1,9 @@
 // `zaya chat`: talk to a model in the terminal. Each line read from stdin is a user message; the
 // reply streams to stdout, rendered and stopped by the chat template the model was fine-tuned
 // with (serve/chat_session.h: a turn prefills only its new message). "/reset" starts over and
-// "/exit" (or the end of input) ends; one line per turn on stderr says what ran.
+// "/exit" (or the end of input) ends; one line per turn on stderr says what ran. A turn that
+// fails (a conversation that no longer fits the context) is reported and the chat goes on; the
+// exit status is then 1.
 #include <unistd.h>
 
 #include <cstdio>
@@ -26,7 +28,15 @@ struct ChatOptions {
   uint64_t seed = 0;
 };
 
-void run_chat(const ChatOptions& o) {
+std::string trimmed(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  return b == std::string::npos ? std::string() : s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+// Returns false when a turn failed (each failure is reported and the chat goes on).
+bool run_chat(const ChatOptions& o) {
+  if (!(o.temperature >= 0)) fail("chat", "--temperature must be >= 0 (0 = greedy)");
+  if (!(o.top_p > 0 && o.top_p <= 1)) fail("chat", "--top-p must be in (0, 1]");
   auto be = make_backend(o.backend);
   auto model = load_model(o.model_dir, *be);
   be->set_weights_frozen(true);
@@ -37,6 +47,7 @@ void run_chat(const ChatOptions& o) {
   const ChatFormat format(load_chat_template(o.chat_template), *tok);
   ChatSession session(*model, *tok, format, o.context);
   if (!o.system.empty()) session.add("system", o.system);
+  // The "> " prompt goes to stderr, so that a transcript redirected from stdout holds replies only.
   const bool interactive = isatty(STDIN_FILENO) != 0;
   if (interactive)
     std::fprintf(stderr,
@@ -44,33 +55,48 @@ void run_chat(const ChatOptions& o) {
                  o.model_dir.c_str(), o.chat_template.c_str(), (long long)session.context());
   SamplingParams sampling{o.temperature, o.top_k, o.top_p};
   uint64_t seed = o.seed;
+  bool all_ok = true;
   std::string line;
   for (;;) {
-    if (interactive) {
-      std::printf("> ");
-      std::fflush(stdout);
+    if (interactive) std::fputs("> ", stderr);
+    if (!std::getline(std::cin, line)) {
+      if (interactive) std::fputs("\n", stderr);
+      break;
     }
-    if (!std::getline(std::cin, line)) break;
-    if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF input
-    if (line == "/exit") break;
+    line = trimmed(line);
     if (line.empty()) continue;
+    if (line == "/exit") break;
     if (line == "/reset") {
       session.reset();
       std::fprintf(stderr, "[zaya] the conversation starts over\n");
       continue;
     }
-    const ChatSession::Turn t =
-        session.say(line, sampling, seed++, o.max_tokens, [](const std::string& piece) {
-          std::fputs(piece.c_str(), stdout);
-          std::fflush(stdout);
-        });
-    std::printf("\n");
-    std::fflush(stdout);
-    std::fprintf(
-        stderr, "[zaya] %lld prompt tokens (%lld prefilled, %.3fs), %zu reply tokens (%.1f tok/s), %s\n",
-        (long long)t.prompt_tokens, (long long)t.prefilled, t.prefill_seconds, t.ids.size(),
-        t.decode_seconds > 0 ? double(t.ids.size()) / t.decode_seconds : 0.0, t.finish_reason.c_str());
+    if (line[0] == '/' && line.find(' ') == std::string::npos) {
+      std::fprintf(stderr, "[zaya] unknown command %s: /reset starts over, /exit ends\n", line.c_str());
+      continue;
+    }
+    bool streamed = false;
+    try {
+      const ChatSession::Turn t =
+          session.say(line, sampling, seed++, o.max_tokens, [&](const std::string& piece) {
+            std::fwrite(piece.data(), 1, piece.size(), stdout);
+            std::fflush(stdout);
+            streamed = true;
+          });
+      std::printf("\n");
+      std::fflush(stdout);
+      std::fprintf(
+          stderr, "[zaya] %lld prompt tokens (%lld prefilled, %.3fs), %zu reply tokens (%.1f tok/s), %s\n",
+          (long long)t.prompt_tokens, (long long)t.prefilled, t.prefill_seconds, t.ids.size(),
+          t.decode_seconds > 0 ? double(t.ids.size()) / t.decode_seconds : 0.0, t.finish_reason.c_str());
+    } catch (const Error& e) {
+      if (streamed) std::printf("\n");
+      std::fflush(stdout);
+      std::fprintf(stderr, "[zaya] error: %s\n", e.what());
+      all_ok = false;
+    }
   }
+  return all_ok;
 }
 
 }  // namespace
@@ -99,7 +125,9 @@ void add_chat(CLI::App& app) {
   cmd->add_option("--seed", o.seed, "Sampling seed of the first reply (the next ones add 1 each)")
       ->capture_default_str();
   cmd->add_option("--backend", o.backend, "cpu, or cuda in a GPU build")->capture_default_str();
-  cmd->callback([] { run_chat(o); });
+  cmd->callback([] {
+    if (!run_chat(o)) throw CLI::RuntimeError(1);  // a turn failed: said above, and the exit status says so
+  });
 }
 
 }  // namespace zaya::cli
