@@ -78,8 +78,6 @@ class DocumentBuilder {
   // of the text that is scored (the document, the completions, or the replies).
   bool append(RawDocument&& doc, const std::string& file, std::vector<uint32_t>& tokens,
               std::vector<uint8_t>& mask, uint64_t* scored_bytes = nullptr) const;
-  const RecordFields& fields() const { return fields_; }
-  const ChatFormat* chat() const { return chat_.get(); }
 
  private:
   const Tokenizer& tok_;
