@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,10 @@ struct GemmMode {
   // With ns_bf16: Newton-Schulz's iterates in bf16 too (ZAYA_NS_BF16_ITERATES).
   bool ns_bf16_iterates = false;
 };
+// A test's parameter prints as its mode's name: CTest names a parametrized test with it
+// ("... # GetParam() = bf16"), where gtest's byte dump would put addresses that change with
+// every run, and the costs CTest learns (and tests/test_costs.cmake) could never match it.
+inline void PrintTo(const GemmMode& mode, std::ostream* out) { *out << mode.name; }
 inline std::vector<GemmMode> gemm_modes() {
   return {{"bf16", true, false, kTolBf16}, {"fp32", false, false, kTolF32}, {"tiled_fp32", false, true, kTolF32}};
 }
