@@ -18,11 +18,15 @@
 #include "ckpt/checksum.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "test_helpers.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+using zaya::test::read_file;
+using zaya::test::write_file;
 
 // ---------------------------------------------------------------------------------------------
 // CRC-32C
@@ -85,18 +89,6 @@ std::vector<float> ramp(size_t n, float seed) {
   std::normal_distribution<float> d;
   for (auto& x : v) x = d(rng) * seed;
   return v;
-}
-
-std::string read_file(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void write_file(const std::string& p, const std::string& bytes) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), std::streamsize(bytes.size()));
 }
 
 // Rewrites a manifest after a test edit, with a valid self-checksum.

