@@ -14,7 +14,7 @@ namespace zaya {
 
 namespace {
 
-constexpr const char* kComponent = "chat";
+constexpr const char* kChatComponent = "chat";
 
 std::string json_quoted(const std::string& s) { return nlohmann::json(s).dump(); }
 
@@ -91,11 +91,11 @@ std::string text_of_content(const nlohmann::json& content, const std::string& wh
 [[noreturn]] void fail_at(const std::string& source, const toml::node* node, const std::string& message) {
   std::string at = source;
   if (node && node->source().begin.line > 0) at += ":" + std::to_string(node->source().begin.line);
-  fail(kComponent, at + ": " + message, "docs/formats.md describes chat template files");
+  fail(kChatComponent, at + ": " + message, "docs/formats.md describes chat template files");
 }
 
-void check_keys(const toml::table& table, const std::string& table_name,
-                const std::vector<std::string>& allowed, const std::string& source) {
+void check_template_keys(const toml::table& table, const std::string& table_name,
+                         const std::vector<std::string>& allowed, const std::string& source) {
   for (auto&& [key, node] : table) {
     const std::string k(key.str());
     bool ok = false;
@@ -136,7 +136,7 @@ const toml::table* role_table(const toml::table& root, const std::string& name, 
 }
 
 ChatTemplate::Role read_role(const toml::table& table, const std::string& name, const std::string& source) {
-  check_keys(table, name + ".", {"prefix", "suffix"}, source);
+  check_template_keys(table, name + ".", {"prefix", "suffix"}, source);
   return {string_key(table, "prefix", name + ".", source), string_key(table, "suffix", name + ".", source)};
 }
 
@@ -184,12 +184,12 @@ ChatTemplate parse_chat_template(const std::string& toml_text, const std::string
   try {
     root = toml::parse(std::string_view(toml_text), std::string_view(source));
   } catch (const toml::parse_error& e) {
-    fail(kComponent,
+    fail(kChatComponent,
          source + ":" + std::to_string(e.source().begin.line) +
              ": TOML syntax error: " + std::string(e.description()),
          "docs/formats.md describes chat template files");
   }
-  check_keys(root, "", {"end_of_reply", "trim_content", "system", "user", "assistant"}, source);
+  check_template_keys(root, "", {"end_of_reply", "trim_content", "system", "user", "assistant"}, source);
   ChatTemplate t;
   t.name = source;
   t.end_of_reply = string_key(root, "end_of_reply", "", source);
@@ -197,7 +197,7 @@ ChatTemplate parse_chat_template(const std::string& toml_text, const std::string
   t.user = read_role(*role_table(root, "user", true, source), "user", source);
   t.assistant = read_role(*role_table(root, "assistant", true, source), "assistant", source);
   if (const toml::table* s = role_table(root, "system", false, source)) {
-    check_keys(*s, "system.", {"prefix", "suffix", "merge_into_user", "separator"}, source);
+    check_template_keys(*s, "system.", {"prefix", "suffix", "merge_into_user", "separator"}, source);
     t.system_role = !bool_key(*s, "merge_into_user", false, "system.", source);
     if (t.system_role) {
       if (s->get("separator"))
@@ -223,13 +223,14 @@ ChatTemplate load_chat_template(const std::string& name_or_path) {
   if (!std::filesystem::is_regular_file(name_or_path, ec)) {
     std::string names;
     for (const std::string& n : builtin_chat_template_names()) names += (names.empty() ? "" : ", ") + n;
-    fail(kComponent, "'" + name_or_path + "' is neither a built-in chat template (" + names + ") nor a file",
+    fail(kChatComponent,
+         "'" + name_or_path + "' is neither a built-in chat template (" + names + ") nor a file",
          "pass a built-in's name or a TOML template file (docs/formats.md)");
   }
   std::ifstream in(name_or_path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
-  if (!in && !in.eof()) fail(kComponent, name_or_path + ": cannot read the chat template file");
+  if (!in && !in.eof()) fail(kChatComponent, name_or_path + ": cannot read the chat template file");
   return parse_chat_template(text.str(), name_or_path);
 }
 
@@ -238,13 +239,13 @@ ChatFormat::ChatFormat(ChatTemplate chat_template, const Tokenizer& tok)
   if (t_.end_of_reply.empty()) {
     end_id_ = tok_.eos_id();
     if (end_id_ < 0)
-      fail(kComponent, "chat template " + t_.name + " ends replies with EOS, but the tokenizer has none",
+      fail(kChatComponent, "chat template " + t_.name + " ends replies with EOS, but the tokenizer has none",
            "use a template whose end_of_reply is a token of this tokenizer");
     return;
   }
   const std::vector<int32_t> ids = tok_.encode(t_.end_of_reply);
   if (ids.size() != 1)
-    fail(kComponent,
+    fail(kChatComponent,
          "chat template " + t_.name + ": its end of reply " + json_quoted(t_.end_of_reply) +
              " is not one token of this tokenizer (it encodes to " + std::to_string(ids.size()) + " ids)",
          "use a template made for this tokenizer (plain ends replies with EOS)");
@@ -282,7 +283,7 @@ std::string ChatFormat::check(const std::vector<ChatMessage>& messages, bool for
 
 ChatTokens ChatFormat::render(const std::vector<ChatMessage>& messages, bool for_reply) const {
   const std::string problem = check(messages, for_reply);
-  if (!problem.empty()) fail(kComponent, problem);
+  if (!problem.empty()) fail(kChatComponent, problem);
   ChatTokens out;
   std::string run, system_text;
   bool first = true;

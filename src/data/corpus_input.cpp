@@ -20,15 +20,11 @@ namespace zaya {
 
 namespace {
 
-constexpr const char* kComponent = "data";
+constexpr const char* kCorpusComponent = "data";
 constexpr size_t kChunk = 1 << 18;  // 256 KiB reads
 
 [[noreturn]] void fail_in(const std::string& source, const std::string& message, const std::string& hint = {}) {
-  fail(kComponent, source + ": " + message, hint);
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  fail(kCorpusComponent, source + ": " + message, hint);
 }
 
 bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
@@ -167,14 +163,16 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns)
       if (rc == 0)
         for (size_t i = 0; i < g.gl_pathc; ++i) matches.push_back(g.gl_pathv[i]);
       globfree(&g);
-      if (rc != 0 && rc != GLOB_NOMATCH) fail(kComponent, "input pattern '" + p + "': cannot read a directory");
+      if (rc != 0 && rc != GLOB_NOMATCH)
+        fail(kCorpusComponent, "input pattern '" + p + "': cannot read a directory");
       std::sort(matches.begin(), matches.end());
     } else {
       struct stat st {};
       if (::stat(p.c_str(), &st) == 0) matches.push_back(p);
     }
     if (matches.empty())
-      fail(kComponent, "input '" + p + "' matches no file", "check the path; quote globs so zaya expands them");
+      fail(kCorpusComponent, "input '" + p + "' matches no file",
+           "check the path; quote globs so zaya expands them");
     for (auto& m : matches)
       if (seen.insert(m).second) out.push_back(std::move(m));
   }
@@ -184,16 +182,16 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& patterns)
 void classify_input(const std::string& path, CorpusKind* kind, Compression* compression) {
   std::string base = path;
   *compression = Compression::None;
-  if (ends_with(base, ".gz")) {
+  if (base.ends_with(".gz")) {
     *compression = Compression::Gzip;
     base.resize(base.size() - 3);
-  } else if (ends_with(base, ".zst")) {
+  } else if (base.ends_with(".zst")) {
     *compression = Compression::Zstd;
     base.resize(base.size() - 4);
   }
-  if (ends_with(base, ".txt")) {
+  if (base.ends_with(".txt")) {
     *kind = CorpusKind::Text;
-  } else if (ends_with(base, ".jsonl") || ends_with(base, ".ndjson")) {
+  } else if (base.ends_with(".jsonl") || base.ends_with(".ndjson")) {
     *kind = CorpusKind::Jsonl;
   } else {
     fail_in(path, "unknown input type",
@@ -308,8 +306,8 @@ nlohmann::json parse_jsonl_object(const RawDocument& doc, const std::string& whe
   return j;
 }
 
-nlohmann::json& find_field(nlohmann::json& j, const std::string& field, const std::string& where,
-                           const std::string& hint) {
+nlohmann::json& record_field(nlohmann::json& j, const std::string& field, const std::string& where,
+                             const std::string& hint) {
   auto it = j.find(field);
   if (it == j.end()) fail_in(where, "object has no field '" + field + "'", hint);
   return *it;
@@ -317,7 +315,7 @@ nlohmann::json& find_field(nlohmann::json& j, const std::string& field, const st
 
 std::string take_string_field(nlohmann::json& j, const std::string& field, const std::string& where,
                               const std::string& hint) {
-  nlohmann::json* it = &find_field(j, field, where, hint);
+  nlohmann::json* it = &record_field(j, field, where, hint);
   if (!it->is_string()) fail_in(where, "field '" + field + "' is not a string");
   return std::move(it->get_ref<std::string&>());
 }
@@ -340,9 +338,9 @@ PromptCompletion extract_prompt_completion(RawDocument&& doc, const std::string&
   nlohmann::json j = parse_jsonl_object(doc, where);
   ZAYA_CHECK(prompt_field != completion_field, "the prompt and completion fields must differ");
   PromptCompletion out;
-  nlohmann::json* p = &find_field(j, prompt_field, where, "pick the prompt field with --prompt-field");
+  nlohmann::json* p = &record_field(j, prompt_field, where, "pick the prompt field with --prompt-field");
   nlohmann::json* c =
-      &find_field(j, completion_field, where, "pick the completion field with --completion-field");
+      &record_field(j, completion_field, where, "pick the completion field with --completion-field");
   if (p->is_string() && c->is_string()) {
     out.turns.push_back({std::move(p->get_ref<std::string&>()), std::move(c->get_ref<std::string&>())});
     return out;
@@ -372,7 +370,7 @@ std::vector<ChatMessage> extract_chat_messages(RawDocument&& doc, const std::str
   const std::string where = file + ":" + std::to_string(doc.line);
   nlohmann::json j = parse_jsonl_object(doc, where);
   const nlohmann::json& field =
-      find_field(j, messages_field, where, "pick the message list with --messages-field");
+      record_field(j, messages_field, where, "pick the message list with --messages-field");
   std::string error;
   std::vector<ChatMessage> messages = parse_chat_messages(field, messages_field, &error);
   if (!error.empty()) fail_in(where, error);

@@ -15,8 +15,6 @@ namespace zaya {
 
 namespace {
 
-std::string num(int64_t v) { return std::to_string(v); }
-
 std::string hex64(uint64_t v) {
   char b[17];
   std::snprintf(b, sizeof b, "%016" PRIx64, v);
@@ -131,7 +129,9 @@ LoaderCursor cursor_from_json(const std::string& text) {
   auto i64 = [&](const char* k, int64_t lo) {
     if (!j.contains(k) || !j[k].is_number_integer()) fail("data", std::string("loader cursor: '") + k + "' must be an integer");
     const int64_t v = j[k].get<int64_t>();
-    if (v < lo) fail("data", std::string("loader cursor: '") + k + "' is " + num(v) + ", expected >= " + num(lo));
+    if (v < lo)
+      fail("data", std::string("loader cursor: '") + k + "' is " + std::to_string(v) +
+                       ", expected >= " + std::to_string(lo));
     return v;
   };
   auto h64 = [&](const char* k) {
@@ -156,10 +156,12 @@ LoaderCursor cursor_from_json(const std::string& text) {
 // Loader
 
 Loader::Loader(LoaderOptions options) : opt_(std::move(options)) {
-  if (opt_.micro_batch < 1) fail("data", "micro_batch is " + num(opt_.micro_batch) + ", expected >= 1");
+  if (opt_.micro_batch < 1)
+    fail("data", "micro_batch is " + std::to_string(opt_.micro_batch) + ", expected >= 1");
   if (opt_.ranks < 1 || opt_.rank < 0 || opt_.rank >= opt_.ranks)
-    fail("data", "rank " + num(opt_.rank) + " of " + num(opt_.ranks) + " ranks is out of range");
-  if (opt_.prefetch < 0) fail("data", "prefetch is " + num(opt_.prefetch) + ", expected >= 0");
+    fail("data", "rank " + std::to_string(opt_.rank) + " of " + std::to_string(opt_.ranks) +
+                     " ranks is out of range");
+  if (opt_.prefetch < 0) fail("data", "prefetch is " + std::to_string(opt_.prefetch) + ", expected >= 0");
   PhasePlan plan(opt_.phases);
   std::map<std::string, size_t> by_dir;
   std::vector<std::vector<uint64_t>> tokens(plan.size());
@@ -210,8 +212,9 @@ int64_t Loader::batch_at(int64_t step) const {
   const int64_t b = opt_.global_batch ? opt_.global_batch(step) : g;
   if (b < 1 || b % g != 0)
     fail("data",
-         "the global batch of step " + num(step) + " is " + num(b) + " sequences, not a positive multiple of micro_batch " +
-             num(opt_.micro_batch) + " x ranks " + num(opt_.ranks),
+         "the global batch of step " + std::to_string(step) + " is " + std::to_string(b) +
+             " sequences, not a positive multiple of micro_batch " + std::to_string(opt_.micro_batch) +
+             " x ranks " + std::to_string(opt_.ranks),
          "make the batch ramp's granularity micro_batch x ranks");
   return b;
 }
@@ -232,10 +235,12 @@ void Loader::check_alignment(int64_t step, int64_t sample) const {
       const PhaseSpec& ph = plan.phase(p);
       const int64_t lo = (f - b - plan.sample_start(p)) * ph.seq_len, hi = (f - plan.sample_start(p)) * ph.seq_len;
       fail("data",
-           "phase " + num(int64_t(p)) + " ('" + ph.name + "') ends after " + num(ph.tokens) + " tokens (global sample " +
-               num(boundary) + "), inside step " + num(s - 1) + " (samples [" + num(f - b) + ", " + num(f) + "))",
+           "phase " + std::to_string(int64_t(p)) + " ('" + ph.name + "') ends after " +
+               std::to_string(ph.tokens) + " tokens (global sample " + std::to_string(boundary) +
+               "), inside step " + std::to_string(s - 1) + " (samples [" + std::to_string(f - b) + ", " +
+               std::to_string(f) + "))",
            "phase budgets must end on a step boundary; for this phase use tokens = " +
-               (lo > 0 ? num(lo) + " or " : std::string()) + num(hi));
+               (lo > 0 ? std::to_string(lo) + " or " : std::string()) + std::to_string(hi));
     }
   }
 }
@@ -269,7 +274,9 @@ void Loader::produce(Pos& pos, Item& item) const {
   for (int64_t q = 0; q < M; ++q) {
     const SampleRef& r = info.refs[size_t(q)];
     if (r.phase != r0.phase)
-      fail("data", "step " + num(pos.step) + " spans phases " + num(r0.phase) + " and " + num(r.phase),
+      fail("data",
+           "step " + std::to_string(pos.step) + " spans phases " + std::to_string(r0.phase) + " and " +
+               std::to_string(r.phase),
            "phase budgets must end on a step boundary");
     read_window(*open_[which_[size_t(r.phase)][size_t(r.dataset)]], uint64_t(r.start), r.seq_len, opt_.check_token_ids,
                 vocab_, item.in.data() + size_t(q) * L, item.tg.data() + size_t(q) * L, &info.doc_starts);
@@ -284,7 +291,7 @@ void Loader::produce(Pos& pos, Item& item) const {
 
 SampleRef Loader::read_sample(int64_t sample, int32_t* inputs, int32_t* targets,
                               std::vector<int32_t>* doc_starts) const {
-  if (sample < 0) fail("data", "sample index " + num(sample) + " is negative");
+  if (sample < 0) fail("data", "sample index " + std::to_string(sample) + " is negative");
   const SampleRef r = sampler_.sample_at(opt_.seed, sample);
   read_window(*open_[which_[size_t(r.phase)][size_t(r.dataset)]], uint64_t(r.start), r.seq_len, opt_.check_token_ids,
               vocab_, inputs, targets, doc_starts);
@@ -412,13 +419,16 @@ void Loader::seek(const LoaderCursor& c) {
          "resume with the original seed, or start the data stream afresh");
   if (c.micro > 0 && (c.ranks != opt_.ranks || c.micro_batch != opt_.micro_batch))
     fail("data",
-         "loader cursor stands inside step " + num(c.step) + " (micro-batch " + num(c.micro) + ") with " + num(c.ranks) +
-             " ranks x micro_batch " + num(c.micro_batch) + "; this run has " + num(opt_.ranks) + " x " +
-             num(opt_.micro_batch),
+         "loader cursor stands inside step " + std::to_string(c.step) + " (micro-batch " +
+             std::to_string(c.micro) + ") with " + std::to_string(c.ranks) + " ranks x micro_batch " +
+             std::to_string(c.micro_batch) + "; this run has " + std::to_string(opt_.ranks) + " x " +
+             std::to_string(opt_.micro_batch),
          "a different rank count or micro-batch can only resume at a step boundary");
   if (c.plan != plan().fingerprint())
-    log::warn("data: the phase plan differs from the one the cursor was saved with; the stream continues at global "
-              "sample " + num(c.sample) + " under the new plan");
+    log::warn(
+        "data: the phase plan differs from the one the cursor was saved with; the stream continues at global "
+        "sample " +
+        std::to_string(c.sample) + " under the new plan");
   check_alignment(c.step, c.sample);  // before stopping: a rejected seek leaves the loader as it was
   stop();
   {
@@ -451,8 +461,9 @@ EvalSet::~EvalSet() = default;
 
 EvalSet EvalSet::open(const std::vector<DatasetSpec>& datasets, int64_t seq_len, int64_t max_windows,
                       std::optional<uint32_t> expected_tokenizer_hash) {
-  if (seq_len < 1) fail("data", "eval seq_len is " + num(seq_len) + ", expected >= 1");
-  if (max_windows < 0) fail("data", "eval max_windows is " + num(max_windows) + ", expected >= 0 (0 = all)");
+  if (seq_len < 1) fail("data", "eval seq_len is " + std::to_string(seq_len) + ", expected >= 1");
+  if (max_windows < 0)
+    fail("data", "eval max_windows is " + std::to_string(max_windows) + ", expected >= 0 (0 = all)");
   EvalSet e;
   e.seq_len_ = seq_len;
   for (const DatasetSpec& d : datasets) {
@@ -488,8 +499,8 @@ void EvalSet::fill(size_t d, int64_t first, int64_t n, int32_t* inputs, int32_t*
                    std::vector<int32_t>* doc_starts) const {
   const Set& s = *sets_.at(d);
   if (first < 0 || n < 0 || first + n > s.windows)
-    fail("data", "eval windows [" + num(first) + ", " + num(first + n) + ") requested, but '" + s.name + "' has " +
-                     num(s.windows));
+    fail("data", "eval windows [" + std::to_string(first) + ", " + std::to_string(first + n) +
+                     ") requested, but '" + s.name + "' has " + std::to_string(s.windows));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t w = (first + i) * s.tiles / s.windows;  // evenly spaced when thinned
     read_window(s.data, uint64_t(w * seq_len_), seq_len_, true, s.data.ds.vocab_size(), inputs + i * seq_len_,

@@ -15,10 +15,10 @@ namespace {
 
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
 
-std::string num(int64_t v) { return std::to_string(v); }
-
 [[noreturn]] void fail_phase(size_t p, const PhaseSpec& ph, const std::string& what, const std::string& hint = {}) {
-  fail("data", "phase " + num(int64_t(p)) + (ph.name.empty() ? "" : " ('" + ph.name + "')") + ": " + what, hint);
+  fail("data",
+       "phase " + std::to_string(int64_t(p)) + (ph.name.empty() ? "" : " ('" + ph.name + "')") + ": " + what,
+       hint);
 }
 
 }  // namespace
@@ -69,14 +69,17 @@ PhasePlan::PhasePlan(std::vector<PhaseSpec> phases) : phases_(std::move(phases))
     const bool last = p + 1 == phases_.size();
     if (ph.name.empty()) fail_phase(p, ph, "'name' is empty");
     if (!names.insert(ph.name).second) fail_phase(p, ph, "the name is used by an earlier phase");
-    if (ph.seq_len < 1) fail_phase(p, ph, "'seq_len' is " + num(ph.seq_len) + ", expected >= 1");
+    if (ph.seq_len < 1) fail_phase(p, ph, "'seq_len' is " + std::to_string(ph.seq_len) + ", expected >= 1");
     if (ph.tokens < 0 || (ph.tokens == 0 && !last))
-      fail_phase(p, ph, "'tokens' is " + num(ph.tokens) + ", expected > 0 (only the last phase may be 0 = unbounded)");
+      fail_phase(p, ph,
+                 "'tokens' is " + std::to_string(ph.tokens) +
+                     ", expected > 0 (only the last phase may be 0 = unbounded)");
     if (ph.tokens % ph.seq_len != 0)
       fail_phase(p, ph,
-                 "'tokens' is " + num(ph.tokens) + ", not a multiple of seq_len " + num(ph.seq_len),
-                 "use " + num(ph.tokens / ph.seq_len * ph.seq_len) + " or " +
-                     num((ph.tokens / ph.seq_len + 1) * ph.seq_len));
+                 "'tokens' is " + std::to_string(ph.tokens) + ", not a multiple of seq_len " +
+                     std::to_string(ph.seq_len),
+                 "use " + std::to_string(ph.tokens / ph.seq_len * ph.seq_len) + " or " +
+                     std::to_string((ph.tokens / ph.seq_len + 1) * ph.seq_len));
     if (!(ph.rope_theta >= 0) || !std::isfinite(ph.rope_theta))
       fail_phase(p, ph, "'rope_theta' must be >= 0 (0 = unchanged)");
     if (!(ph.lr_scale > 0) || !std::isfinite(ph.lr_scale)) fail_phase(p, ph, "'lr_scale' must be > 0");
@@ -158,7 +161,8 @@ MixtureSampler::MixtureSampler(PhasePlan plan, const std::vector<std::vector<uin
     // Largest-remainder apportionment of kMixtureBlock slots, at least one each.
     double total = 0;
     for (const auto& d : ph.mixture) total += d.weight;
-    if (int64_t(n) > kMixtureBlock) fail_phase(p, ph, "more than " + num(kMixtureBlock) + " datasets");
+    if (int64_t(n) > kMixtureBlock)
+      fail_phase(p, ph, "more than " + std::to_string(kMixtureBlock) + " datasets");
     std::vector<int64_t> slots(n);
     std::vector<std::pair<double, size_t>> rem;
     int64_t given = 0;
@@ -186,7 +190,7 @@ MixtureSampler::MixtureSampler(PhasePlan plan, const std::vector<std::vector<uin
       if (tok < uint64_t(ph.seq_len) + 1)
         fail_phase(p, ph,
                    "dataset '" + ds.name + "' (" + ds.dir + ") has " + std::to_string(tok) +
-                       " training tokens, fewer than seq_len + 1 = " + num(ph.seq_len + 1),
+                       " training tokens, fewer than seq_len + 1 = " + std::to_string(ph.seq_len + 1),
                    "add data to the dataset or shorten seq_len");
       out.windows.push_back(int64_t((tok - 1) / uint64_t(ph.seq_len)));
       int64_t& v = visits[{ds.name, ph.seq_len}];

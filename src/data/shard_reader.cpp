@@ -22,13 +22,12 @@ namespace zaya {
 
 namespace {
 
-constexpr const char* kComponent = "shards";
+constexpr const char* kShardReadComponent = "shards";
 
 [[noreturn]] void fail_in(const std::string& source, const std::string& message, const std::string& hint = {}) {
-  fail(kComponent, source + ": " + message, hint);
+  fail(kShardReadComponent, source + ": " + message, hint);
 }
 
-std::string num(uint64_t v) { return std::to_string(v); }
 std::string hex(uint32_t v) { return checksum_hex(v); }
 
 const char* kTruncatedHint = "the file is truncated or corrupt; re-run `zaya data prepare`";
@@ -42,18 +41,23 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t size, const std::string& so
     fail_in(source, "bad magic: the first 8 bytes are not \"ZAYASHRD\"",
             "this is not a zaya token shard (.zshard); create shards with `zaya data prepare`");
   if (size < kShardHeaderBytes)
-    fail_in(source, "file is " + num(size) + " bytes, too short for the " + num(kShardHeaderBytes) + "-byte header",
+    fail_in(source,
+            "file is " + std::to_string(size) + " bytes, too short for the " +
+                std::to_string(kShardHeaderBytes) + "-byte header",
             kTruncatedHint);
   const ShardHeader h = decode_shard_header_unchecked(bytes);
   if (h.version < kShardVersionNoMask || h.version > kShardVersion)
     fail_in(source,
-            "format version " + num(h.version) + " is not supported (this zaya reads versions " +
-                num(kShardVersionNoMask) + " to " + num(kShardVersion) + ")",
+            "format version " + std::to_string(h.version) + " is not supported (this zaya reads versions " +
+                std::to_string(kShardVersionNoMask) + " to " + std::to_string(kShardVersion) + ")",
             h.version > kShardVersion
                 ? "the shard was written by a newer zaya; upgrade or re-run `zaya data prepare`"
                 : kCorruptHint);
   if (h.header_bytes != kShardHeaderBytes)
-    fail_in(source, "header size field is " + num(h.header_bytes) + ", expected " + num(kShardHeaderBytes), kCorruptHint);
+    fail_in(source,
+            "header size field is " + std::to_string(h.header_bytes) + ", expected " +
+                std::to_string(kShardHeaderBytes),
+            kCorruptHint);
   const uint32_t stored_crc = shard_detail::load_u32(bytes + kHeaderCrc);
   const uint32_t actual_crc = crc32c(bytes, kHeaderCrc);
   if (stored_crc != actual_crc)
@@ -63,60 +67,88 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t size, const std::string& so
   const uint32_t expected_flags = h.version >= 2 ? kShardFlagLossMask : 0;
   if (h.flags != expected_flags)
     fail_in(source,
-            "header flags are " + num(h.flags) + ", expected " + num(expected_flags) + " in format version " +
-                num(h.version) + (h.version >= 2 ? " (bit 0: the loss mask that version 2 adds)" : ""),
+            "header flags are " + std::to_string(h.flags) + ", expected " + std::to_string(expected_flags) +
+                " in format version " + std::to_string(h.version) +
+                (h.version >= 2 ? " (bit 0: the loss mask that version 2 adds)" : ""),
             kCorruptHint);
   for (size_t i = h.has_loss_mask() ? kReserved : kMaskOffset; i < kHeaderCrc; ++i)
-    if (bytes[i] != 0) fail_in(source, "reserved header byte " + num(i) + " is not zero", kCorruptHint);
+    if (bytes[i] != 0)
+      fail_in(source, "reserved header byte " + std::to_string(i) + " is not zero", kCorruptHint);
   if (h.vocab_size == 0 || h.vocab_size > (uint64_t(1) << 32))
-    fail_in(source, "vocab size " + num(h.vocab_size) + " is outside [1, 2^32] (token ids are u32)", kCorruptHint);
+    fail_in(source,
+            "vocab size " + std::to_string(h.vocab_size) + " is outside [1, 2^32] (token ids are u32)",
+            kCorruptHint);
 
   // Section bounds: each checked against the real size before anything is read from it.
   if (h.file_size != size)
-    fail_in(source, "header records file size " + num(h.file_size) + " bytes, but the file is " + num(size) + " bytes",
+    fail_in(source,
+            "header records file size " + std::to_string(h.file_size) + " bytes, but the file is " +
+                std::to_string(size) + " bytes",
             kTruncatedHint);
   if (h.token_count > (UINT64_MAX >> 2) || h.tokens_bytes != h.token_count * 4)
-    fail_in(source, "tokens section size " + num(h.tokens_bytes) + " bytes does not match token count " +
-                        num(h.token_count) + " (4 bytes per token)", kCorruptHint);
+    fail_in(source,
+            "tokens section size " + std::to_string(h.tokens_bytes) + " bytes does not match token count " +
+                std::to_string(h.token_count) + " (4 bytes per token)",
+            kCorruptHint);
   if (h.tokens_offset != kShardHeaderBytes)
-    fail_in(source, "tokens section offset " + num(h.tokens_offset) + ", expected " + num(kShardHeaderBytes), kCorruptHint);
+    fail_in(source,
+            "tokens section offset " + std::to_string(h.tokens_offset) + ", expected " +
+                std::to_string(kShardHeaderBytes),
+            kCorruptHint);
   if (h.tokens_bytes > size - h.tokens_offset)
-    fail_in(source, "tokens section [" + num(h.tokens_offset) + ", " + num(h.tokens_offset + h.tokens_bytes) +
-                        ") extends past the end of the file (" + num(size) + " bytes)", kTruncatedHint);
+    fail_in(source,
+            "tokens section [" + std::to_string(h.tokens_offset) + ", " +
+                std::to_string(h.tokens_offset + h.tokens_bytes) + ") extends past the end of the file (" +
+                std::to_string(size) + " bytes)",
+            kTruncatedHint);
   if (h.document_count >= (UINT64_MAX >> 3) || h.index_bytes != (h.document_count + 1) * 8)
-    fail_in(source, "index section size " + num(h.index_bytes) + " bytes does not match document count " +
-                        num(h.document_count) + " (8 bytes per entry, documents + 1 entries)", kCorruptHint);
+    fail_in(source,
+            "index section size " + std::to_string(h.index_bytes) + " bytes does not match document count " +
+                std::to_string(h.document_count) + " (8 bytes per entry, documents + 1 entries)",
+            kCorruptHint);
   if (h.index_offset > size || h.index_bytes > size - h.index_offset)
-    fail_in(source, "index section at offset " + num(h.index_offset) + " (" + num(h.index_bytes) +
-                        " bytes) lies outside the file (" + num(size) + " bytes)", kTruncatedHint);
+    fail_in(source,
+            "index section at offset " + std::to_string(h.index_offset) + " (" +
+                std::to_string(h.index_bytes) + " bytes) lies outside the file (" + std::to_string(size) +
+                " bytes)",
+            kTruncatedHint);
   const uint64_t tokens_end = h.tokens_offset + h.tokens_bytes;
   const uint64_t expect_index = (tokens_end + 7) / 8 * 8;
   if (h.index_offset != expect_index)
-    fail_in(source, "index section offset " + num(h.index_offset) + ", expected " + num(expect_index) +
-                        " (the tokens section ends at " + num(tokens_end) + ")", kCorruptHint);
+    fail_in(source,
+            "index section offset " + std::to_string(h.index_offset) + ", expected " +
+                std::to_string(expect_index) + " (the tokens section ends at " + std::to_string(tokens_end) +
+                ")",
+            kCorruptHint);
   const uint64_t index_end = h.index_offset + h.index_bytes;
   if (!h.has_loss_mask() && index_end != size)
-    fail_in(source, "index section ends at " + num(index_end) + ", but the file is " + num(size) + " bytes",
+    fail_in(source,
+            "index section ends at " + std::to_string(index_end) + ", but the file is " +
+                std::to_string(size) + " bytes",
             kCorruptHint);
   if (h.has_loss_mask()) {
     if (h.mask_offset != index_end)
       fail_in(source,
-              "loss mask section offset " + num(h.mask_offset) + ", expected " + num(index_end) +
-                  " (the index section ends there)",
+              "loss mask section offset " + std::to_string(h.mask_offset) + ", expected " +
+                  std::to_string(index_end) + " (the index section ends there)",
               kCorruptHint);
     if (h.mask_bytes != h.token_count)
       fail_in(source,
-              "loss mask section size " + num(h.mask_bytes) + " bytes does not match token count " +
-                  num(h.token_count) + " (1 byte per token)",
+              "loss mask section size " + std::to_string(h.mask_bytes) +
+                  " bytes does not match token count " + std::to_string(h.token_count) +
+                  " (1 byte per token)",
               kCorruptHint);
     if (h.mask_offset > size || h.mask_bytes != size - h.mask_offset)
       fail_in(source,
-              "loss mask section [" + num(h.mask_offset) + ", " + num(h.mask_offset + h.mask_bytes) +
-                  ") does not end at the end of the file (" + num(size) + " bytes)",
+              "loss mask section [" + std::to_string(h.mask_offset) + ", " +
+                  std::to_string(h.mask_offset + h.mask_bytes) + ") does not end at the end of the file (" +
+                  std::to_string(size) + " bytes)",
               kTruncatedHint);
   }
   for (uint64_t i = tokens_end; i < h.index_offset; ++i)
-    if (bytes[i] != 0) fail_in(source, "padding byte " + num(i) + " after the tokens section is not zero", kCorruptHint);
+    if (bytes[i] != 0)
+      fail_in(source, "padding byte " + std::to_string(i) + " after the tokens section is not zero",
+              kCorruptHint);
 
   // Document index: first 0, monotone, in range, last = token count.
   const uint8_t* index = bytes + h.index_offset;
@@ -125,17 +157,25 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t size, const std::string& so
   for (uint64_t i = 0; i < entries; ++i) {
     const uint64_t v = shard_detail::load_u64(index + i * 8);
     if (v > h.token_count)
-      fail_in(source, "document index entry " + num(i) + " (offset " + num(v) + ") exceeds token count " +
-                          num(h.token_count), kCorruptHint);
-    if (i == 0 && v != 0) fail_in(source, "document index entry 0 (offset " + num(v) + ") is not 0", kCorruptHint);
+      fail_in(source,
+              "document index entry " + std::to_string(i) + " (offset " + std::to_string(v) +
+                  ") exceeds token count " + std::to_string(h.token_count),
+              kCorruptHint);
+    if (i == 0 && v != 0)
+      fail_in(source, "document index entry 0 (offset " + std::to_string(v) + ") is not 0", kCorruptHint);
     if (v < prev)
-      fail_in(source, "document index entry " + num(i) + " (offset " + num(v) + ") is less than entry " + num(i - 1) +
-                          " (offset " + num(prev) + "): the index is not monotone", kCorruptHint);
+      fail_in(source,
+              "document index entry " + std::to_string(i) + " (offset " + std::to_string(v) +
+                  ") is less than entry " + std::to_string(i - 1) + " (offset " + std::to_string(prev) +
+                  "): the index is not monotone",
+              kCorruptHint);
     prev = v;
   }
   if (prev != h.token_count)
-    fail_in(source, "document index entry " + num(h.document_count) + " (offset " + num(prev) +
-                        ") is not the token count " + num(h.token_count), kCorruptHint);
+    fail_in(source,
+            "document index entry " + std::to_string(h.document_count) + " (offset " + std::to_string(prev) +
+                ") is not the token count " + std::to_string(h.token_count),
+            kCorruptHint);
 
   if (verify == ShardVerify::Full) {
     const uint32_t tc = crc32c(bytes + h.tokens_offset, size_t(h.tokens_bytes));
@@ -155,7 +195,9 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t size, const std::string& so
                 kCorruptHint);
       for (uint64_t i = 0; i < h.mask_bytes; ++i)
         if (mask[i] > 1)
-          fail_in(source, "loss mask byte of token " + num(i) + " is " + num(mask[i]) + ", expected 0 or 1",
+          fail_in(source,
+                  "loss mask byte of token " + std::to_string(i) + " is " + std::to_string(mask[i]) +
+                      ", expected 0 or 1",
                   kCorruptHint);
     }
     // Branch-free max over blocks; locate the offender only on failure.
@@ -170,7 +212,9 @@ ShardHeader parse_shard(const uint8_t* bytes, size_t size, const std::string& so
         for (uint64_t i = b; i < e; ++i) {
           const uint32_t t = shard_detail::load_u32(tok + i * 4);
           if (uint64_t(t) >= limit)
-            fail_in(source, "token " + num(i) + " has id " + num(t) + ", not below the vocab size " + num(limit),
+            fail_in(source,
+                    "token " + std::to_string(i) + " has id " + std::to_string(t) +
+                        ", not below the vocab size " + std::to_string(limit),
                     kCorruptHint);
         }
       }
@@ -203,7 +247,7 @@ std::unique_ptr<ShardReader> ShardReader::open(const std::string& path, ShardVer
     if (p == MAP_FAILED) {
       std::string err = std::strerror(errno);
       ::close(fd);
-      fail_in(path, "cannot mmap " + num(r->size_) + " bytes: " + err);
+      fail_in(path, "cannot mmap " + std::to_string(r->size_) + " bytes: " + err);
     }
     r->base_ = static_cast<const uint8_t*>(p);
   }
@@ -222,14 +266,15 @@ ShardReader::~ShardReader() {
 
 std::span<const uint32_t> ShardReader::document(uint64_t d) const {
   if (d >= header_.document_count)
-    fail_in(path_, "document " + num(d) + " requested, but the shard has " + num(header_.document_count));
+    fail_in(path_, "document " + std::to_string(d) + " requested, but the shard has " +
+                       std::to_string(header_.document_count));
   return {tokens_ + index_[d], size_t(index_[d + 1] - index_[d])};
 }
 
 std::span<const uint32_t> ShardReader::tokens(uint64_t offset, uint64_t n) const {
   if (offset > header_.token_count || n > header_.token_count - offset)
-    fail_in(path_, "tokens [" + num(offset) + ", " + num(offset + n) + ") requested, but the shard has " +
-                       num(header_.token_count));
+    fail_in(path_, "tokens [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+                       ") requested, but the shard has " + std::to_string(header_.token_count));
   return {tokens_ + offset, size_t(n)};
 }
 
@@ -242,12 +287,12 @@ namespace {
 
 using nlohmann::json;
 
-std::string join(const std::string& dir, const std::string& name) {
+std::string shard_dir_path(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;
   return dir.back() == '/' ? dir + name : dir + "/" + name;
 }
 
-bool plain_file_name(const std::string& s) {
+bool plain_manifest_entry(const std::string& s) {
   if (s.empty() || s == "." || s == "..") return false;
   for (char c : s)
     if (c == '/' || c == '\\' || c == '\0') return false;
@@ -294,10 +339,10 @@ struct ManifestParser {
 }  // namespace
 
 Manifest read_manifest(const std::string& dir) {
-  const std::string path = join(dir, kManifestName);
+  const std::string path = shard_dir_path(dir, kManifestName);
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    fail(kComponent, path + ": cannot open: " + std::strerror(errno),
+    fail(kShardReadComponent, path + ": cannot open: " + std::strerror(errno),
          "pass a directory written by `zaya data prepare`");
   std::stringstream ss;
   ss << in.rdbuf();
@@ -314,7 +359,8 @@ Manifest read_manifest(const std::string& dir) {
     fail_in(path, "field 'format' is " + j["format"].dump() + ", expected \"" + kManifestFormat + "\"");
   m.version = uint32_t(std::min<uint64_t>(p.u64(j, "format_version", ""), UINT32_MAX));
   if (m.version != kManifestVersion)
-    fail_in(path, "field 'format_version' is " + num(m.version) + ", this zaya reads version " + num(kManifestVersion));
+    fail_in(path, "field 'format_version' is " + std::to_string(m.version) + ", this zaya reads version " +
+                      std::to_string(kManifestVersion));
   const json& tok = p.object(j, "tokenizer", "");
   m.tokenizer_path = p.str(tok, "path", "tokenizer.");
   m.tokenizer_hash = p.crc(tok, "crc32c", "tokenizer.");
@@ -341,8 +387,9 @@ Manifest read_manifest(const std::string& dir) {
   }
   const json& sources = p.array(j, "sources", "");
   for (size_t i = 0; i < sources.size(); ++i) {
-    const std::string where = "sources[" + num(i) + "].";
-    if (!sources[i].is_object()) fail_in(path, "field 'sources[" + num(i) + "]' must be an object");
+    const std::string where = "sources[" + std::to_string(i) + "].";
+    if (!sources[i].is_object())
+      fail_in(path, "field 'sources[" + std::to_string(i) + "]' must be an object");
     m.sources.push_back({p.str(sources[i], "path", where), p.u64(sources[i], "documents", where),
                          p.u64(sources[i], "skipped", where)});
   }
@@ -356,11 +403,12 @@ Manifest read_manifest(const std::string& dir) {
     const json& shards = p.array(*it, "shards", sw);
     uint64_t tokens = 0, docs = 0;
     for (size_t i = 0; i < shards.size(); ++i) {
-      const std::string w = sw + "shards[" + num(i) + "].";
-      if (!shards[i].is_object()) fail_in(path, "field '" + sw + "shards[" + num(i) + "]' must be an object");
+      const std::string w = sw + "shards[" + std::to_string(i) + "].";
+      if (!shards[i].is_object())
+        fail_in(path, "field '" + sw + "shards[" + std::to_string(i) + "]' must be an object");
       ManifestShard sh;
       sh.file = p.str(shards[i], "file", w);
-      if (!plain_file_name(sh.file))
+      if (!plain_manifest_entry(sh.file))
         fail_in(path, "field '" + w + "file' is '" + sh.file + "', expected a plain file name in the directory");
       sh.bytes = p.u64(shards[i], "bytes", w);
       sh.checksum = p.crc(shards[i], "checksum", w);
@@ -376,8 +424,9 @@ Manifest read_manifest(const std::string& dir) {
       s.shards.push_back(std::move(sh));
     }
     if (tokens != s.tokens || docs != s.documents)
-      fail_in(path, "split '" + it.key() + "' records " + num(s.tokens) + " tokens and " + num(s.documents) +
-                        " documents, but its shards add up to " + num(tokens) + " and " + num(docs));
+      fail_in(path, "split '" + it.key() + "' records " + std::to_string(s.tokens) + " tokens and " +
+                        std::to_string(s.documents) + " documents, but its shards add up to " +
+                        std::to_string(tokens) + " and " + std::to_string(docs));
     m.splits[it.key()] = std::move(s);
   }
   return m;
@@ -391,7 +440,7 @@ ShardDataset ShardDataset::open(const std::string& dir, const Options& options) 
   ds.dir_ = dir;
   ds.split_ = options.split;
   ds.manifest_ = read_manifest(dir);
-  const std::string mpath = join(dir, kManifestName);
+  const std::string mpath = shard_dir_path(dir, kManifestName);
   const Manifest& m = ds.manifest_;
   if (options.expected_tokenizer_hash && *options.expected_tokenizer_hash != m.tokenizer_hash)
     fail_in(mpath,
@@ -408,7 +457,7 @@ ShardDataset ShardDataset::open(const std::string& dir, const Options& options) 
   ds.token_starts_.push_back(0);
   ds.doc_starts_.push_back(0);
   for (const ManifestShard& e : sit->second.shards) {
-    const std::string path = join(dir, e.file);
+    const std::string path = shard_dir_path(dir, e.file);
     auto r = ShardReader::open(path, options.verify);
     const ShardHeader& h = r->header();
     if (h.tokenizer_hash != m.tokenizer_hash)
@@ -416,11 +465,14 @@ ShardDataset ShardDataset::open(const std::string& dir, const Options& options) 
               "tokenizer hash " + hex(h.tokenizer_hash) + " differs from the manifest's " + hex(m.tokenizer_hash),
               "the directory mixes shards from different tokenizers; re-run `zaya data prepare`");
     if (h.vocab_size != m.vocab_size)
-      fail_in(path, "vocab size " + num(h.vocab_size) + " differs from the manifest's " + num(m.vocab_size));
+      fail_in(path, "vocab size " + std::to_string(h.vocab_size) + " differs from the manifest's " +
+                        std::to_string(m.vocab_size));
     if (h.file_size != e.bytes || h.token_count != e.tokens || h.document_count != e.documents)
-      fail_in(path, "holds " + num(h.file_size) + " bytes, " + num(h.token_count) + " tokens and " +
-                        num(h.document_count) + " documents, but the manifest records " + num(e.bytes) + ", " +
-                        num(e.tokens) + " and " + num(e.documents),
+      fail_in(path,
+              "holds " + std::to_string(h.file_size) + " bytes, " + std::to_string(h.token_count) +
+                  " tokens and " + std::to_string(h.document_count) +
+                  " documents, but the manifest records " + std::to_string(e.bytes) + ", " +
+                  std::to_string(e.tokens) + " and " + std::to_string(e.documents),
               "the shard does not belong to this manifest; re-run `zaya data prepare`");
     if (r->has_loss_mask() != m.loss_mask)
       fail_in(path,
@@ -451,7 +503,8 @@ size_t ShardDataset::shard_of_token(uint64_t offset) const {
 
 uint32_t ShardDataset::token(uint64_t offset) const {
   if (offset >= total_tokens_)
-    fail_in(dir_, "token " + num(offset) + " requested, but split '" + split_ + "' has " + num(total_tokens_));
+    fail_in(dir_, "token " + std::to_string(offset) + " requested, but split '" + split_ + "' has " +
+                      std::to_string(total_tokens_));
   const size_t s = shard_of_token(offset);
   return shards_[s]->token_span()[size_t(offset - token_starts_[s])];
 }
@@ -460,8 +513,8 @@ void ShardDataset::for_each_piece(
     uint64_t offset, uint64_t n, const char* what,
     const std::function<void(const ShardReader&, uint64_t, uint64_t, uint64_t)>& piece) const {
   if (offset > total_tokens_ || n > total_tokens_ - offset)
-    fail_in(dir_, std::string(what) + " [" + num(offset) + ", " + num(offset + n) +
-                      ") requested, but split '" + split_ + "' has " + num(total_tokens_));
+    fail_in(dir_, std::string(what) + " [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+                      ") requested, but split '" + split_ + "' has " + std::to_string(total_tokens_));
   uint64_t done = 0;
   for (size_t s = n > 0 ? shard_of_token(offset) : 0; done < n; ++s) {
     const uint64_t local = offset + done - token_starts_[s];
@@ -489,7 +542,8 @@ void ShardDataset::read_loss_mask(uint64_t offset, uint64_t n, uint8_t* dst) con
 
 size_t ShardDataset::shard_of_doc(uint64_t d) const {
   if (d >= total_documents_)
-    fail_in(dir_, "document " + num(d) + " requested, but split '" + split_ + "' has " + num(total_documents_));
+    fail_in(dir_, "document " + std::to_string(d) + " requested, but split '" + split_ + "' has " +
+                      std::to_string(total_documents_));
   auto it = std::upper_bound(doc_starts_.begin(), doc_starts_.end(), d);
   return size_t(it - doc_starts_.begin()) - 1;
 }

@@ -29,27 +29,28 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kComponent = "shards";
+constexpr const char* kShardWriteComponent = "shards";
 constexpr size_t kWriteBuffer = 4 << 20;
 
-[[noreturn]] void fail_in(const std::string& source, const std::string& message, const std::string& hint = {}) {
-  fail(kComponent, source + ": " + message, hint);
+[[noreturn]] void fail_writing(const std::string& source, const std::string& message,
+                               const std::string& hint = {}) {
+  fail(kShardWriteComponent, source + ": " + message, hint);
 }
 
-std::string join(const std::string& dir, const std::string& name) {
+std::string join_path(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;
   return dir.back() == '/' ? dir + name : dir + "/" + name;
 }
 
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
+void write_fully(int fd, const void* data, size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     ssize_t w = ::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      fail_in(path, std::string("write failed: ") + std::strerror(errno));
+      fail_writing(path, std::string("write failed: ") + std::strerror(errno));
     }
-    if (w == 0) fail_in(path, "short write");
+    if (w == 0) fail_writing(path, "short write");
     p += w;
     n -= size_t(w);
   }
@@ -102,7 +103,7 @@ bool is_val_document(uint64_t index, double val_fraction) {
 
 ShardWriter::ShardWriter(Options options) : opt_(std::move(options)) {
   if (opt_.vocab_size == 0 || opt_.vocab_size > (uint64_t(1) << 32))
-    fail(kComponent, "vocab size " + std::to_string(opt_.vocab_size) + " is outside [1, 2^32]");
+    fail(kShardWriteComponent, "vocab size " + std::to_string(opt_.vocab_size) + " is outside [1, 2^32]");
   buf_.reserve(kWriteBuffer);
 }
 
@@ -116,12 +117,12 @@ ShardWriter::~ShardWriter() {
 void ShardWriter::open_shard() {
   char name[64];
   std::snprintf(name, sizeof name, "%s-%05zu%s", opt_.prefix.c_str(), split_.shards.size(), kShardExtension);
-  path_ = join(opt_.dir, name);
+  path_ = join_path(opt_.dir, name);
   tmp_path_ = path_ + ".tmp";
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail_in(tmp_path_, std::string("cannot create: ") + std::strerror(errno));
+  if (fd_ < 0) fail_writing(tmp_path_, std::string("cannot create: ") + std::strerror(errno));
   uint8_t zero[kShardHeaderBytes] = {};
-  write_all(fd_, zero, sizeof zero, tmp_path_);  // the header is written last
+  write_fully(fd_, zero, sizeof zero, tmp_path_);  // the header is written last
   shard_tokens_ = 0;
   tokens_crc_ = 0;
   index_.assign(1, 0);
@@ -133,17 +134,18 @@ void ShardWriter::open_shard() {
 void ShardWriter::add_document(std::span<const uint32_t> tokens, const std::string& source,
                                std::span<const uint8_t> mask) {
   if (opt_.loss_mask ? mask.size() != tokens.size() : !mask.empty())
-    fail(kComponent, "document from " + source + ": a loss mask of " + std::to_string(mask.size()) +
-                         " bytes for " + std::to_string(tokens.size()) + " tokens, in a split written " +
-                         (opt_.loss_mask ? "with" : "without") + " loss masks");
+    fail(kShardWriteComponent, "document from " + source + ": a loss mask of " + std::to_string(mask.size()) +
+                                   " bytes for " + std::to_string(tokens.size()) +
+                                   " tokens, in a split written " + (opt_.loss_mask ? "with" : "without") +
+                                   " loss masks");
   for (uint8_t m : mask)
     if (m > 1)
-      fail(kComponent,
+      fail(kShardWriteComponent,
            "document from " + source + ": loss mask byte " + std::to_string(m) + " is not 0 or 1");
   for (size_t i = 0; i < tokens.size(); ++i)
     if (uint64_t(tokens[i]) >= opt_.vocab_size)
-      fail(kComponent, "document from " + source + ": token id " + std::to_string(tokens[i]) +
-                           " is not below the vocab size " + std::to_string(opt_.vocab_size));
+      fail(kShardWriteComponent, "document from " + source + ": token id " + std::to_string(tokens[i]) +
+                                     " is not below the vocab size " + std::to_string(opt_.vocab_size));
   if (fd_ >= 0 && index_.size() > 1 &&
       shard_layout(shard_tokens_ + tokens.size(), index_.size(), opt_.loss_mask).file_size >
           opt_.target_bytes)
@@ -152,11 +154,11 @@ void ShardWriter::add_document(std::span<const uint32_t> tokens, const std::stri
   const size_t nbytes = tokens.size() * 4;
   tokens_crc_ = crc32c(tokens_crc_, tokens.data(), nbytes);
   if (buf_.size() + nbytes > kWriteBuffer) {
-    write_all(fd_, buf_.data(), buf_.size(), tmp_path_);
+    write_fully(fd_, buf_.data(), buf_.size(), tmp_path_);
     buf_.clear();
   }
   if (nbytes >= kWriteBuffer) {
-    write_all(fd_, tokens.data(), nbytes, tmp_path_);
+    write_fully(fd_, tokens.data(), nbytes, tmp_path_);
   } else {
     const uint8_t* p = reinterpret_cast<const uint8_t*>(tokens.data());
     buf_.insert(buf_.end(), p, p + nbytes);
@@ -168,7 +170,7 @@ void ShardWriter::add_document(std::span<const uint32_t> tokens, const std::stri
 }
 
 void ShardWriter::close_shard() {
-  write_all(fd_, buf_.data(), buf_.size(), tmp_path_);
+  write_fully(fd_, buf_.data(), buf_.size(), tmp_path_);
   buf_.clear();
   ShardHeader h = shard_layout(shard_tokens_, index_.size() - 1, opt_.loss_mask);
   h.tokenizer_hash = opt_.tokenizer_hash;
@@ -176,18 +178,18 @@ void ShardWriter::close_shard() {
   h.tokens_crc = tokens_crc_;
   const size_t pad = size_t(h.index_offset - h.tokens_offset - h.tokens_bytes);
   const uint8_t zeros[8] = {};
-  write_all(fd_, zeros, pad, tmp_path_);
+  write_fully(fd_, zeros, pad, tmp_path_);
   const size_t index_bytes = index_.size() * 8;
   h.index_crc = crc32c(index_.data(), index_bytes);
-  write_all(fd_, index_.data(), index_bytes, tmp_path_);
+  write_fully(fd_, index_.data(), index_bytes, tmp_path_);
   if (opt_.loss_mask) {
     h.mask_crc = crc32c(mask_.data(), mask_.size());
-    write_all(fd_, mask_.data(), mask_.size(), tmp_path_);
+    write_fully(fd_, mask_.data(), mask_.size(), tmp_path_);
   }
   uint8_t header[kShardHeaderBytes];
   encode_shard_header(h, header, [](const void* d, size_t n) { return crc32c(d, n); });
   if (::pwrite(fd_, header, sizeof header, 0) != ssize_t(sizeof header))
-    fail_in(tmp_path_, std::string("cannot write the header: ") + std::strerror(errno));
+    fail_writing(tmp_path_, std::string("cannot write the header: ") + std::strerror(errno));
   // Whole-file CRC from the pieces, without re-reading the file.
   uint32_t file_crc = crc32c(header, sizeof header);
   file_crc = crc32c_combine(file_crc, h.tokens_crc, h.tokens_bytes);
@@ -196,11 +198,11 @@ void ShardWriter::close_shard() {
   if (opt_.loss_mask) file_crc = crc32c_combine(file_crc, h.mask_crc, h.mask_bytes);
   if (::close(fd_) != 0) {
     fd_ = -1;
-    fail_in(tmp_path_, std::string("close failed: ") + std::strerror(errno));
+    fail_writing(tmp_path_, std::string("close failed: ") + std::strerror(errno));
   }
   fd_ = -1;
   if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0)
-    fail_in(path_, "cannot rename " + tmp_path_ + ": " + std::strerror(errno));
+    fail_writing(path_, "cannot rename " + tmp_path_ + ": " + std::strerror(errno));
   ManifestShard e;
   e.file = fs::path(path_).filename().string();
   e.bytes = h.file_size;
@@ -254,15 +256,16 @@ void write_manifest(const std::string& dir, const Manifest& m) {
     splits[name] = {{"tokens", s.tokens}, {"documents", s.documents}, {"shards", std::move(shards)}};
   }
   j["splits"] = std::move(splits);
-  const std::string path = join(dir, kManifestName);
+  const std::string path = join_path(dir, kManifestName);
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail_in(tmp, std::string("cannot create: ") + std::strerror(errno));
+    if (!out) fail_writing(tmp, std::string("cannot create: ") + std::strerror(errno));
     out << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
-    if (!out) fail_in(tmp, "write failed");
+    if (!out) fail_writing(tmp, "write failed");
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail_in(path, "cannot rename " + tmp + ": " + std::strerror(errno));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    fail_writing(path, "cannot rename " + tmp + ": " + std::strerror(errno));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -379,21 +382,22 @@ void remove_stale_outputs(const std::string& dir) {
   for (const auto& entry : fs::directory_iterator(dir, ec))
     if (is_prepare_output(entry.path().filename().string())) doomed.push_back(entry.path());
   for (const auto& p : doomed)
-    if (!fs::remove(p, ec) && ec) fail_in(p.string(), "cannot remove the output of an earlier run: " + ec.message());
+    if (!fs::remove(p, ec) && ec)
+      fail_writing(p.string(), "cannot remove the output of an earlier run: " + ec.message());
 }
 
 }  // namespace
 
 PrepareResult prepare_shards(const PrepareOptions& opt) {
   if (opt.val_fraction < 0 || opt.val_fraction > 1)
-    fail(kComponent, "--val-fraction " + std::to_string(opt.val_fraction) + " is outside [0, 1]");
+    fail(kShardWriteComponent, "--val-fraction " + std::to_string(opt.val_fraction) + " is outside [0, 1]");
   if (opt.shard_bytes < kShardHeaderBytes + 16)
-    fail(kComponent, "shard size " + std::to_string(opt.shard_bytes) + " bytes is too small");
-  if (opt.out_dir.empty()) fail(kComponent, "no output directory given", "pass --out DIR");
-  if (opt.inputs.empty()) fail(kComponent, "no input files given", "pass --input FILES_OR_GLOBS");
+    fail(kShardWriteComponent, "shard size " + std::to_string(opt.shard_bytes) + " bytes is too small");
+  if (opt.out_dir.empty()) fail(kShardWriteComponent, "no output directory given", "pass --out DIR");
+  if (opt.inputs.empty()) fail(kShardWriteComponent, "no input files given", "pass --input FILES_OR_GLOBS");
   const RecordFields fields{opt.text_field, opt.prompt_field, opt.completion_field, opt.messages_field,
                             opt.chat_template};
-  check_record_fields(fields, kComponent);
+  check_record_fields(fields, kShardWriteComponent);
   const bool sft = fields.supervised();
 
   auto tok = load_tokenizer(opt.tokenizer);
@@ -411,7 +415,7 @@ PrepareResult prepare_shards(const PrepareOptions& opt) {
 
   std::error_code ec;
   fs::create_directories(opt.out_dir, ec);
-  if (ec) fail_in(opt.out_dir, "cannot create the output directory: " + ec.message());
+  if (ec) fail_writing(opt.out_dir, "cannot create the output directory: " + ec.message());
   remove_stale_outputs(opt.out_dir);
 
   Manifest m;

@@ -17,7 +17,27 @@
 namespace zaya {
 
 using nlohmann::json;
-using namespace tok;
+// The pipeline's parts (a using-declaration each, not a using-directive: this file may share
+// a unity batch with others, whose names must not meet all of zaya::tok).
+using tok::AddedMatch;
+using tok::AddedMatcher;
+using tok::AddedToken;
+using tok::apply_decoders;
+using tok::apply_normalizers;
+using tok::apply_pre_tokenizers;
+using tok::BpeModel;
+using tok::DecStep;
+using tok::NormStep;
+using tok::parse_decoder;
+using tok::parse_normalizer;
+using tok::parse_post_processor;
+using tok::parse_pre_tokenizer;
+using tok::Piece;
+using tok::PostTemplate;
+using tok::PreTokStep;
+using tok::StrIdMap;
+using tok::utf8_sanitize;
+using tok::utf8_valid;
 
 namespace {
 

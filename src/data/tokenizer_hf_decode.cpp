@@ -9,11 +9,6 @@ namespace zaya::tok {
 
 namespace {
 
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size()))
-    s.replace(pos, from.size(), to);
-}
-
 int byte_token(const std::string& t) {  // <0xAB> -> 0xAB, else -1
   if (t.size() != 6 || t[0] != '<' || t[1] != '0' || t[2] != 'x' || t[5] != '>') return -1;
   auto hex = [](char c) {

@@ -66,6 +66,9 @@ std::string apply_decoders(const std::vector<DecStep>& steps, std::vector<std::s
 // GPT-2 byte <-> unicode-char table used by ByteLevel.
 const std::vector<uint32_t>& byte_to_unicode();
 
+// Every occurrence of `from` in s, left to right and not overlapping, becomes `to` (tokenizer_hf_text.cpp).
+void replace_all(std::string& s, const std::string& from, const std::string& to);
+
 }  // namespace zaya::tok
 
 #include "data/tokenizer_hf_post.inl"

@@ -7,9 +7,10 @@
 
 namespace zaya::tok {
 
-namespace {
-
+// Every occurrence of `from` in s, left to right and not overlapping, becomes `to` (an empty
+// `from`, which the tokenizer's parser refuses, changes nothing).
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
   size_t pos = s.find(from);
   if (pos == std::string::npos) return;
   std::string out;
@@ -23,6 +24,8 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
   out.append(s, last, std::string::npos);
   s.swap(out);
 }
+
+namespace {
 
 void strip_spaces(std::string& s, bool left, bool right) {
   size_t b = 0, e = s.size();

@@ -15,7 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-void append_ids(std::vector<int32_t>& out, const uint32_t* ids, size_t n, const std::string& source) {
+void append_record_ids(std::vector<int32_t>& out, const uint32_t* ids, size_t n, const std::string& source) {
   for (size_t i = 0; i < n; ++i) {
     if (ids[i] > uint32_t(INT32_MAX))
       fail("eval", source + ": token id " + std::to_string(ids[i]) + " is too large");
@@ -37,7 +37,7 @@ EvalTokens from_shards(const std::string& dir, const EvalDataOptions& o) {
   EvalTokens r;
   std::vector<uint32_t> buf(size_t(ds.tokens()));
   if (!buf.empty()) ds.read(0, buf.size(), buf.data());
-  append_ids(r.tokens, buf.data(), buf.size(), dir);
+  append_record_ids(r.tokens, buf.data(), buf.size(), dir);
   r.documents = ds.documents();
   r.description = "shard directory " + dir + ", split " + o.split;
   r.has_document_boundaries = true;
@@ -56,7 +56,7 @@ EvalTokens from_shards(const std::string& dir, const EvalDataOptions& o) {
 EvalTokens from_token_file(const std::string& path) {
   const TokenFile f = read_token_file(path);
   EvalTokens r;
-  append_ids(r.tokens, f.tokens.data(), f.tokens.size(), path);
+  append_record_ids(r.tokens, f.tokens.data(), f.tokens.size(), path);
   r.documents = f.documents;
   r.description = "token file " + path;
   return r;
@@ -90,7 +90,7 @@ EvalTokens from_text(const std::vector<std::string>& patterns, const Tokenizer* 
     if (!builder.append(std::move(doc), file, ids, mask, &r.text_bytes)) continue;
     if (fields.supervised()) r.target_mask.insert(r.target_mask.end(), mask.begin(), mask.end());
     r.document_starts.push_back(r.tokens.size());
-    append_ids(r.tokens, ids.data(), ids.size(), file);
+    append_record_ids(r.tokens, ids.data(), ids.size(), file);
     ++r.documents;
   }
   r.has_document_boundaries = true;

@@ -27,24 +27,24 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kComponent = "safetensors";
+constexpr const char* kSafetensorsComponent = "safetensors";
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;  // 100 MB, as in the reference reader
 constexpr size_t kMaxJsonDepth = 64;
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
 
 [[noreturn]] void fail_in(const std::string& source, const std::string& message, const std::string& hint = {}) {
-  fail(kComponent, source + ": " + message, hint);
+  fail(kSafetensorsComponent, source + ": " + message, hint);
 }
 
 [[noreturn]] void fail_tensor(const std::string& source, const std::string& tensor, const std::string& message,
                               const std::string& hint = {}) {
-  fail(kComponent, source + ": tensor '" + tensor + "': " + message, hint);
+  fail(kSafetensorsComponent, source + ": tensor '" + tensor + "': " + message, hint);
 }
 
 // A short, always-printable description of a JSON value for error messages. Never recurses
 // into deep structures (a hostile header may nest arbitrarily deep).
-std::string describe(const json& v) {
+std::string describe_json(const json& v) {
   auto clip = [](std::string s) {
     if (s.size() <= 80) return s;
     size_t cut = 77;
@@ -64,7 +64,7 @@ std::string describe(const json& v) {
   return "a binary value";
 }
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_message() { return std::strerror(errno); }
 
 uint64_t read_u64_le(const uint8_t* p) {
   uint64_t v = 0;
@@ -144,7 +144,8 @@ std::string known_dtypes() { return "F32, BF16, F16, I32, I64 or U8"; }
 // One header entry -> SafeTensorInfo. `data_size` is the size of the data section.
 SafeTensorInfo parse_entry(const std::string& source, const std::string& name, const json& e, uint64_t data_size) {
   if (!e.is_object())
-    fail_tensor(source, name, "expected an object with 'dtype', 'shape' and 'data_offsets', found " + describe(e));
+    fail_tensor(source, name,
+                "expected an object with 'dtype', 'shape' and 'data_offsets', found " + describe_json(e));
   SafeTensorInfo t;
   t.name = name;
   for (auto it = e.begin(); it != e.end(); ++it) {
@@ -156,15 +157,18 @@ SafeTensorInfo parse_entry(const std::string& source, const std::string& name, c
   auto dt = e.find("dtype");
   if (dt == e.end()) fail_tensor(source, name, "missing field 'dtype'");
   if (!dt->is_string())
-    fail_tensor(source, name, "field 'dtype' must be a string (" + known_dtypes() + "), found " + describe(*dt));
+    fail_tensor(source, name,
+                "field 'dtype' must be a string (" + known_dtypes() + "), found " + describe_json(*dt));
   if (!parse_dtype(dt->get_ref<const std::string&>(), &t.dtype))
-    fail_tensor(source, name, "field 'dtype' has unknown dtype " + describe(*dt) + ", expected " + known_dtypes(),
+    fail_tensor(source, name,
+                "field 'dtype' has unknown dtype " + describe_json(*dt) + ", expected " + known_dtypes(),
                 "zaya reads F32, BF16, F16, I32, I64 and U8 tensors; convert the checkpoint first");
   // shape
   auto sh = e.find("shape");
   if (sh == e.end()) fail_tensor(source, name, "missing field 'shape'");
   if (!sh->is_array())
-    fail_tensor(source, name, "field 'shape' must be an array of non-negative integers, found " + describe(*sh));
+    fail_tensor(source, name,
+                "field 'shape' must be an array of non-negative integers, found " + describe_json(*sh));
   uint64_t numel = 1;
   t.shape.reserve(sh->size());
   for (size_t i = 0; i < sh->size(); ++i) {
@@ -173,35 +177,38 @@ SafeTensorInfo parse_entry(const std::string& source, const std::string& name, c
     if (!as_non_negative(d, &v) || v > uint64_t(INT64_MAX))
       fail_tensor(source, name,
                   "field 'shape' dimension " + std::to_string(i) + " must be a non-negative integer, found " +
-                      describe(d) + " in " + describe(*sh));
+                      describe_json(d) + " in " + describe_json(*sh));
     if (__builtin_mul_overflow(numel, v, &numel))
-      fail_tensor(source, name, "field 'shape' " + describe(*sh) + " has more elements than fit in 64 bits");
+      fail_tensor(source, name,
+                  "field 'shape' " + describe_json(*sh) + " has more elements than fit in 64 bits");
     t.shape.push_back(int64_t(v));
   }
   uint64_t nbytes = 0;
   if (__builtin_mul_overflow(numel, uint64_t(dtype_size(t.dtype)), &nbytes))
-    fail_tensor(source, name, "field 'shape' " + describe(*sh) + " needs more bytes than fit in 64 bits");
+    fail_tensor(source, name,
+                "field 'shape' " + describe_json(*sh) + " needs more bytes than fit in 64 bits");
   // data_offsets
   auto off = e.find("data_offsets");
   if (off == e.end()) fail_tensor(source, name, "missing field 'data_offsets'");
   uint64_t b = 0, en = 0;
   if (!off->is_array() || off->size() != 2 || !as_non_negative((*off)[0], &b) || !as_non_negative((*off)[1], &en))
-    fail_tensor(source, name,
-                "field 'data_offsets' must be [begin, end] with non-negative integers, found " + describe(*off));
+    fail_tensor(
+        source, name,
+        "field 'data_offsets' must be [begin, end] with non-negative integers, found " + describe_json(*off));
   if (b > en)
     fail_tensor(source, name,
-                "field 'data_offsets' " + describe(*off) + " has begin " + std::to_string(b) + " > end " +
-                    std::to_string(en));
+                "field 'data_offsets' " + describe_json(*off) + " has begin " + std::to_string(b) +
+                    " > end " + std::to_string(en));
   if (en > data_size)
     fail_tensor(source, name,
-                "field 'data_offsets' " + describe(*off) + " ends at " + std::to_string(en) +
+                "field 'data_offsets' " + describe_json(*off) + " ends at " + std::to_string(en) +
                     ", past the end of the data section (" + std::to_string(data_size) + " bytes)",
                 "the file is truncated or the header is corrupt");
   if (en - b != nbytes)
     fail_tensor(source, name,
-                "field 'data_offsets' " + describe(*off) + " spans " + std::to_string(en - b) +
-                    " bytes, but dtype " + dtype_name(t.dtype) + " with shape " + describe(*sh) + " needs " +
-                    std::to_string(nbytes) + " bytes");
+                "field 'data_offsets' " + describe_json(*off) + " spans " + std::to_string(en - b) +
+                    " bytes, but dtype " + dtype_name(t.dtype) + " with shape " + describe_json(*sh) +
+                    " needs " + std::to_string(nbytes) + " bytes");
   t.begin = b;
   t.end = en;
   return t;
@@ -234,7 +241,7 @@ void parse_safetensors(const uint8_t* bytes, size_t size, const std::string& sou
             "the file is truncated");
   const char* hb = reinterpret_cast<const char*>(bytes + 8);
   json header = parse_json_no_duplicates(hb, hb + n, source, "header", "tensor name");
-  if (!header.is_object()) fail_in(source, "header must be a JSON object, found " + describe(header));
+  if (!header.is_object()) fail_in(source, "header must be a JSON object, found " + describe_json(header));
 
   const uint64_t data_offset = 8 + n;
   const uint64_t data_size = uint64_t(size) - data_offset;
@@ -245,10 +252,11 @@ void parse_safetensors(const uint8_t* bytes, size_t size, const std::string& sou
     const std::string& name = it.key();
     if (name == "__metadata__") {
       if (!it->is_object())
-        fail_in(source, "field '__metadata__' must be an object of strings, found " + describe(*it));
+        fail_in(source, "field '__metadata__' must be an object of strings, found " + describe_json(*it));
       for (auto m = it->begin(); m != it->end(); ++m) {
         if (!m->is_string())
-          fail_in(source, "field '__metadata__." + m.key() + "' must be a string, found " + describe(*m));
+          fail_in(source,
+                  "field '__metadata__." + m.key() + "' must be a string, found " + describe_json(*m));
         metadata[m.key()] = m->get<std::string>();
       }
       continue;
@@ -289,10 +297,10 @@ std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::string& path) 
   std::unique_ptr<SafeTensorsFile> f(new SafeTensorsFile());
   f->path_ = path;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail_in(path, "cannot open: " + errno_text());
+  if (fd < 0) fail_in(path, "cannot open: " + errno_message());
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    std::string err = errno_text();
+    std::string err = errno_message();
     ::close(fd);
     fail_in(path, "cannot stat: " + err);
   }
@@ -304,7 +312,7 @@ std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::string& path) 
   if (f->size_ > 0) {
     void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
-      std::string err = errno_text();
+      std::string err = errno_message();
       ::close(fd);
       fail_in(path, "cannot mmap " + std::to_string(f->size_) + " bytes: " + err);
     }
@@ -336,7 +344,7 @@ bool path_exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 
-std::string join_path(const std::string& dir, const std::string& name) {
+std::string index_dir_path(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;
   if (dir.back() == '/') return dir + name;
   return dir + "/" + name;
@@ -344,14 +352,14 @@ std::string join_path(const std::string& dir, const std::string& name) {
 
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail_in(path, "cannot open: " + errno_text());
+  if (!in) fail_in(path, "cannot open: " + errno_message());
   std::ostringstream ss;
   ss << in.rdbuf();
   if (in.bad()) fail_in(path, "read error");
   return ss.str();
 }
 
-bool plain_file_name(const std::string& s) {
+bool plain_shard_name(const std::string& s) {
   if (s.empty() || s == "." || s.find("..") != std::string::npos) return false;
   for (char c : s)
     if (c == '/' || c == '\\' || c == '\0') return false;
@@ -361,23 +369,25 @@ bool plain_file_name(const std::string& s) {
 }  // namespace
 
 SafeTensorsSet SafeTensorsSet::open_dir(const std::string& dir) {
-  const std::string index_path = join_path(dir, kIndexName);
-  const std::string single_path = join_path(dir, kSingleName);
+  const std::string index_path = index_dir_path(dir, kIndexName);
+  const std::string single_path = index_dir_path(dir, kSingleName);
   if (!path_exists(index_path)) {
     if (path_exists(single_path)) return open_file(single_path);
     std::string where = path_exists(dir) ? "exists in this directory" : "exists (the directory itself is missing)";
-    fail(kComponent, dir + ": no model weights: neither " + kIndexName + " nor " + kSingleName + " " + where,
+    fail(kSafetensorsComponent,
+         dir + ": no model weights: neither " + kIndexName + " nor " + kSingleName + " " + where,
          "pass a Hugging Face model directory");
   }
 
   const std::string text = read_text_file(index_path);
   json index = parse_json_no_duplicates(text.data(), text.data() + text.size(), index_path, "index", "key");
-  if (!index.is_object()) fail_in(index_path, "expected a JSON object, found " + describe(index));
+  if (!index.is_object()) fail_in(index_path, "expected a JSON object, found " + describe_json(index));
   auto wm = index.find("weight_map");
   if (wm == index.end())
     fail_in(index_path, "missing field 'weight_map'", "it should map every tensor name to its shard file");
   if (!wm->is_object())
-    fail_in(index_path, "field 'weight_map' must be an object of tensor name -> shard file, found " + describe(*wm));
+    fail_in(index_path,
+            "field 'weight_map' must be an object of tensor name -> shard file, found " + describe_json(*wm));
   if (wm->empty()) fail_in(index_path, "field 'weight_map' lists no tensors");
 
   SafeTensorsSet set;
@@ -385,16 +395,17 @@ SafeTensorsSet SafeTensorsSet::open_dir(const std::string& dir) {
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     const std::string& tensor = it.key();
     if (!it->is_string())
-      fail_in(index_path, "field 'weight_map." + tensor + "' must be a shard file name, found " + describe(*it));
+      fail_in(index_path,
+              "field 'weight_map." + tensor + "' must be a shard file name, found " + describe_json(*it));
     const std::string& shard = it->get_ref<const std::string&>();
-    if (!plain_file_name(shard))
+    if (!plain_shard_name(shard))
       fail_in(index_path,
               "field 'weight_map." + tensor + "' names shard '" + shard +
                   "', expected a plain file name without '/' or '..'",
               "shards must lie in the model directory");
     SafeTensorsFile*& file = shards[shard];
     if (file == nullptr) {
-      const std::string shard_path = join_path(dir, shard);
+      const std::string shard_path = index_dir_path(dir, shard);
       if (!path_exists(shard_path))
         fail_in(index_path, "field 'weight_map." + tensor + "' names shard '" + shard + "', which does not exist (" +
                                 shard_path + ")",
@@ -444,7 +455,8 @@ void SafeTensorsSet::read_f32(const std::string& name, float* dst) const {
   const Entry* e = find(name);
   if (e == nullptr) {
     std::string where = files_.size() == 1 ? files_[0]->path() : std::to_string(files_.size()) + " shards";
-    fail(kComponent, "no tensor named '" + name + "' in " + where, "the checkpoint does not match the model config");
+    fail(kSafetensorsComponent, "no tensor named '" + name + "' in " + where,
+         "the checkpoint does not match the model config");
   }
   const SafeTensorInfo& t = *e->info;
   if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16)
@@ -464,7 +476,7 @@ void write_all(int fd, const void* data, size_t n, const std::string& tmp, const
     ssize_t w = ::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      fail_in(path, "write to " + tmp + " failed: " + errno_text());
+      fail_in(path, "write to " + tmp + " failed: " + errno_message());
     }
     if (w == 0) fail_in(path, "short write to " + tmp);
     p += w;
@@ -525,18 +537,19 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   g.fd = ::open(g.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (g.fd < 0) {
     g.keep = true;  // nothing was created
-    fail_in(path, "cannot create " + g.tmp + ": " + errno_text(), "check that the directory exists and is writable");
+    fail_in(path, "cannot create " + g.tmp + ": " + errno_message(),
+            "check that the directory exists and is writable");
   }
   write_all(g.fd, len, 8, g.tmp, path);
   write_all(g.fd, text.data(), text.size(), g.tmp, path);
   for (size_t i = 0; i < tensors.size(); ++i)
     if (sizes[i] > 0) write_all(g.fd, tensors[i].data, size_t(sizes[i]), g.tmp, path);
-  if (::fsync(g.fd) != 0) fail_in(path, "fsync of " + g.tmp + " failed: " + errno_text());
+  if (::fsync(g.fd) != 0) fail_in(path, "fsync of " + g.tmp + " failed: " + errno_message());
   int fd = g.fd;
   g.fd = -1;
-  if (::close(fd) != 0) fail_in(path, "close of " + g.tmp + " failed: " + errno_text());
+  if (::close(fd) != 0) fail_in(path, "close of " + g.tmp + " failed: " + errno_message());
   if (::rename(g.tmp.c_str(), path.c_str()) != 0)
-    fail_in(path, "cannot rename " + g.tmp + " to " + path + ": " + errno_text());
+    fail_in(path, "cannot rename " + g.tmp + " to " + path + ": " + errno_message());
   g.keep = true;
   // Make the rename durable: fsync the directory (best effort).
   std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));

@@ -10,10 +10,6 @@ namespace {
 
 const std::string kReplacement = "\xEF\xBF\xBD";  // U+FFFD: what an incomplete UTF-8 tail decodes to
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The longest tail of `text` that is a proper prefix of some stop sequence: it may become a
 // stop once more text arrives, so it is not released yet.
 size_t stop_prefix_tail(const std::string& text, const std::vector<std::string>& stop) {
@@ -87,7 +83,7 @@ std::string CompletionText::finish() {
 
 CompletionText::Step CompletionText::release(bool final_step) {
   const std::string full = tok_->decode(ids_, /*skip_special=*/true);
-  if (!final_step && ends_with(full, kReplacement)) return {};
+  if (!final_step && full.ends_with(kReplacement)) return {};
   // The decoded context and the text already released must still lead the decode; a tokenizer
   // that rewrote earlier text is waited out (as `zaya generate` does) rather than contradicted.
   const size_t head = context_text_.size() + released_.size();

@@ -22,10 +22,6 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-bool ends_with(const std::string& s, const std::string& suf) {
-  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
-}
-
 }  // namespace
 
 void validate_balancer_config(const BalancerConfig& c, int64_t E) {
@@ -79,7 +75,7 @@ BalanceLayerMetrics balance_metrics(const int64_t* counts, int64_t E) {
 BiasBalancer::BiasBalancer(const ParamLayout& layout, const BalancerConfig& cfg, Backend& be) : cfg_(cfg), be_(be) {
   std::map<int64_t, const ParamSpec*> by_layer;
   for (const ParamSpec& p : layout.params) {
-    if (!ends_with(p.name, kSuffix)) continue;
+    if (!p.name.ends_with(kSuffix)) continue;
     const std::string pre = "model.layers.";
     std::string mid = p.name.substr(0, p.name.size() - std::string(kSuffix).size());
     if (mid.compare(0, pre.size(), pre) != 0)

@@ -240,7 +240,7 @@ std::string expected(const Field& f) {
 }
 
 // What a TOML node holds, for "found ..." in errors.
-std::string describe(const toml::node& n) {
+std::string describe_node(const toml::node& n) {
   if (auto v = n.as_integer()) return "integer " + std::to_string(v->get());
   if (auto v = n.as_floating_point()) return "float " + fmt_double(v->get());
   if (auto v = n.as_boolean()) return std::string("boolean ") + (v->get() ? "true" : "false");
@@ -286,7 +286,7 @@ bool valid_utf8(const std::string& s) {
 // Stores `n` in the field when it has the right type and range; otherwise returns
 // "expected ..., found ...".
 std::optional<std::string> assign(const Field& f, const toml::node& n, Recipe& r) {
-  auto bad = [&] { return "expected " + expected(f) + ", found " + describe(n); };
+  auto bad = [&] { return "expected " + expected(f) + ", found " + describe_node(n); };
   void* p = f.get(r);
   switch (f.kind) {
     case Kind::Int: {
@@ -399,7 +399,7 @@ std::vector<std::string> keys_in(const std::string& section) {
   return out;
 }
 
-std::string join(const std::vector<std::string>& v, const std::string& sep) {
+std::string join_words(const std::vector<std::string>& v, const std::string& sep) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
   return s;
@@ -424,9 +424,9 @@ std::optional<std::string> suggest_key(const std::string& section, const std::st
 
 std::string unknown_key_hint(const std::string& section) {
   if (section.empty())
-    return "top-level keys are " + join(keys_in(""), ", ") +
-           "; everything else belongs in a section: " + join(sections(), ", ");
-  return "keys in [" + section + "]: " + join(keys_in(section), ", ");
+    return "top-level keys are " + join_words(keys_in(""), ", ") +
+           "; everything else belongs in a section: " + join_words(sections(), ", ");
+  return "keys in [" + section + "]: " + join_words(keys_in(section), ", ");
 }
 
 // ---- problems ------------------------------------------------------------------------------
@@ -558,9 +558,11 @@ Recipe parse_impl(const std::string& text, const std::string& source) {
       auto* table = node.as_table();
       if (!table) {
         auto b = node.source().begin;
-        problems.push_back({b.line, b.column,
-                            "'" + name + "' " + at(source, b.line) + ": expected a table [" + name + "], found " +
-                                describe(node), {}});
+        problems.push_back({b.line,
+                            b.column,
+                            "'" + name + "' " + at(source, b.line) + ": expected a table [" + name +
+                                "], found " + describe_node(node),
+                            {}});
         continue;
       }
       for (auto&& [k2, node2] : *table) {
@@ -586,7 +588,7 @@ Recipe parse_impl(const std::string& text, const std::string& source) {
       auto b = node.source().begin;
       std::string msg = "unknown section '[" + name + "]' " + at(source, b.line);
       if (auto s = closest(name, sections())) msg += " (did you mean '[" + *s + "]'?)";
-      problems.push_back({b.line, b.column, msg, "sections are " + join(sections(), ", ")});
+      problems.push_back({b.line, b.column, msg, "sections are " + join_words(sections(), ", ")});
     } else {
       unknown_key("", name, node, source, problems);
     }
@@ -658,8 +660,9 @@ void apply_override(Recipe& recipe, const std::string& assignment) {
       s = closest(name, all);
     }
     if (s) msg += " (did you mean '" + *s + "'?)";
-    fail("recipe", msg, is_section(section) || section.empty() ? unknown_key_hint(section)
-                                                               : "sections are " + join(sections(), ", "));
+    fail("recipe", msg,
+         is_section(section) || section.empty() ? unknown_key_hint(section)
+                                                : "sections are " + join_words(sections(), ", "));
   }
 
   // The value as a TOML value, when it is one (exactly one key, no trailing extras).

@@ -11,7 +11,7 @@ namespace zaya {
 
 namespace {
 
-std::string num(double v) {
+std::string format_g(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
@@ -38,18 +38,20 @@ LrShape parse_lr_shape(const std::string& s) {
 }
 
 void LrSchedule::validate() const {
-  if (!(std::isfinite(peak) && peak >= 0)) fail("schedule", "LR 'peak' = " + num(peak) + " must be finite and >= 0");
+  if (!(std::isfinite(peak) && peak >= 0))
+    fail("schedule", "LR 'peak' = " + format_g(peak) + " must be finite and >= 0");
   if (warmup_steps < 0) fail("schedule", "'warmup_steps' = " + std::to_string(warmup_steps) + " must be >= 0");
   if (!(min_lr_ratio >= 0 && min_lr_ratio <= 1))
-    fail("schedule", "'min_lr_ratio' = " + num(min_lr_ratio) + " must be in [0, 1]");
+    fail("schedule", "'min_lr_ratio' = " + format_g(min_lr_ratio) + " must be in [0, 1]");
   if (!(decay_fraction >= 0 && decay_fraction <= 1))
-    fail("schedule", "'decay_fraction' = " + num(decay_fraction) + " must be in [0, 1]");
+    fail("schedule", "'decay_fraction' = " + format_g(decay_fraction) + " must be in [0, 1]");
   if (shape != LrShape::Constant && total_steps <= warmup_steps)
     fail("schedule", std::string("the ") + lr_shape_name(shape) + " schedule needs 'total_steps' (" +
                          std::to_string(total_steps) + ") > 'warmup_steps' (" + std::to_string(warmup_steps) + ")");
   if (shape == LrShape::Wsd && decay_start() < warmup_steps)
-    fail("schedule", "the WSD decay (last " + num(decay_fraction) + " of " + std::to_string(total_steps) +
-                         " steps) overlaps the " + std::to_string(warmup_steps) + " warm-up steps",
+    fail("schedule",
+         "the WSD decay (last " + format_g(decay_fraction) + " of " + std::to_string(total_steps) +
+             " steps) overlaps the " + std::to_string(warmup_steps) + " warm-up steps",
          "lower 'decay_fraction' or 'warmup_steps'");
 }
 

@@ -37,7 +37,9 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
+double elapsed_seconds(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
 
 std::string fmt_duration(double s) {
   char buf[32];
@@ -447,7 +449,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     ++step;
     ++steps_this_run;
     if (!no_targets) last_loss = loss;
-    const double dt = seconds_since(t_step);
+    const double dt = elapsed_seconds(t_step);
     const double tok_s = double(step_tokens) / dt;
     const int64_t T = data->phase(phase).seq_len;
     std::string peak_news;
@@ -490,7 +492,7 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     curve.steps.push_back(double(step));
     curve.train_loss.push_back(loss);
     if (!opt.quiet && lead && (tty || step % r.logging.every == 0 || do_eval)) {
-      const double elapsed = seconds_since(t_start);
+      const double elapsed = elapsed_seconds(t_start);
       const double eta = elapsed / double(steps_this_run) * double(r.schedule.total_steps - step);
       char line[320];
       std::snprintf(
