@@ -99,7 +99,7 @@ struct GemmMode {
 };
 // A test's parameter prints as its mode's name: CTest names a parametrized test with it
 // ("... # GetParam() = bf16"), where gtest's byte dump would put addresses that change with
-// every run, and the costs CTest learns (and tests/test_costs.cmake) could never match it.
+// every run, so the costs CTest learns (Testing/Temporary/CTestCostData.txt) could never match it.
 inline void PrintTo(const GemmMode& mode, std::ostream* out) { *out << mode.name; }
 inline std::vector<GemmMode> gemm_modes() {
   return {{"bf16", true, false, kTolBf16}, {"fp32", false, false, kTolF32}, {"tiled_fp32", false, true, kTolF32}};
