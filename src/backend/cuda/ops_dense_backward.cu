@@ -13,7 +13,7 @@ namespace zaya {
 
 namespace {
 
-constexpr float kSqrtHalf = 0.70710678118654752440f;
+constexpr float kGeluGradSqrtHalf = 0.70710678118654752440f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
 // One block per distinct token id (blockIdx.x strides over them), threads over the columns:
@@ -78,7 +78,7 @@ __global__ void k_scaled_add_dx(const float* dy, const float* scale, float* dx, 
 __global__ void k_gelu_backward(const float* x, float* d, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float v = x[i];
-    const float cdf = 0.5f * (1.0f + erff(v * kSqrtHalf));
+    const float cdf = 0.5f * (1.0f + erff(v * kGeluGradSqrtHalf));
     d[i] *= cdf + v * kInvSqrt2Pi * expf(-0.5f * v * v);
   }
 }
