@@ -1,7 +1,10 @@
 // The fiber scheduler and the warp-wide instructions of the host GPU emulation (simt_runtime.h).
-// Each thread of a block is a fiber with its own stack (simt_fiber_context.h); one scheduler loop resumes, in
-// thread order, every fiber that is not waiting, until all have exited. A fiber waits at a
-// barrier (the block's, or its warp's for a collective) until the barrier's generation moves on.
+// Each thread of a block is a fiber with its own stack (simt_fiber_context.h). The block runs in
+// passes: each pass resumes, in the schedule's order, every fiber that is not waiting, until all
+// have exited. A fiber that waits or exits picks the pass's next runnable fiber itself and
+// switches straight to it (one switch per wait, not two through the scheduler); the scheduler
+// only starts each pass and sees it end. A fiber waits at a barrier (the block's, or its warp's
+// for a collective) until the barrier's generation moves on.
 // Collective deposits are double-buffered by the barrier's generation: a lane can only overwrite
 // a slot after every lane has passed the next barrier, so after it has read the slot.
 #include "simt_runtime.h"
@@ -74,6 +77,16 @@ struct AlignedFree {
   void operator()(unsigned char* p) const { std::free(p); }
 };
 
+// Where the running pass (run_block) stands: the next thread in the schedule's order to look at,
+// whether any thread ran, how many are alive, and (for the "ahead" order) the barrier releases
+// seen, so that a release starts the scan over.
+struct Pass {
+  size_t next = 0;
+  bool progress = false;
+  int alive = 0;
+  uint64_t seen_releases = 0;
+};
+
 struct Block {
   dim3 grid, dim, idx;
   std::unique_ptr<unsigned char[], AlignedFree> smem;  // 128-byte aligned, as the hardware's
@@ -83,6 +96,7 @@ struct Block {
   Barrier barrier;
   int exited = 0;
   uint64_t releases = 0;  // barriers released so far (the block's or a warp's)
+  Pass pass;
   const std::function<void()>* kernel = nullptr;
 };
 
@@ -118,6 +132,7 @@ FiberContext g_scheduler;
 void* g_scheduler_fake_stack = nullptr;
 const void* g_scheduler_stack_bottom = nullptr;
 size_t g_scheduler_stack_size = 0;
+bool g_switching_from_scheduler = false;  // fiber_entry learns the scheduler's stack from that switch
 #endif
 
 // A kernel's fault, reported from a fiber: no exception can unwind from a fiber's stack to
@@ -138,21 +153,61 @@ bool in_shared(const void* p, size_t bytes) {
   return c >= g_block->smem.get() && c + bytes <= g_block->smem.get() + g_block->smem_bytes;
 }
 
-// From a fiber back to the scheduler (ended: the fiber has exited and is never resumed).
-void to_scheduler(bool ended) {
-  Fiber& f = current();
-#if defined(ZAYA_SIMT_ASAN)
-  __sanitizer_start_switch_fiber(ended ? nullptr : &f.fake_stack, g_scheduler_stack_bottom, g_scheduler_stack_size);
-#endif
-  if (ended) {
-    FiberContext finished;  // never resumed
-    fiber_switch(finished, g_scheduler);
-  } else {
-    fiber_switch(f.ctx, g_scheduler);
-#if defined(ZAYA_SIMT_ASAN)
-    __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
-#endif
+bool runnable(const Fiber& f) {
+  return !f.done && !(f.wait_generation && *f.wait_generation == f.wait_value);
+}
+
+// The running pass's next thread to run, or null when the pass is over. Round robin: each
+// thread in turn, once. Ahead: the first runnable thread after the last one run, and after a
+// barrier was released, the first runnable thread from the start (the threads it freed may
+// come first).
+Fiber* next_in_pass() {
+  Block& blk = *g_block;
+  Pass& p = blk.pass;
+  const size_t n = blk.fibers.size();
+  if (!g_schedule.round_robin && blk.releases != p.seen_releases) {
+    p.seen_releases = blk.releases;
+    p.next = 0;
   }
+  for (; p.next < n; ++p.next) {
+    Fiber& f = blk.fibers[g_schedule.reverse ? n - 1 - p.next : p.next];
+    if (g_schedule.round_robin) {
+      if (f.done) continue;
+      ++p.alive;
+    }
+    if (!runnable(f)) continue;
+    f.wait_generation = nullptr;
+    ++p.next;
+    p.progress = true;
+    return &f;
+  }
+  return nullptr;
+}
+
+// From a fiber to the pass's next thread, or to the scheduler when the pass is over (ended: the
+// fiber has exited and is never resumed).
+void switch_away(bool ended) {
+  Fiber& f = current();
+  Fiber* next = next_in_pass();
+  FiberContext finished;  // where an ended fiber's registers go: never resumed
+  FiberContext& from = ended ? finished : f.ctx;
+#if defined(ZAYA_SIMT_ASAN)
+  if (next)
+    __sanitizer_start_switch_fiber(ended ? nullptr : &f.fake_stack, next->stack, kStackBytes);
+  else
+    __sanitizer_start_switch_fiber(ended ? nullptr : &f.fake_stack, g_scheduler_stack_bottom,
+                                   g_scheduler_stack_size);
+#endif
+  if (next) {
+    g_current = next;
+    fiber_switch(from, next->ctx);
+  } else {
+    fiber_switch(from, g_scheduler);
+  }
+  // Resumed (never when ended): by the scheduler or by another fiber, which set g_current.
+#if defined(ZAYA_SIMT_ASAN)
+  __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
+#endif
 }
 
 void wait_at(Barrier& b, int expected) {
@@ -166,7 +221,7 @@ void wait_at(Barrier& b, int expected) {
   Fiber& f = current();
   f.wait_generation = &b.generation;
   f.wait_value = generation;
-  to_scheduler(false);
+  switch_away(false);
 }
 
 // Threads that exited count as arrived at the block barrier (as on the hardware).
@@ -182,23 +237,31 @@ void release_block_barrier_if_complete() {
 
 void fiber_entry() {
 #if defined(ZAYA_SIMT_ASAN)
-  __sanitizer_finish_switch_fiber(nullptr, &g_scheduler_stack_bottom, &g_scheduler_stack_size);
+  if (g_switching_from_scheduler) {
+    g_switching_from_scheduler = false;
+    __sanitizer_finish_switch_fiber(nullptr, &g_scheduler_stack_bottom, &g_scheduler_stack_size);
+  } else {
+    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+  }
 #endif
   (*g_block->kernel)();
   Fiber& f = current();
   f.done = true;
   ++g_block->exited;
   release_block_barrier_if_complete();
-  to_scheduler(true);
+  switch_away(true);
 }
 
-void resume(Fiber& f) {
+// From the scheduler to the pass's first thread; returns when the pass is over.
+void run_pass_from(Fiber& f) {
   g_current = &f;
 #if defined(ZAYA_SIMT_ASAN)
+  g_switching_from_scheduler = true;
   __sanitizer_start_switch_fiber(&g_scheduler_fake_stack, f.stack, kStackBytes);
 #endif
   fiber_switch(g_scheduler, f.ctx);
 #if defined(ZAYA_SIMT_ASAN)
+  g_switching_from_scheduler = false;
   __sanitizer_finish_switch_fiber(g_scheduler_fake_stack, nullptr, nullptr);
 #endif
   g_current = nullptr;
@@ -209,7 +272,7 @@ void resume(Fiber& f) {
 // stacks 256 KiB apart would otherwise all map their tops to the same cache sets, and every
 // switch would miss.
 // Under ASan, the top of the stack is made addressable again first: stacks are reused, and the
-// frames a finished fiber left without returning (fiber_entry's, to_scheduler's) would otherwise
+// frames a finished fiber left without returning (fiber_entry's, switch_away's) would otherwise
 // leave their redzones poisoned where the next thread's frames go.
 void make_fiber_context(Fiber& f) {
   const size_t color = (size_t(f.linear) * 4160) % (size_t(64) << 10);
@@ -235,45 +298,15 @@ void run_block(Block& blk) {
   blk.exited = 0;
   blk.barrier = Barrier{};
   for (WarpState& w : blk.warps) w.barrier = Barrier{};
-  const auto runnable = [](const Fiber& f) {
-    return !f.done && !(f.wait_generation && *f.wait_generation == f.wait_value);
-  };
   for (;;) {
-    bool progress = false;
-    int alive = 0;
-    const size_t n = blk.fibers.size();
-    // The i-th thread in the schedule's order.
-    const auto at = [&](size_t i) -> Fiber& { return blk.fibers[g_schedule.reverse ? n - 1 - i : i]; };
-    if (g_schedule.round_robin) {
-      for (size_t i = 0; i < n; ++i) {
-        Fiber& f = at(i);
-        if (f.done) continue;
-        ++alive;
-        if (!runnable(f)) continue;
-        f.wait_generation = nullptr;
-        resume(f);
-        progress = true;
-      }
-    } else {
-      // Always the first runnable thread in order. A thread that goes back to the scheduler is
-      // waiting, and the threads before it were already: the scan goes on after it, and starts
-      // over only when a barrier was released (the threads it freed may come first).
-      alive = int(n) - blk.exited;
-      uint64_t seen = blk.releases;
-      for (size_t i = 0; i < n; ++i) {
-        Fiber& f = at(i);
-        if (!runnable(f)) continue;
-        f.wait_generation = nullptr;
-        resume(f);
-        progress = true;
-        if (blk.releases != seen) {
-          seen = blk.releases;
-          i = size_t(-1);  // the loop's ++i makes it 0
-        }
-      }
-    }
+    blk.pass = Pass{};
+    blk.pass.seen_releases = blk.releases;
+    // Round robin counts the live threads as the pass meets them; ahead, before it starts.
+    if (!g_schedule.round_robin) blk.pass.alive = int(blk.fibers.size()) - blk.exited;
+    if (Fiber* first = next_in_pass()) run_pass_from(*first);
+    const int alive = blk.pass.alive;
     if (alive == 0) return;
-    if (!progress)
+    if (!blk.pass.progress)
       fail("simt", "block (" + std::to_string(blk.idx.x) + ", " + std::to_string(blk.idx.y) + ", " +
                        std::to_string(blk.idx.z) + "): " + std::to_string(alive) +
                        " threads wait at a barrier or a warp-wide instruction that the others never reach");
