@@ -307,7 +307,7 @@ std::vector<double> train_losses(Backend& be, int steps, std::vector<float>* fin
 TEST(GpuTraining, FiftyStepsMatchCpu) {
   if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
 #if defined(ZAYA_SIMT_SMALL)
-  const int steps = 10;  // the host emulation (tests/simt) takes about 2 s a step
+  const int steps = 10;  // the host emulation (tests/simt) takes about 1 s a step
 #else
   const int steps = 50;
 #endif
