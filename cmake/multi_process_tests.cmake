@@ -1,14 +1,16 @@
 # How CTest schedules the tests that start several processes: mpirun's ranks (tests/mpi, tests/dp,
 # the emulated and real NCCL checks) or a supervisor and its jobs (tests/supervise).
 #
-# On CI's 2 cores, two of them side by side put 4 to 6 busy processes on 2 cores: under the
-# sanitizers cp_equivalence took 168 s next to dp_equivalence instead of 78 s alone, and
-# mpi_comm_check_np3 35 s instead of 1 s. And in declaration order (what CTest uses on a fresh
-# clone, with no costs measured yet) they all come last, after the unit tests, so they ran side
-# by side at the end of the run with nothing else left to fill the other core.
-# zaya_multi_process_tests(<test>...) gives them one lock, so that at most one runs at a time, and
-# a cost above every measured one, so that their chain starts first while the single-process
-# tests take the other core.
+# On a fresh clone CTest runs the tests in the order they are declared, and these came last: they
+# ran side by side at the end of the run, up to 6 busy processes on CI's 2 cores, with nothing
+# else left for the other core. zaya_multi_process_tests(<test>...) gives them one lock, so at
+# most one runs at a time, and a cost above any measured one, so their chain starts first while
+# the single-process tests take the other core.
+# Measured under the sanitizers with no costs recorded yet (as on a fresh clone, with
+# OMP_WAIT_POLICY=PASSIVE as in CI): the test phase took 1,048 s, against 1,063 s without the
+# lock. The gain is small because a 2-rank test is about as slow next to a single-process test as
+# next to another mpirun (cp_equivalence 167 s against 168 s). What the lock does buy is that no
+# two of them ever share the 2 cores, so their watchdog and heartbeat timeouts have that margin.
 function(zaya_multi_process_tests)
   if(ARGN)
     set_tests_properties(${ARGN} PROPERTIES RESOURCE_LOCK zaya_multi_process COST 10000)
