@@ -200,6 +200,9 @@ void switch_away(bool ended) {
 #endif
   if (next) {
     g_current = next;
+#if defined(ZAYA_SIMT_ASAN)
+    g_switching_from_scheduler = false;  // a thread that starts now learns no scheduler stack
+#endif
     fiber_switch(from, next->ctx);
   } else {
     fiber_switch(from, g_scheduler);
