@@ -8,7 +8,7 @@
 #      status 86); again the model equals an uninterrupted 2-rank run's;
 #   3. a job that can never start is given up after 3 attempts, with exit status 1;
 #   4. SIGTERM to the supervisor stops the job and is not followed by a restart.
-# The faults land between checkpoints (checkpoint.every = 25; steps 110 and 160), and the timeouts
+# The faults land between checkpoints (checkpoint.every = 25; steps 60 and 85), and the timeouts
 # leave room for a slow fsync on a busy machine: checkpoint timing is tested in test_supervisor.cpp.
 # Usage: launch_test.sh ZAYA MPIEXEC WORKDIR
 set -euo pipefail
@@ -22,7 +22,7 @@ die() { echo "launch_test: FAILED: $*" >&2; exit 1; }
 trap 'die "a command failed at line $LINENO (logs under $work)"' ERR
 
 recipe=(--set model.preset=zaya-tiny --set data.seq_len=64 --set batch.micro_batch=2 --set batch.global_batch=4
-        --set schedule.total_steps=300 --set schedule.warmup_steps=2 --set checkpoint.every=25 --set eval.every=0
+        --set schedule.total_steps=150 --set schedule.warmup_steps=2 --set checkpoint.every=25 --set eval.every=0
         --set eval.sample_tokens=0 --set logging.every=100)
 
 # field FILE NAME: a number or string field of a one-line JSON heartbeat ("" if absent).
@@ -52,8 +52,8 @@ events() { grep -c "\"event\":\"$2\"" "$1/supervisor.jsonl" || true; }
 "$zaya" launch "${recipe[@]}" --set run_dir="$work/ft1" --heartbeat-timeout 10 --checkpoint-timeout 300 \
   --restart-delay 0.2 --kill-grace 2 > "$work/ft1.log" 2>&1 &
 launcher=$!
-pid=$(wait_for "$work/ft1" 0 110 none); kill -9 "$pid"; note "killed the job (pid $pid) with kill -9"
-pid=$(wait_for "$work/ft1" 0 160 "$pid"); kill -STOP "$pid"; note "stopped the job (pid $pid) with SIGSTOP"
+pid=$(wait_for "$work/ft1" 0 60 none); kill -9 "$pid"; note "killed the job (pid $pid) with kill -9"
+pid=$(wait_for "$work/ft1" 0 85 "$pid"); kill -STOP "$pid"; note "stopped the job (pid $pid) with SIGSTOP"
 wait "$launcher" || { rc=$?; cat "$work/ft1.log"; die "zaya launch exited $rc (one process)"; }
 [[ $(events "$work/ft1" failure) -eq 1 && $(events "$work/ft1" hang) -eq 1 && $(events "$work/ft1" finished) -eq 1 ]] ||
   { cat "$work/ft1/supervisor.jsonl"; die "expected one failure, one hang and a finish"; }
@@ -69,8 +69,8 @@ mpi=("$mpiexec" --oversubscribe -np 2)
   --comm-timeout 30 --heartbeat-timeout 90 --restart-delay 0.2 --kill-grace 2 --preflight --preflight-burn-in 0.2 \
   > "$work/ft2.log" 2>&1 &
 launcher=$!
-pid=$(wait_for "$work/ft2" 1 110 none); kill -9 "$pid"; note "killed rank 1 (pid $pid) with kill -9"
-pid=$(wait_for "$work/ft2" 1 160 "$pid"); kill -STOP "$pid"; note "stopped rank 1 (pid $pid) with SIGSTOP"
+pid=$(wait_for "$work/ft2" 1 60 none); kill -9 "$pid"; note "killed rank 1 (pid $pid) with kill -9"
+pid=$(wait_for "$work/ft2" 1 85 "$pid"); kill -STOP "$pid"; note "stopped rank 1 (pid $pid) with SIGSTOP"
 wait "$launcher" || { rc=$?; cat "$work/ft2.log"; die "zaya launch exited $rc (two ranks)"; }
 [[ $(events "$work/ft2" failure) -eq 2 && $(events "$work/ft2" hang) -eq 0 && $(events "$work/ft2" finished) -eq 1 ]] ||
   { cat "$work/ft2/supervisor.jsonl"; die "expected two failures and a finish"; }
