@@ -100,7 +100,8 @@ TEST_P(GpuDecode, PrefillCopiesAndDecodeMatchCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuDecode,
                          ::testing::Combine(::testing::Values("conv_t3_gqa2", "gqa2_sliding_identity_untied"),
-                                            ::testing::Values(0, 1, 2)),  // bf16, fp32 and tiled_fp32 GEMMs
+                                            ::testing::Range(0,
+                                                             int(gemm_modes().size()))),  // every GEMM mode
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" +
                                   gemm_modes()[size_t(std::get<1>(info.param))].name;
