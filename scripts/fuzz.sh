@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${FUZZ_SECONDS:-30}
-targets=${FUZZ_TARGETS:-"safetensors config shard completion_request recipe chat"}
+targets=${FUZZ_TARGETS:-"safetensors config shard completion_request recipe chat tokenizer"}
 build=build-fuzz
 
 cmake --preset fuzz >/dev/null

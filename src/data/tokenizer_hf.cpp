@@ -4,13 +4,14 @@
 #include "data/tokenizer_hf.h"
 
 #include <algorithm>
+#include <climits>
 #include <fstream>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "data/tokenizer_hf_added.h"
 #include "data/tokenizer_hf_bpe.h"
+#include "data/tokenizer_hf_json.h"
 #include "data/tokenizer_hf_pipeline.h"
 #include "data/tokenizer_utf8.h"
 
@@ -42,11 +43,17 @@ using tok::utf8_valid;
 namespace {
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail("tokenizer", path + ": cannot open file", "check the path; run scripts/setup.sh to fetch data");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  const std::streamoff size = in.tellg();
+  std::string text;
+  if (size > 0) {  // one read of the whole file (a large tokenizer.json is tens of MB)
+    text.resize(static_cast<size_t>(size));
+    in.seekg(0);
+    in.read(text.data(), static_cast<std::streamsize>(size));
+  }
+  if (!in) fail("tokenizer", path + ": cannot read file");
+  return text;
 }
 
 // bos/eos from a tokenizer_config.json next to the file ("bos_token": "x" or {"content": "x"}).
@@ -60,28 +67,39 @@ std::string config_token(const json& cfg, const char* key) {
 
 class HfTokenizer final : public Tokenizer {
  public:
-  explicit HfTokenizer(const std::string& path) : path_(path) {
-    std::string text = read_file(path);
-    json j;
+  HfTokenizer(const std::string& path, const std::string& text) : path_(path) {
+    tok::TokenizerJson parsed;
     try {
-      j = json::parse(text);
-    } catch (const json::parse_error& e) {
+      parsed = tok::parse_tokenizer_json(text);
+    } catch (const json::exception& e) {
       fail("tokenizer", path + ": invalid JSON: " + e.what());
     }
-    text.clear();
+    const json& j = parsed.doc;
     if (!j.is_object()) fail("tokenizer", path + ": top level must be a JSON object");
     if (!j.contains("model")) fail("tokenizer", path + ": field 'model' is missing");
-    try {
-      model_.load(j["model"], path);
-    } catch (const json::exception& e) {
-      fail("tokenizer", path + ": model: " + e.what());
-    }
-    norm_ = parse_normalizer(j.value("normalizer", json()), path);
-    pre_ = parse_pre_tokenizer(j.value("pre_tokenizer", json()), path);
-    dec_ = parse_decoder(j.value("decoder", json()), path);
-    load_added(j.value("added_tokens", json::array()));
-    post_ = parse_post_processor(j.value("post_processor", json()), path,
-                                 [this](const std::string& t) { return token_to_id(t); });
+    // A field of the wrong JSON type deep in a section surfaces as a JSON exception: named with
+    // its section.
+    const auto section = [&path](const char* name, const auto& parse) {
+      try {
+        parse();
+      } catch (const json::exception& e) {
+        fail("tokenizer", path + ": " + name + ": " + e.what());
+      }
+    };
+    section("model", [&] { model_.load(j["model"], std::move(parsed.bpe), path); });
+    section("normalizer", [&] { norm_ = parse_normalizer(j.value("normalizer", json()), path); });
+    section("pre_tokenizer", [&] { pre_ = parse_pre_tokenizer(j.value("pre_tokenizer", json()), path); });
+    section("decoder", [&] { dec_ = parse_decoder(j.value("decoder", json()), path); });
+    section("added_tokens", [&] { load_added(j.value("added_tokens", json::array())); });
+    section("post_processor", [&] {
+      post_ = parse_post_processor(j.value("post_processor", json()), path,
+                                   [this](const std::string& t) { return token_to_id(t); });
+    });
+    for (const auto* ids : {&post_.before, &post_.after})
+      for (int32_t id : *ids)
+        if (id < 0 || id >= vocab_size_)
+          fail("tokenizer", path + ": post_processor: special token id " + std::to_string(id) +
+                                " is outside the vocabulary (" + std::to_string(vocab_size_) + " ids)");
     find_bos_eos();
   }
 
@@ -181,9 +199,12 @@ class HfTokenizer final : public Tokenizer {
           !a["content"].is_string())
         fail("tokenizer", where + " must have an integer 'id' and a string 'content'");
       AddedToken t;
-      t.id = a["id"].get<int32_t>();
+      const json& id = a["id"];
+      if (id.is_number_unsigned() ? id.get<uint64_t>() > INT32_MAX
+                                  : id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        fail("tokenizer", where + ".id must be non-negative and at most " + std::to_string(INT32_MAX));
+      t.id = id.get<int32_t>();
       t.content = a["content"].get<std::string>();
-      if (t.id < 0) fail("tokenizer", where + ".id must be non-negative");
       t.special = a.value("special", false);
       t.lstrip = a.value("lstrip", false);
       t.rstrip = a.value("rstrip", false);
@@ -247,7 +268,11 @@ class HfTokenizer final : public Tokenizer {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
-  return std::make_unique<HfTokenizer>(path);
+  return std::make_unique<HfTokenizer>(path, read_file(path));
+}
+
+std::unique_ptr<Tokenizer> load_hf_tokenizer_text(const std::string& text, const std::string& path) {
+  return std::make_unique<HfTokenizer>(path, text);
 }
 
 }  // namespace zaya

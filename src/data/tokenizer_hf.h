@@ -10,5 +10,8 @@ namespace zaya {
 
 // Loads a tokenizer.json file; throws zaya::Error naming the file and the field.
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);
+// The same from the file's text: `path` names it in errors, and a tokenizer_config.json next
+// to it (bos/eos) is read when there is one.
+std::unique_ptr<Tokenizer> load_hf_tokenizer_text(const std::string& text, const std::string& path);
 
 }  // namespace zaya

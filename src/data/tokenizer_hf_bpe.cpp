@@ -38,7 +38,7 @@ void BpeModel::add_merge(int32_t a, int32_t b, int32_t rank, int32_t new_id) {
   }
 }
 
-void BpeModel::load(const json& model, const std::string& file) {
+void BpeModel::load(const json& model, BpeEntries&& entries, const std::string& file) {
   if (!model.is_object()) bad(file, "field 'model' must be an object");
   std::string type = model.value("type", std::string("BPE"));
   if (type != "BPE")
@@ -58,24 +58,18 @@ void BpeModel::load(const json& model, const std::string& file) {
   fuse_unk_ = model.value("fuse_unk", false);
   ignore_merges_ = model.value("ignore_merges", false);
 
-  const auto vit = model.find("vocab");
-  if (vit == model.end() || !vit->is_object()) bad(file, "field 'model.vocab' must be an object");
-  vocab_.reserve(vit->size());
+  if (!entries.vocab_is_object) bad(file, "field 'model.vocab' must be an object");
+  vocab_.reserve(entries.vocab.size());
+  for (auto& [token, id] : entries.vocab)
+    vocab_.insert_or_assign(std::move(token), id);  // the last of a repeated key
+  entries.vocab = {};
   int32_t max_id = -1;
-  for (auto it = vit->begin(); it != vit->end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > INT32_MAX)
-      bad(file, "model.vocab['" + it.key() + "'] must be a non-negative integer id");
-    int32_t id = it.value().get<int32_t>();
-    vocab_.emplace(it.key(), id);
+  for (const auto& [token, id] : vocab_) {
+    if (id < 0) bad(file, "model.vocab['" + token + "'] must be a non-negative integer id");
     max_id = std::max(max_id, id);
   }
   id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
-  std::vector<bool> seen(static_cast<size_t>(max_id + 1), false);
-  for (const auto& [tok, id] : vocab_) {
-    id_to_token_[static_cast<size_t>(id)] = tok;
-    seen[static_cast<size_t>(id)] = true;
-  }
+  for (const auto& [tok, id] : vocab_) id_to_token_[static_cast<size_t>(id)] = tok;
   char_id_.assign(kMaxCp, -1);
   for (const auto& [tok, id] : vocab_) {
     if (tok.empty() || !utf8_valid(tok)) continue;
@@ -93,34 +87,34 @@ void BpeModel::load(const json& model, const std::string& file) {
     if (unk_id_ < 0) bad(file, "model.unk_token '" + unk + "' is not in model.vocab");
   }
 
-  const auto mit = model.find("merges");
-  if (mit == model.end() || !mit->is_array()) bad(file, "field 'model.merges' must be an array");
+  if (!entries.merges_is_array) bad(file, "field 'model.merges' must be an array");
   size_t cap = 16;
-  while (cap < mit->size() * 2) cap <<= 1;
+  while (cap < entries.merges.size() * 2) cap <<= 1;
   merges_.assign(cap, MergeSlot{kEmpty, 0, 0});
   merge_mask_ = cap - 1;
   merge_shift_ = 64 - __builtin_ctzll(cap);
   int32_t rank = 0;
   std::string merged;
-  for (const auto& m : *mit) {
-    std::string a, b;
-    if (m.is_string()) {
-      const std::string& s = m.get_ref<const std::string&>();
+  for (const BpeEntries::Merge& m : entries.merges) {
+    std::string_view a, b;
+    if (m.form == BpeEntries::Merge::Form::Text) {
+      const std::string& s = m.a;
       size_t sp = s.find(' ');
       if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
         bad(file, "model.merges[" + std::to_string(rank) + "] '" + s + "' must be two tokens separated by one space");
-      a = s.substr(0, sp), b = s.substr(sp + 1);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      a = m[0].get<std::string>(), b = m[1].get<std::string>();
+      a = std::string_view(s).substr(0, sp), b = std::string_view(s).substr(sp + 1);
+    } else if (m.form == BpeEntries::Merge::Form::Pair) {
+      a = m.a, b = m.b;
     } else {
       bad(file, "model.merges[" + std::to_string(rank) + "] must be \"a b\" or [\"a\", \"b\"]");
     }
     int32_t ia = token_to_id(a), ib = token_to_id(b);
     if (ia < 0 || ib < 0)
-      bad(file, "model.merges[" + std::to_string(rank) + "] uses token '" + (ia < 0 ? a : b) + "' that is not in model.vocab");
+      bad(file, "model.merges[" + std::to_string(rank) + "] uses token '" + std::string(ia < 0 ? a : b) +
+                    "' that is not in model.vocab");
     merged = a;
     if (!prefix_.empty() && b.compare(0, prefix_.size(), prefix_) == 0)
-      merged.append(b, prefix_.size());
+      merged.append(b.substr(prefix_.size()));
     else
       merged += b;
     int32_t im = token_to_id(merged);
@@ -128,6 +122,7 @@ void BpeModel::load(const json& model, const std::string& file) {
     add_merge(ia, ib, rank, im);
     ++rank;
   }
+  entries.merges = {};
   compute_split_flags();
 }
 

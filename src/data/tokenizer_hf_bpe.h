@@ -6,12 +6,13 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "data/tokenizer_hf_json.h"
 
 namespace zaya::tok {
 
@@ -23,8 +24,9 @@ using StrIdMap = std::unordered_map<std::string, int32_t, SvHash, std::equal_to<
 
 class BpeModel {
  public:
-  // Parses model.{vocab, merges, unk_token, byte_fallback, ...}; errors name `file`.
-  void load(const nlohmann::json& model, const std::string& file);
+  // Parses model.{unk_token, byte_fallback, ...} and takes the vocab and merges from `entries`
+  // (read from the same file by parse_tokenizer_json); errors name `file`.
+  void load(const nlohmann::json& model, BpeEntries&& entries, const std::string& file);
   // Appends the ids of one pre-token.
   void encode(std::string_view piece, std::vector<int32_t>& out) const;
   int32_t token_to_id(std::string_view token) const;  // -1 if absent

@@ -280,6 +280,55 @@ TEST_F(TokenizerHfFiles, UnsupportedComponentsAreNamed) {
   EXPECT_NE(error_of(write("tokenizer.json", j.dump())).find("'zz' that is not in model.vocab"), std::string::npos);
 }
 
+// model.vocab and model.merges are read as the file streams by (tokenizer_hf_json.h): every
+// bad entry is still named, a repeated key still replaces the earlier one, and the same names
+// elsewhere in the file are left alone.
+TEST_F(TokenizerHfFiles, VocabAndMergesErrorsNameTheEntry) {
+  const std::string bad_id = "must be a non-negative integer id";
+  for (const json& value : {json("4"), json(4.5), json(-1), json(int64_t(1) << 31), json(uint64_t(1) << 63),
+                            json::object({{"id", 4}}), json::array({4}), json(nullptr), json(true)}) {
+    json j = tiny();
+    j["model"]["vocab"]["zz"] = value;
+    const std::string e = error_of(write("tokenizer.json", j.dump()));
+    EXPECT_NE(e.find("model.vocab['zz'] " + bad_id), std::string::npos) << value.dump() << ": " << e;
+  }
+  json j = tiny();
+  j["model"]["vocab"] = json::array({"a", "b"});
+  EXPECT_NE(error_of(write("tokenizer.json", j.dump())).find("field 'model.vocab' must be an object"),
+            std::string::npos);
+  j = tiny();
+  j["model"]["merges"] = {{"a", "b"}};
+  EXPECT_NE(error_of(write("tokenizer.json", j.dump())).find("field 'model.merges' must be an array"),
+            std::string::npos);
+  j = tiny();
+  j["model"].erase("merges");
+  EXPECT_NE(error_of(write("tokenizer.json", j.dump())).find("field 'model.merges' must be an array"),
+            std::string::npos);
+  for (const json& merge :
+       {json(7), json(nullptr), json::object({{"a", "b"}}), json::array({"a"}), json::array({"a", "b", "c"}),
+        json::array({"a", 5}), json::array({"a", json::array({"b"})})}) {
+    j = tiny();
+    j["model"]["merges"] = json::array({"a b", merge, "ab c"});
+    const std::string e = error_of(write("tokenizer.json", j.dump()));
+    EXPECT_NE(e.find("model.merges[1] must be \"a b\" or [\"a\", \"b\"]"), std::string::npos)
+        << merge.dump() << ": " << e;
+  }
+  // The same field names outside model are not the vocabulary; the tokenizer is tiny()'s.
+  j = tiny();
+  j["extra"] = {{"vocab", {{"q", "not an id"}}}, {"merges", 5}};
+  j["model"]["extra"] = {{"vocab", json::array({1})}, {"merges", {{"x", 1}}}};
+  auto t = zaya::load_tokenizer(write("tokenizer.json", j.dump()));
+  EXPECT_EQ(t->encode("ab abc"), (std::vector<int32_t>{8, 3, 9}));
+  EXPECT_EQ(t->vocab_size(), 12);
+  // A repeated key: the last vocab and the last merges count, as when a document is parsed.
+  std::string text = tiny().dump();
+  const std::string model_key = "\"model\":{";
+  ASSERT_NE(text.find(model_key), std::string::npos);
+  text.insert(text.find(model_key) + model_key.size(), "\"merges\":[\"x y\"],\"vocab\":{\"x\":\"bad\"},");
+  t = zaya::load_tokenizer(write("tokenizer.json", text));
+  EXPECT_EQ(t->encode("ab abc"), (std::vector<int32_t>{8, 3, 9}));
+}
+
 TEST(TokenizerUtf8, MaximalSubpartReplacement) {
   using zaya::tok::utf8_sanitize;
   const std::string r = "\xEF\xBF\xBD";

@@ -1,0 +1,37 @@
+// Reading tokenizer.json in one pass. A large model's file is mostly model.vocab and
+// model.merges (Gemma 3: 262,144 tokens and 1,029,812 merges in 33 MB); as a JSON document
+// they are a quarter of a million map nodes and a million small arrays, built only to be read
+// once. The parse keeps the document for everything else and takes those two straight into
+// flat lists, which BpeModel::load checks as it would have checked the document.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zaya::tok {
+
+// model.vocab and model.merges as the file gave them, in file order.
+struct BpeEntries {
+  struct Merge {
+    enum class Form { Text, Pair, Invalid };
+    Form form = Form::Invalid;
+    std::string a, b;  // Text: the whole "a b" string in a; Pair: the two tokens
+  };
+  bool vocab_is_object = false;  // model.vocab was an object (its entries are below)
+  bool merges_is_array = false;  // model.merges was an array
+  // (token, id); id is -1 where the value was not an integer in [0, INT32_MAX].
+  std::vector<std::pair<std::string, int32_t>> vocab;
+  std::vector<Merge> merges;
+};
+
+struct TokenizerJson {
+  nlohmann::json doc;  // the file, with model.vocab and model.merges left empty when taken out
+  BpeEntries bpe;
+};
+
+// Parses tokenizer.json text; throws nlohmann::json::parse_error on malformed JSON.
+TokenizerJson parse_tokenizer_json(const std::string& text);
+
+}  // namespace zaya::tok
