@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -327,6 +328,42 @@ TEST_F(TokenizerHfFiles, VocabAndMergesErrorsNameTheEntry) {
   text.insert(text.find(model_key) + model_key.size(), "\"merges\":[\"x y\"],\"vocab\":{\"x\":\"bad\"},");
   t = zaya::load_tokenizer(write("tokenizer.json", text));
   EXPECT_EQ(t->encode("ab abc"), (std::vector<int32_t>{8, 3, 9}));
+}
+
+// A JSON value of the wrong type deep in a section is named with the file and the section, and
+// ids from the file are checked against the vocabulary before any text is encoded with them.
+TEST_F(TokenizerHfFiles, WrongTypesAndIdsAreNamed) {
+  struct Case {
+    std::function<void(json&)> edit;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {[](json& j) { j["post_processor"]["special_tokens"]["<s>"]["ids"] = {99}; },
+       "post_processor: special token id 99 is outside the vocabulary (12 ids)"},
+      {[](json& j) {
+         j["post_processor"]["single"] = json::array({{{"SpecialToken", 5}}});
+       },
+       "post_processor: [json.exception"},
+      {[](json& j) { j["added_tokens"][0]["id"] = int64_t(1) << 32; },
+       "added_tokens[0].id must be non-negative and at most 2147483647"},
+      {[](json& j) { j["added_tokens"][0]["id"] = -3; }, "added_tokens[0].id must be non-negative"},
+      {[](json& j) {
+         j["normalizer"] = {{"type", "Prepend"}, {"prepend", 5}};
+       },
+       "normalizer: [json.exception"},
+      {[](json& j) {
+         j["decoder"] = {{"type", "Replace"}, {"pattern", {{"String", 7}}}, {"content", " "}};
+       },
+       "decoder: [json.exception"},
+  };
+  for (const auto& c : cases) {
+    json j = tiny();
+    c.edit(j);
+    const std::string p = write("tokenizer.json", j.dump());
+    const std::string e = error_of(p);
+    EXPECT_NE(e.find(p + ": "), std::string::npos) << e;
+    EXPECT_NE(e.find(c.want), std::string::npos) << j.dump() << "\n" << e;
+  }
 }
 
 TEST(TokenizerUtf8, MaximalSubpartReplacement) {
