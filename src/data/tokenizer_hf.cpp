@@ -86,13 +86,19 @@ class HfTokenizer final : public Tokenizer {
         fail("tokenizer", path + ": " + name + ": " + e.what());
       }
     };
+    // Sections are read in place, not copied (a copy recurses into however deep the file nests).
+    static const json kAbsent, kNoAddedTokens = json::array();
+    const auto field = [&j](const char* key, const json& absent) -> const json& {
+      const auto it = j.find(key);
+      return it == j.end() ? absent : *it;
+    };
     section("model", [&] { model_.load(j["model"], std::move(parsed.bpe), path); });
-    section("normalizer", [&] { norm_ = parse_normalizer(j.value("normalizer", json()), path); });
-    section("pre_tokenizer", [&] { pre_ = parse_pre_tokenizer(j.value("pre_tokenizer", json()), path); });
-    section("decoder", [&] { dec_ = parse_decoder(j.value("decoder", json()), path); });
-    section("added_tokens", [&] { load_added(j.value("added_tokens", json::array())); });
+    section("normalizer", [&] { norm_ = parse_normalizer(field("normalizer", kAbsent), path); });
+    section("pre_tokenizer", [&] { pre_ = parse_pre_tokenizer(field("pre_tokenizer", kAbsent), path); });
+    section("decoder", [&] { dec_ = parse_decoder(field("decoder", kAbsent), path); });
+    section("added_tokens", [&] { load_added(field("added_tokens", kNoAddedTokens)); });
     section("post_processor", [&] {
-      post_ = parse_post_processor(j.value("post_processor", json()), path,
+      post_ = parse_post_processor(field("post_processor", kAbsent), path,
                                    [this](const std::string& t) { return token_to_id(t); });
     });
     for (const auto* ids : {&post_.before, &post_.after})

@@ -63,11 +63,20 @@ void BpeModel::load(const json& model, BpeEntries&& entries, const std::string& 
   for (auto& [token, id] : entries.vocab)
     vocab_.insert_or_assign(std::move(token), id);  // the last of a repeated key
   entries.vocab = {};
-  int32_t max_id = -1;
+  int64_t max_id = -1;
+  const std::string* invalid = nullptr;  // the first in key order, as a parsed document names it
   for (const auto& [token, id] : vocab_) {
-    if (id < 0) bad(file, "model.vocab['" + token + "'] must be a non-negative integer id");
-    max_id = std::max(max_id, id);
+    if (id < 0 && (!invalid || token < *invalid)) invalid = &token;
+    max_id = std::max<int64_t>(max_id, id);
   }
+  if (invalid) bad(file, "model.vocab['" + *invalid + "'] must be a non-negative integer id");
+  // Ids index a table: holes are allowed (added tokens may fill them), but not a table mostly
+  // made of them.
+  constexpr int64_t kMaxUnusedIds = int64_t(1) << 20;
+  if (max_id >= static_cast<int64_t>(vocab_.size()) + kMaxUnusedIds)
+    bad(file, "model.vocab: id " + std::to_string(max_id) + " leaves more than " +
+                  std::to_string(kMaxUnusedIds) + " ids unused (the vocabulary has " +
+                  std::to_string(vocab_.size()) + " tokens)");
   id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
   for (const auto& [tok, id] : vocab_) id_to_token_[static_cast<size_t>(id)] = tok;
   char_id_.assign(kMaxCp, -1);

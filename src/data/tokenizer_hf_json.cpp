@@ -3,7 +3,9 @@
 // document. The callback's depth counts the containers around an event: keys and values of the
 // top-level object are at 1, model's keys at 2, vocab's entries and merges' elements at 3.
 // A key the callback drops also drops its value without storing it, and a value the callback
-// drops is never stored; a container is dropped at its end, after its elements were seen.
+// drops is never stored. A container under a kept key (or in an array) is dropped at its end,
+// after its elements were seen; one under a dropped key (a vocab entry's value) is never stored
+// and gets no end event, so it is recorded at its start.
 #include "data/tokenizer_hf_json.h"
 
 #include <climits>
@@ -22,6 +24,7 @@ class BpeEntriesCollector {
     using Event = json::parse_event_t;
     if (event == Event::key && depth == 1) {
       top_key_ = parsed.get_ref<const std::string&>();
+      if (top_key_ == "model") out_ = BpeEntries{};  // a repeated "model" replaces the earlier one
     } else if (event == Event::object_start && depth == 1) {
       in_model_ = top_key_ == "model";
     } else if (event == Event::object_end && depth == 1) {

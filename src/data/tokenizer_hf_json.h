@@ -31,7 +31,8 @@ struct TokenizerJson {
   BpeEntries bpe;
 };
 
-// Parses tokenizer.json text; throws nlohmann::json::parse_error on malformed JSON.
+// Parses tokenizer.json text; throws nlohmann::json::exception (parse_error, out_of_range) on
+// malformed JSON.
 TokenizerJson parse_tokenizer_json(const std::string& text);
 
 }  // namespace zaya::tok

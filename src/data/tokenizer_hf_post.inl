@@ -1,9 +1,22 @@
 // Post-processor parsing (TemplateProcessing, Bert/Roberta, ByteLevel, Sequence); included by
 // tokenizer_hf_pipeline.h because it is templated on the token lookup.
 #pragma once
+#include <climits>
+#include <string>
 #include "core/error.h"
 
 namespace zaya::tok {
+
+// An id from the file: an integer in [0, INT32_MAX] (get<int32_t> alone would truncate).
+inline int32_t post_processor_id(const nlohmann::json& v, const std::string& where) {
+  const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX
+                  : v.is_number_integer() ? v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX
+                                          : false;
+  if (!ok)
+    fail("tokenizer", where + ": id " + (v.is_structured() ? std::string(v.type_name()) : v.dump()) +
+                          " must be an integer in [0, " + std::to_string(INT32_MAX) + "]");
+  return v.get<int32_t>();
+}
 
 template <class F>
 void parse_post_into(const nlohmann::json& j, const std::string& file, F token_id, PostTemplate& out) {
@@ -11,13 +24,16 @@ void parse_post_into(const nlohmann::json& j, const std::string& file, F token_i
   std::string type = j.value("type", std::string());
   auto where = [&] { return file + ": post_processor '" + type + "'"; };
   if (type == "Sequence") {
-    for (const auto& p : j.value("processors", nlohmann::json::array())) parse_post_into(p, file, token_id, out);
+    if (const auto it = j.find("processors"); it != j.end())  // read in place: a copy recurses
+      for (const auto& p : *it) parse_post_into(p, file, token_id, out);
     return;
   }
   if (type == "ByteLevel") return;  // only trims offsets; ids unchanged
   if (type == "TemplateProcessing") {
     const auto& single = j.at("single");
-    const auto& specials = j.value("special_tokens", nlohmann::json::object());
+    static const nlohmann::json kNoSpecialTokens = nlohmann::json::object();
+    const auto specials_it = j.find("special_tokens");
+    const nlohmann::json& specials = specials_it == j.end() ? kNoSpecialTokens : *specials_it;
     bool seen_a = false;
     out = PostTemplate{};
     out.present = true;
@@ -30,7 +46,9 @@ void parse_post_into(const nlohmann::json& j, const std::string& file, F token_i
         std::string name = item["SpecialToken"].value("id", std::string());
         std::vector<int32_t> ids;
         if (specials.contains(name) && specials[name].contains("ids")) {
-          ids = specials[name]["ids"].template get<std::vector<int32_t>>();
+          const nlohmann::json& listed = specials[name]["ids"];
+          if (!listed.is_array()) fail("tokenizer", where() + ": special token '" + name + "' ids must be an array");
+          for (const auto& v : listed) ids.push_back(post_processor_id(v, where()));
         } else {
           int32_t id = token_id(name);
           if (id < 0) fail("tokenizer", where() + ": special token '" + name + "' is unknown");
@@ -39,7 +57,8 @@ void parse_post_into(const nlohmann::json& j, const std::string& file, F token_i
         auto& dst = seen_a ? out.after : out.before;
         dst.insert(dst.end(), ids.begin(), ids.end());
       } else {
-        fail("tokenizer", where() + ": template item " + item.dump() + " is not understood");
+        fail("tokenizer", where() + ": template item " + (item.is_structured() ? std::string(item.type_name()) : item.dump()) +
+                              " is not understood");
       }
     }
     return;
@@ -47,8 +66,8 @@ void parse_post_into(const nlohmann::json& j, const std::string& file, F token_i
   if (type == "BertProcessing" || type == "RobertaProcessing") {
     out = PostTemplate{};
     out.present = true;
-    out.before.push_back(j.at("cls").at(1).template get<int32_t>());
-    out.after.push_back(j.at("sep").at(1).template get<int32_t>());
+    out.before.push_back(post_processor_id(j.at("cls").at(1), where()));
+    out.after.push_back(post_processor_id(j.at("sep").at(1), where()));
     return;
   }
   fail("tokenizer", file + ": post_processor type '" + type + "' is not supported",

@@ -3,6 +3,7 @@
 // a tiny hand-made tokenizer, and error messages for bad files.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -321,6 +322,18 @@ TEST_F(TokenizerHfFiles, VocabAndMergesErrorsNameTheEntry) {
   auto t = zaya::load_tokenizer(write("tokenizer.json", j.dump()));
   EXPECT_EQ(t->encode("ab abc"), (std::vector<int32_t>{8, 3, 9}));
   EXPECT_EQ(t->vocab_size(), 12);
+  // With several bad entries the first in key order is named, whatever the file's order.
+  j = tiny();
+  j["model"]["vocab"]["zz"] = "x";
+  j["model"]["vocab"]["yy"] = "x";
+  EXPECT_NE(error_of(write("tokenizer.json", j.dump())).find("model.vocab['yy'] " + bad_id),
+            std::string::npos);
+  // A repeated "model": the last one counts, with the vocabulary and merges it has (none here).
+  std::string two_models = tiny().dump();
+  two_models.insert(two_models.size() - 1, ",\"model\":{\"type\":\"BPE\"}");
+  EXPECT_NE(error_of(write("tokenizer.json", two_models)).find("field 'model.vocab' must be an object"),
+            std::string::npos)
+      << error_of(write("tokenizer.json", two_models));
   // A repeated key: the last vocab and the last merges count, as when a document is parsed.
   std::string text = tiny().dump();
   const std::string model_key = "\"model\":{";
@@ -347,6 +360,13 @@ TEST_F(TokenizerHfFiles, WrongTypesAndIdsAreNamed) {
       {[](json& j) { j["added_tokens"][0]["id"] = int64_t(1) << 32; },
        "added_tokens[0].id must be non-negative and at most 2147483647"},
       {[](json& j) { j["added_tokens"][0]["id"] = -3; }, "added_tokens[0].id must be non-negative"},
+      {[](json& j) { j["post_processor"]["special_tokens"]["<s>"]["ids"] = {int64_t(1) << 32}; },
+       "id 4294967296 must be an integer in [0, 2147483647]"},
+      {[](json& j) { j["post_processor"]["special_tokens"]["<s>"]["ids"] = {1.5}; },
+       "id 1.5 must be an integer"},
+      {[](json& j) { j["model"]["vocab"]["zz"] = 5000000; },
+       "model.vocab: id 5000000 leaves more than 1048576 ids unused"},
+      {[](json& j) { j["model"]["vocab"]["zz"] = INT32_MAX; }, "leaves more than 1048576 ids unused"},
       {[](json& j) {
          j["normalizer"] = {{"type", "Prepend"}, {"prepend", 5}};
        },
