@@ -205,11 +205,9 @@ class HfTokenizer final : public Tokenizer {
           !a["content"].is_string())
         fail("tokenizer", where + " must have an integer 'id' and a string 'content'");
       AddedToken t;
-      const json& id = a["id"];
-      if (id.is_number_unsigned() ? id.get<uint64_t>() > INT32_MAX
-                                  : id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      t.id = tok::token_id_or_invalid(a["id"]);
+      if (t.id < 0)
         fail("tokenizer", where + ".id must be non-negative and at most " + std::to_string(INT32_MAX));
-      t.id = id.get<int32_t>();
       t.content = a["content"].get<std::string>();
       t.special = a.value("special", false);
       t.lstrip = a.value("lstrip", false);

@@ -61,14 +61,7 @@ class BpeEntriesCollector {
       return false;
     }
     if (event == Event::value) {
-      int32_t id = -1;  // not an integer in [0, INT32_MAX]
-      if (parsed.is_number_unsigned()) {
-        if (parsed.get<uint64_t>() <= INT32_MAX) id = static_cast<int32_t>(parsed.get<uint64_t>());
-      } else if (parsed.is_number_integer()) {
-        if (parsed.get<int64_t>() >= 0 && parsed.get<int64_t>() <= INT32_MAX)
-          id = static_cast<int32_t>(parsed.get<int64_t>());
-      }
-      out_.vocab.emplace_back(std::move(token_), id);
+      out_.vocab.emplace_back(std::move(token_), token_id_or_invalid(parsed));
       return false;
     }
     if (event == Event::object_start || event == Event::array_start)
@@ -127,6 +120,16 @@ class BpeEntriesCollector {
 };
 
 }  // namespace
+
+int32_t token_id_or_invalid(const json& v) {
+  if (v.is_number_unsigned())
+    return v.get<uint64_t>() <= INT32_MAX ? static_cast<int32_t>(v.get<uint64_t>()) : -1;
+  if (v.is_number_integer()) {
+    const int64_t id = v.get<int64_t>();
+    return id >= 0 && id <= INT32_MAX ? static_cast<int32_t>(id) : -1;
+  }
+  return -1;
+}
 
 TokenizerJson parse_tokenizer_json(const std::string& text) {
   TokenizerJson out;

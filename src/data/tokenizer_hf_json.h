@@ -31,6 +31,11 @@ struct TokenizerJson {
   BpeEntries bpe;
 };
 
+// A token id from the file: the integer when it is one in [0, INT32_MAX], else -1 (a plain
+// get<int32_t> would turn 2^32 or 1.5 into 1). The vocabulary, added tokens and post-processor
+// all read their ids through it.
+int32_t token_id_or_invalid(const nlohmann::json& v);
+
 // Parses tokenizer.json text; throws nlohmann::json::exception (parse_error, out_of_range) on
 // malformed JSON.
 TokenizerJson parse_tokenizer_json(const std::string& text);

@@ -4,18 +4,17 @@
 #include <climits>
 #include <string>
 #include "core/error.h"
+#include "data/tokenizer_hf_json.h"
 
 namespace zaya::tok {
 
-// An id from the file: an integer in [0, INT32_MAX] (get<int32_t> alone would truncate).
+// An id from the file: an integer in [0, INT32_MAX] (token_id_or_invalid), or an error naming it.
 inline int32_t post_processor_id(const nlohmann::json& v, const std::string& where) {
-  const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX
-                  : v.is_number_integer() ? v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX
-                                          : false;
-  if (!ok)
+  const int32_t id = token_id_or_invalid(v);
+  if (id < 0)
     fail("tokenizer", where + ": id " + (v.is_structured() ? std::string(v.type_name()) : v.dump()) +
                           " must be an integer in [0, " + std::to_string(INT32_MAX) + "]");
-  return v.get<int32_t>();
+  return id;
 }
 
 template <class F>

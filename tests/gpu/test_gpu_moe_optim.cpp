@@ -40,7 +40,7 @@ class GpuVsCpu : public ::testing::TestWithParam<GemmMode> {
 // clang-format on
 // The size of terms is the sum of their magnitudes: with operands rounded to bf16 (unit
 // u = 2^-8) each product is off by at most 2u of itself, so to first order no result is off by
-// more than 2u = 0.0078 of its magnitude, below 1e-2 for any inputs to first order, and in fp32 modes by far
+// more than 2u = 0.0078 of its magnitude, below 1e-2 for any inputs, and in fp32 modes by far
 // less than 1e-4. (Held to the typical size instead, the root sum of squares, a single
 // product's two roundings left the weight gradients no room: 0.0087 of 1e-2 in 45 runs; and in
 // fp32 modes held to the results' own magnitudes, out and dx were off by up to 0.18.)
