@@ -70,6 +70,9 @@ class TimedBackend final : public Backend {
                       int64_t rows, int64_t dim) override {
     time("residual_scale", 0, [&] { in_.residual_scale(r, h, hs, hb, rs, rb, rows, dim); });
   }
+  void residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out, float* y) override {
+    time("residual_scale_rmsnorm", 0, [&] { in_.residual_scale_rmsnorm(a, r_out, y); });
+  }
   void scaled_add(float* y, const float* x, const float* s, int64_t rows, int64_t dim) override {
     time("scaled_add", 0, [&] { in_.scaled_add(y, x, s, rows, dim); });
   }
@@ -145,6 +148,10 @@ class TimedBackend final : public Backend {
                                int64_t rows, int64_t dim) override {
     time("residual_scale_backward", 0,
          [&] { in_.residual_scale_backward(r, h, hs, hb, rs, rb, dr, dh, dhs, dhb, drs, drb, rows, dim); });
+  }
+  void residual_scale_rmsnorm_backward(const ResidualNormArgs& a, const float* r_out, const float* dy, float* dr,
+                                       float* dh, const ResidualNormGrads& g) override {
+    time("residual_scale_rmsnorm_backward", 0, [&] { in_.residual_scale_rmsnorm_backward(a, r_out, dy, dr, dh, g); });
   }
   void scaled_add_backward(const float* x, const float* sc, const float* dy, float* dx, float* dsc, int64_t rows,
                            int64_t dim) override {

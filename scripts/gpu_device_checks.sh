@@ -23,7 +23,8 @@
 #   fit    the full 8.3B zaya1-base, training steps on this one GPU (no sharding): memory and speed
 # Logs and JSON results go to $OUT/logs.tgz ($OUT default /tmp/zaya-gpu-out), re-packed after
 # every step, so a call that runs out of time still returns what finished. Each step runs
-# under STEP_TIMEOUT seconds (default 420). Run it without a pipeline after it (no `| tail`):
+# under STEP_TIMEOUT seconds (default 420), or STEP_TIMEOUT_<step> for that step alone. BENCH_VARIANTS
+# names the bench step's variants to run (default all). Run it without a pipeline after it (no `| tail`):
 # a call killed at its limit loses a pipeline's output. Exit status: number of failed steps.
 set -uo pipefail
 ROOT=$(pwd)
@@ -189,13 +190,20 @@ step_bench() {
   fi
   grep -E "median|MFU|memory|gemm engine|Newton-Schulz:" "$LOGS/bench_train_cuda.log"
   # The same step with one setting changed each, against the defaults (docs/benchmarks.md):
-  bench_train_variant grouped ZAYA_MOE_DEVICE_GROUPED=1  # the MoE's experts as device-grouped GEMMs
-  bench_train_variant exact_head ZAYA_LM_HEAD_EXACT=1    # the LM head in exact fp32, not 3xTF32
-  bench_train_variant ns_tf32 ZAYA_NS_TF32=1             # Newton-Schulz on TF32, not bf16 operands
-  bench_train_variant flash ZAYA_ATTN_FLASH=1            # the tensor-core flash attention (forward, backward)
-  bench_train_variant ns_bf16_iterates ZAYA_NS_BF16_ITERATES=1  # Newton-Schulz's iterates in bf16 (no packing)
-  # The opt-in kernels together: what the step would be if they all became the defaults.
-  bench_train_variant candidates ZAYA_ATTN_FLASH=1 ZAYA_MOE_DEVICE_GROUPED=1 ZAYA_NS_BF16_ITERATES=1
+  # BENCH_VARIANTS picks which of them run (default: all, in this order).
+  local v
+  for v in ${BENCH_VARIANTS:-grouped exact_head ns_tf32 flash ns_bf16_iterates candidates}; do
+    case $v in
+      grouped) bench_train_variant grouped ZAYA_MOE_DEVICE_GROUPED=1 ;;  # the MoE's experts as device-grouped GEMMs
+      exact_head) bench_train_variant exact_head ZAYA_LM_HEAD_EXACT=1 ;;  # the LM head in exact fp32, not 3xTF32
+      ns_tf32) bench_train_variant ns_tf32 ZAYA_NS_TF32=1 ;;  # Newton-Schulz on TF32, not bf16 operands
+      flash) bench_train_variant flash ZAYA_ATTN_FLASH=1 ;;  # the tensor-core flash attention (forward, backward)
+      ns_bf16_iterates) bench_train_variant ns_bf16_iterates ZAYA_NS_BF16_ITERATES=1 ;;  # NS iterates in bf16 (no packing)
+      # The opt-in kernels together: what the step would be if they all became the defaults.
+      candidates) bench_train_variant candidates ZAYA_ATTN_FLASH=1 ZAYA_MOE_DEVICE_GROUPED=1 ZAYA_NS_BF16_ITERATES=1 ;;
+      *) echo "unknown bench variant $v" ;;
+    esac
+  done
   # Attention's own time with the flash kernels, from the synchronised per-op profile.
   ZAYA_ATTN_FLASH=1 "$BIN/bench_train" --backend cuda --config $cfg --batch $B --seq $T --warmup 1 --steps 2 \
     --skip-peaks --profile > "$LOGS/bench_train_profile_flash.json" 2> "$LOGS/bench_train_profile_flash.log" &&
@@ -286,7 +294,8 @@ export BIN LOGS ROOT
 for s in "${steps[@]}"; do
   echo "=== $s"
   t0=$(date +%s)
-  if timeout "${STEP_TIMEOUT:-420}" bash -c "step_$s"; then
+  limit_var=STEP_TIMEOUT_$s  # a step's own limit (STEP_TIMEOUT_bench=240), else STEP_TIMEOUT
+  if timeout "${!limit_var:-${STEP_TIMEOUT:-420}}" bash -c "step_$s"; then
     echo "=== $s: ok ($(( $(date +%s) - t0 )) s)"
   else
     echo "=== $s: FAILED or timed out ($(( $(date +%s) - t0 )) s)"

@@ -26,6 +26,32 @@ struct CcaConvArgs {
   const int32_t* seg_start = nullptr;
 };
 
+// A residual-scaling merge (spec A.7) and the RMSNorm that reads the merged stream, as one op
+// (the post-attention merge and the next sub-block's input norm; the last merge and the final
+// norm). Per row: r_out = (h + hidden_bias) * hidden_scale + (r + residual_bias) * residual_scale,
+// then y = norm_weight * r_out * rsqrt(mean(r_out^2) + eps). Equal to residual_scale followed by
+// rmsnorm, and so is its backward to rmsnorm_backward followed by residual_scale_backward.
+struct ResidualNormArgs {
+  const float* r = nullptr;               // [rows, dim] the residual stream before the merge
+  const float* h = nullptr;               // [rows, dim] the sub-block's output
+  const float* hidden_scale = nullptr;    // [dim]
+  const float* hidden_bias = nullptr;     // [dim]
+  const float* residual_scale = nullptr;  // [dim]
+  const float* residual_bias = nullptr;   // [dim]
+  const float* norm_weight = nullptr;     // [dim]
+  float eps = 0;
+  int64_t rows = 0, dim = 0;
+};
+
+// The parameter gradients of a ResidualNormArgs op, each [dim], accumulated into.
+struct ResidualNormGrads {
+  float* hidden_scale = nullptr;
+  float* hidden_bias = nullptr;
+  float* residual_scale = nullptr;
+  float* residual_bias = nullptr;
+  float* norm_weight = nullptr;
+};
+
 struct CcaQkArgs {
   const float* z = nullptr;          // [N, C] conv output
   const float* u = nullptr;          // [N, C] raw concat(q, k) (mean paths)
@@ -111,6 +137,9 @@ class Backend {
   // r = (h + hb) * hs + (r + rb) * rs per row (ZAYA residual scaling, merged)
   virtual void residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
                               const float* rb, int64_t rows, int64_t dim) = 0;
+  // The merge and the norm in one pass over the rows (ResidualNormArgs): r_out (which may be
+  // a.r, in place) receives the merged stream and y its RMSNorm.
+  virtual void residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out, float* y) = 0;
   // y += scale (broadcast per column) * x
   virtual void scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) = 0;
   virtual void gelu(float* x, int64_t n) = 0;                        // exact erf GELU, in place
@@ -153,6 +182,11 @@ class Backend {
   virtual void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb,
                                        const float* rs, const float* rb, float* dr, float* dh, float* dhs,
                                        float* dhb, float* drs, float* drb, int64_t rows, int64_t dim) = 0;
+  // The backward of residual_scale_rmsnorm: r_out is the merged stream the forward wrote, dy =
+  // d(y). dr: in, d(r_out) from the stream's other readers; out, d(a.r). dh = d(a.h)
+  // (overwritten). The parameter gradients in g accumulate.
+  virtual void residual_scale_rmsnorm_backward(const ResidualNormArgs& a, const float* r_out, const float* dy,
+                                               float* dr, float* dh, const ResidualNormGrads& g) = 0;
   // y += scale * x: dx += dy * scale; dscale += colsum(dy * x)
   virtual void scaled_add_backward(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
                                    int64_t rows, int64_t dim) = 0;

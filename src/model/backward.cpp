@@ -67,6 +67,8 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
   std::vector<std::pair<float*, float*>> kv_full(static_cast<size_t>(L));  // context parallel K, V
   float* conv_state = s.f(B * P * C);
   float* vdel_state = s.f(B * Dk / 2);
+  // Every block's activations first: each block's last residual merge writes the next block's
+  // input norm (x1), and the last block's the final norm's output y.
   for (int64_t l = 0; l < L; ++l) {
     BlockActivations& a = acts[size_t(l)];
     a.r_in = s.f(N * D); a.x1 = s.f(N * D); a.u = s.f(N * C); a.z = s.f(N * C); a.q = s.f(N * Dq);
@@ -74,19 +76,29 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     a.att = s.f(N * Dq); a.h_attn = s.f(N * D); a.r_mid = s.f(N * D); a.x2 = s.f(N * D); a.rh = s.f(N * R);
     a.rn = s.f(N * R); a.f1 = s.f(N * R); a.g1 = s.f(N * R); a.f2 = s.f(N * R); a.g2 = s.f(N * R);
     a.probs = s.f(N * (E + 1)); a.expert = s.i(N); a.weight = s.f(N); a.h_moe = s.f(N * D);
+    if (cp) {  // the caches hold each chunk's whole gathered sequence
+      a.halo = s.f(B * Wb);
+      kv_full[size_t(l)] = {s.f(B / 2 * S * Dk), s.f(B / 2 * S * Dk)};
+    }
+  }
+  float* y = s.f(N * D);  // the final norm's output
+  for (int64_t l = 0; l < L; ++l) {
+    BlockActivations& a = acts[size_t(l)];
     be_.fill(conv_state, 0.0f, B * P * C);
     be_.fill(vdel_state, 0.0f, B * Dk / 2);
     BlockShape shape{B, T, pos0.data(), positions.data(), a.k, a.v, T, conv_state, vdel_state, seg_start};
-    if (cp) {  // the caches hold each chunk's whole gathered sequence
-      a.halo = s.f(B * Wb);
-      shape.k_cache = s.f(B / 2 * S * Dk);
-      shape.v_cache = s.f(B / 2 * S * Dk);
+    if (cp) {
+      shape.k_cache = kv_full[size_t(l)].first;
+      shape.v_cache = kv_full[size_t(l)].second;
       shape.S = S;
       shape.cp = cp;
       if (chunk_seg) shape.chunk_segments = &*chunk_seg;
-      kv_full[size_t(l)] = {shape.k_cache, shape.v_cache};
     }
-    forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, l > 0 ? acts[size_t(l - 1)].rh : nullptr, a);
+    const bool last = l == L - 1;
+    const NextNorm next{last ? w_.final_norm : w_.blocks[size_t(l + 1)].input_norm,
+                        last ? y : acts[size_t(l + 1)].x1};
+    forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, l > 0 ? acts[size_t(l - 1)].rh : nullptr, a, next,
+                  /*input_normed=*/l > 0);
   }
 
   StepStats stats;
@@ -98,14 +110,13 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
   }
   for (int64_t n = 0; n < N; ++n) stats.tokens += targets[n] >= 0;
 
-  // ---- head + loss ----
-  float* y = s.f(N * D);
+  // ---- head + loss (y: the last block's merge wrote the final norm) ----
   float* dy = s.f(N * D);
-  be_.rmsnorm(r, w_.final_norm, eps, y, N, D);
   stats.loss_sum = be_.lm_head_loss(y, w_.lm_head, w_.lm_head_bias, d_targets, N, D, V, loss_scale, dy, g.lm_head,
                                     g.lm_head_bias);
+  // d(residual stream): the final norm's gradient is added by the last block's fused merge.
   float* dr = s.f(N * D);
-  be_.rmsnorm_backward(r, w_.final_norm, dy, eps, dr, g.final_norm, N, D, false);
+  be_.fill(dr, 0.0f, N * D);
 
   // ---- backward through the blocks ----
   float* dh = s.f(N * D);
@@ -144,12 +155,18 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     const BlockActivations& a = acts[size_t(l)];
     const BlockWeights& w = w_.blocks[size_t(l)];
     const BlockWeights& gw = g.blocks[size_t(l)];
-    // post-MoE residual merge
+    // post-MoE residual merge, fused with the norm that read the merged stream: the final norm
+    // (its gradient dy from the head), or the next block's input norm (its gradient d(x1), in
+    // dx since that block's backward), whose block is then done.
     const ResidualScaleWeights& pm = w.post_mlp_scale;
     const ResidualScaleWeights& gpm = gw.post_mlp_scale;
-    be_.residual_scale_backward(a.r_mid, a.h_moe, pm.hidden_scale, pm.hidden_bias, pm.residual_scale,
-                                pm.residual_bias, dr, dh, gpm.hidden_scale, gpm.hidden_bias, gpm.residual_scale,
-                                gpm.residual_bias, N, D);
+    const bool last = l == L - 1;
+    const float* next_norm = last ? w_.final_norm : w_.blocks[size_t(l + 1)].input_norm;
+    float* next_norm_grad = last ? g.final_norm : g.blocks[size_t(l + 1)].input_norm;
+    be_.residual_scale_rmsnorm_backward(residual_norm_args(pm, next_norm, eps, a.r_mid, a.h_moe, N, D),
+                                        last ? r : acts[size_t(l + 1)].r_in, last ? dy : dx, dr, dh,
+                                        residual_norm_grads(gpm, next_norm_grad));
+    if (!last && block_done) block_done(l + 1);
     // experts (and the skip class)
     MoeArgs ma;
     ma.x = a.x2; ma.expert = a.expert; ma.weight = a.weight; ma.gate_up = w.experts.gate_up; ma.down = w.experts.down;
@@ -173,13 +190,10 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
       be_.scaled_add_backward(acts[size_t(l - 1)].rh, rw.eda_scale, drh, drho_prev, grw.eda_scale, N, R);
     }
     be_.linear_fp32_backward(a.x2, rw.down_w, drh, dx, grw.down_w, grw.down_b, N, D, R, /*accumulate_dx=*/true);
-    be_.rmsnorm_backward(a.r_mid, w.post_attn_norm, dx, eps, dr, gw.post_attn_norm, N, D, true);
-    // post-attention residual merge
-    const ResidualScaleWeights& pa = w.post_attn_scale;
-    const ResidualScaleWeights& gpa = gw.post_attn_scale;
-    be_.residual_scale_backward(a.r_in, a.h_attn, pa.hidden_scale, pa.hidden_bias, pa.residual_scale,
-                                pa.residual_bias, dr, dh, gpa.hidden_scale, gpa.hidden_bias, gpa.residual_scale,
-                                gpa.residual_bias, N, D);
+    // post-attention residual merge and the norm that read it (dx = d(x2))
+    be_.residual_scale_rmsnorm_backward(
+        residual_norm_args(w.post_attn_scale, w.post_attn_norm, eps, a.r_in, a.h_attn, N, D), a.r_mid, dx, dr, dh,
+        residual_norm_grads(gw.post_attn_scale, gw.post_attn_norm));
     // CCA
     be_.linear_backward(a.att, w.attn.o_proj, dh, datt, gw.attn.o_proj, nullptr, N, Dq, D, false);
     AttentionArgs aa;
@@ -254,9 +268,13 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     be_.linear_backward(a.x1, w.attn.v_delayed, dvdel, dx, gw.attn.v_delayed, nullptr, N, D, Dk / 2, true);
     be_.linear_backward(a.x1, w.attn.q_proj, du, dx, gw.attn.q_proj, nullptr, N, D, Dq, true, C);
     be_.linear_backward(a.x1, w.attn.k_proj, du + Dq, dx, gw.attn.k_proj, nullptr, N, D, Dk, true, C);
-    be_.rmsnorm_backward(a.r_in, w.input_norm, dx, eps, dr, gw.input_norm, N, D, true);
+    // dx = d(x1): the previous block's fused merge takes it; the first block's input norm
+    // reads the embedding's stream and runs alone.
     std::swap(drh, drho_prev);
-    if (block_done) block_done(l);
+    if (l == 0) {
+      be_.rmsnorm_backward(a.r_in, w.input_norm, dx, eps, dr, gw.input_norm, N, D, true);
+      if (block_done) block_done(0);
+    }
   }
   // input affine and embedding
   be_.affine_backward(emb, w_.input_scale, w_.input_bias, dr, g.input_scale, g.input_bias, N, D);

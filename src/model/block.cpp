@@ -52,7 +52,21 @@ void conv_over_received_rows(Backend& be, const ModelConfig& c, const BlockShape
   be.cca_conv(ca);
   take_chunk_rows(be, z_ext, a.z, s.B, P, T, C);
 }
+
 }  // namespace
+
+ResidualNormArgs residual_norm_args(const ResidualScaleWeights& p, const float* norm_weight, float eps,
+                                    const float* r, const float* h, int64_t rows, int64_t dim) {
+  ResidualNormArgs m;
+  m.r = r; m.h = h; m.hidden_scale = p.hidden_scale; m.hidden_bias = p.hidden_bias;
+  m.residual_scale = p.residual_scale; m.residual_bias = p.residual_bias; m.norm_weight = norm_weight;
+  m.eps = eps; m.rows = rows; m.dim = dim;
+  return m;
+}
+
+ResidualNormGrads residual_norm_grads(const ResidualScaleWeights& g, float* norm_weight) {
+  return {g.hidden_scale, g.hidden_bias, g.residual_scale, g.residual_bias, norm_weight};
+}
 
 void stack_received_rows(Backend& be, const float* head, int64_t head_stride, const float* chunk, float* ext,
                          int64_t B, int64_t P, int64_t T, int64_t C) {
@@ -71,14 +85,14 @@ void take_chunk_rows(Backend& be, const float* ext, float* chunk, int64_t B, int
 }
 
 void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeights& w, const BlockShape& s,
-                   float* r, const float* rho_prev, BlockActivations& a) {
+                   float* r, const float* rho_prev, BlockActivations& a, const NextNorm& next, bool input_normed) {
   const int64_t N = s.B * s.T, D = c.hidden_size, C = c.conv_channels(), Dq = c.q_dim(), Dk = c.kv_dim(),
                 R = c.router_hidden_size, E = c.num_experts;
   const float eps = float(c.rms_norm_eps);
   if (a.r_in) be.copy(a.r_in, r, N * D);
 
   // --- CCA attention ---
-  be.rmsnorm(r, w.input_norm, eps, a.x1, N, D);
+  if (!input_normed) be.rmsnorm(r, w.input_norm, eps, a.x1, N, D);
   be.linear(a.x1, w.attn.q_proj, nullptr, a.u, N, D, Dq, false, C);
   be.linear(a.x1, w.attn.k_proj, nullptr, a.u + Dq, N, D, Dk, false, C);
   be.linear(a.x1, w.attn.v_current, nullptr, a.vcur, N, D, Dk / 2);
@@ -131,11 +145,10 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   }
   be.linear(a.att, w.attn.o_proj, nullptr, a.h_attn, N, Dq, D);
   const ResidualScaleWeights& pa = w.post_attn_scale;
-  be.residual_scale(r, a.h_attn, pa.hidden_scale, pa.hidden_bias, pa.residual_scale, pa.residual_bias, N, D);
+  be.residual_scale_rmsnorm(residual_norm_args(pa, w.post_attn_norm, eps, r, a.h_attn, N, D), r, a.x2);
   if (a.r_mid) be.copy(a.r_mid, r, N * D);
 
   // --- Router + MoE ---
-  be.rmsnorm(r, w.post_attn_norm, eps, a.x2, N, D);
   const RouterWeights& rw = w.router;
   be.linear_fp32(a.x2, rw.down_w, rw.down_b, a.rh, N, D, R);
   if (l > 0) be.scaled_add(a.rh, rho_prev, rw.eda_scale, N, R);
@@ -155,7 +168,10 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   ma.skip_identity = c.skip_expert_output == SkipMode::Identity;
   be.moe(ma);
   const ResidualScaleWeights& pm = w.post_mlp_scale;
-  be.residual_scale(r, a.h_moe, pm.hidden_scale, pm.hidden_bias, pm.residual_scale, pm.residual_bias, N, D);
+  if (next.weight)
+    be.residual_scale_rmsnorm(residual_norm_args(pm, next.weight, eps, r, a.h_moe, N, D), r, next.y);
+  else
+    be.residual_scale(r, a.h_moe, pm.hidden_scale, pm.hidden_bias, pm.residual_scale, pm.residual_bias, N, D);
 }
 
 }  // namespace zaya

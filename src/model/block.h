@@ -71,9 +71,25 @@ void stack_received_rows(Backend& be, const float* head, int64_t head_stride, co
 // The chunk's rows of ext [B, P+T, C] (each sequence's last T) into chunk [B, T, C].
 void take_chunk_rows(Backend& be, const float* ext, float* chunk, int64_t B, int64_t P, int64_t T, int64_t C);
 
+// A residual merge with parameters p of h into r, fused with the RMSNorm (norm_weight) that
+// reads the merged stream, and the gradients of both (g: the merge's, norm_weight: the norm's).
+ResidualNormArgs residual_norm_args(const ResidualScaleWeights& p, const float* norm_weight, float eps,
+                                    const float* r, const float* h, int64_t rows, int64_t dim);
+ResidualNormGrads residual_norm_grads(const ResidualScaleWeights& g, float* norm_weight);
+
+// The RMSNorm that reads a block's output stream: the next block's input norm or the final norm.
+// Given one, the block's last residual merge runs fused with it (Backend::residual_scale_rmsnorm)
+// and y receives the normed stream; without (weight == nullptr) the block ends with the merge.
+struct NextNorm {
+  const float* weight = nullptr;
+  float* y = nullptr;
+};
+
 // Runs block l: r (the residual stream, [N,D]) is updated in place. rho_prev is the previous
-// block's router latent (ignored for l == 0).
+// block's router latent (ignored for l == 0). input_normed: a.x1 already holds the block's
+// input norm of r (the previous block's NextNorm wrote it), so the block does not norm again.
 void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeights& w, const BlockShape& s,
-                   float* r, const float* rho_prev, BlockActivations& a);
+                   float* r, const float* rho_prev, BlockActivations& a, const NextNorm& next = {},
+                   bool input_normed = false);
 
 }  // namespace zaya

@@ -89,7 +89,10 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
                      st.conv + first_seq * P * C,
                      st.vdel + first_seq * (kv / 2),
                      segment_start};
-    forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, rho, a);
+    // Each block's last merge writes the next block's input norm into a.x1, the last block's
+    // the final norm (of every position) that the head reads below.
+    const NextNorm next{l == L - 1 ? w_.final_norm : w_.blocks[size_t(l + 1)].input_norm, a.x1};
+    forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, rho, a, next, /*input_normed=*/l > 0);
     be_.copy(rho, a.rh, N * R);
     if (out.experts) be_.to_host(out.experts + l * N, a.expert, N * 4);
     if (out.residuals) be_.to_host(out.residuals + l * N * D, r, N * D * 4);
@@ -99,10 +102,9 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
   for (int64_t b = 0; b < B; ++b) state->pos[size_t(first_seq + b)] += T;
   if (out.targets) {
     ZAYA_CHECK(out.loss_sum && out.loss_tokens, "ForwardOutputs.targets needs loss_sum and loss_tokens");
-    float* y = s.f(N * D);
+    const float* y = a.x1;  // the final norm
     int32_t* d_targets = s.i(N);
     be_.from_host(d_targets, out.targets, N * 4);
-    be_.rmsnorm(r, w_.final_norm, float(c.rms_norm_eps), y, N, D);
     if (out.row_loss_sums) {
       *out.loss_sum = 0;
       for (int64_t b = 0; b < B; ++b) {
@@ -119,14 +121,12 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
   }
   if (!out.logits) return;
 
-  // Final norm and LM head, over all positions or only each sequence's last one.
+  // LM head over all positions, or each sequence's last one: its final norm moves to row b (from
+  // row b*T + T - 1, never below b, so no row is overwritten before it is read).
   const int64_t rows = out.last_only ? B : N;
   float* x = a.x1;
-  if (out.last_only) {
-    for (int64_t b = 0; b < B; ++b) be_.copy(x + b * D, r + (b * T + T - 1) * D, D);
-    be_.copy(r, x, B * D);
-  }
-  be_.rmsnorm(r, w_.final_norm, float(c.rms_norm_eps), x, rows, D);
+  if (out.last_only && T > 1)
+    for (int64_t b = 0; b < B; ++b) be_.copy(x + b * D, x + (b * T + T - 1) * D, D);
   float* logits = s.f(rows * V);
   be_.linear_fp32(x, w_.lm_head, w_.lm_head_bias, logits, rows, D, V);  // the LM head stays fp32 (spec A.11)
   be_.to_host(out.logits, logits, rows * V * 4);

@@ -1,6 +1,6 @@
 // Dense ops of the GPU backend against the CPU backend, forward and backward, in every GEMM
 // mode (bf16 operands, fp32, our tiled kernel): linear, embedding, RMSNorm, affine, residual
-// scaling, scaled-add, GELU, softmax, routing and the fused LM head + loss (exact fp32, or as
+// scaling (alone and fused with the RMSNorm after it), scaled-add, GELU, softmax, routing and the fused LM head + loss (exact fp32, or as
 // 3xTF32 GEMMs over vocabulary slices under the bf16 policy; added after the H100 run). Skipped
 // ("skipped: no GPU") without a device. Passed on an H100 (linear's misaligned-bias variants
 // came later).
@@ -266,6 +266,58 @@ TEST(GpuLmHead, Tf32x3SlicesMatchFp32) {
     EXPECT_EQ(diag.find("LM head 3xTF32") != std::string::npos, split && cublaslt) << diag;
     check_lm_head(*gpu, 300, 64, 5003,
                   run == 0 ? "3xTF32 head" : run == 1 ? "3xTF32 head, split per slice" : "exact head");
+  }
+}
+
+// The residual merge fused with the RMSNorm that reads it (one row kernel forward; row
+// statistics, then one column-chunk kernel for the five parameter gradients, dh and dr) against
+// the CPU's. 600 rows span three column chunks of 256 (the last short) and 300 columns two
+// thread blocks (the second partial); in place (r_out == r, as the model calls it) and not, and
+// without the norm weight's gradient (a null gradient is skipped).
+TEST(GpuResidualNorm, MatchesTheCpu) {
+  if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+  auto gpu = make_cuda_backend(CudaBackendOptions{});
+  CpuBackend cpu;
+  const int64_t R = 600, D = 300, n = R * D;
+  for (const bool in_place : {true, false}) {
+    SCOPED_TRACE(in_place ? "in place" : "into another buffer");
+    auto r = rnd(size_t(n), 3.0), h = rnd(size_t(n)), hs = rnd(size_t(D)), hb = rnd(size_t(D)), rs = rnd(size_t(D)),
+         rb = rnd(size_t(D)), w = rnd(size_t(D)), dy = rnd(size_t(n)), dr0 = rnd(size_t(n));
+    ResidualNormArgs a;
+    a.hidden_scale = hs.data(); a.hidden_bias = hb.data(); a.residual_scale = rs.data();
+    a.residual_bias = rb.data(); a.norm_weight = w.data(); a.r = r.data(); a.h = h.data();
+    a.eps = 1e-6f; a.rows = R; a.dim = D;
+    std::vector<float> r_out(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+    cpu.residual_scale_rmsnorm(a, r_out.data(), y.data());
+
+    DevBuf gr(*gpu, r), gh(*gpu, h), ghs(*gpu, hs), ghb(*gpu, hb), grs(*gpu, rs), grb(*gpu, rb), gw(*gpu, w),
+        gr_out(*gpu, n), gy(*gpu, n);
+    ResidualNormArgs ga = a;
+    ga.r = gr.f(); ga.h = gh.f(); ga.hidden_scale = ghs.f(); ga.hidden_bias = ghb.f(); ga.residual_scale = grs.f();
+    ga.residual_bias = grb.f(); ga.norm_weight = gw.f();
+    float* out = in_place ? gr.f() : gr_out.f();
+    gpu->residual_scale_rmsnorm(ga, out, gy.f());
+    expect_close(in_place ? gr.get() : gr_out.get(), r_out, kTolF32, "residual_scale_rmsnorm r_out");
+    expect_close(gy.get(), y, kTolF32, "residual_scale_rmsnorm y");
+
+    std::vector<std::vector<float>> g0;
+    for (int k = 0; k < 5; ++k) g0.push_back(rnd(size_t(D)));
+    auto g = g0;
+    std::vector<float> dr = dr0, dh(static_cast<size_t>(n));
+    ResidualNormGrads cg{g[0].data(), g[1].data(), g[2].data(), g[3].data(), in_place ? g[4].data() : nullptr};
+    cpu.residual_scale_rmsnorm_backward(a, r_out.data(), dy.data(), dr.data(), dh.data(), cg);
+    DevBuf gr_in(*gpu, r), gr_new(*gpu, r_out), gdy(*gpu, dy), gdr(*gpu, dr0), gdh(*gpu, n), gg0(*gpu, g0[0]),
+        gg1(*gpu, g0[1]), gg2(*gpu, g0[2]), gg3(*gpu, g0[3]), gg4(*gpu, g0[4]);
+    ga.r = gr_in.f();
+    gpu->residual_scale_rmsnorm_backward(ga, gr_new.f(), gdy.f(), gdr.f(), gdh.f(),
+                                         {gg0.f(), gg1.f(), gg2.f(), gg3.f(), in_place ? gg4.f() : nullptr});
+    expect_close(gdr.get(), dr, kTolF32, "residual_scale_rmsnorm_backward dr");
+    expect_close(gdh.get(), dh, kTolF32, "residual_scale_rmsnorm_backward dh");
+    expect_close(gg0.get(), g[0], kTolF32, "dhidden_scale");
+    expect_close(gg1.get(), g[1], kTolF32, "dhidden_bias");
+    expect_close(gg2.get(), g[2], kTolF32, "dresidual_scale");
+    expect_close(gg3.get(), g[3], kTolF32, "dresidual_bias");
+    expect_close(gg4.get(), g[4], kTolF32, in_place ? "dnorm_weight" : "dnorm_weight, not asked for");
   }
 }
 

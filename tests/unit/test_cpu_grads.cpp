@@ -184,6 +184,42 @@ TEST(CpuGrads, ResidualScale) {
   EXPECT_TRUE(check_gradient("residual_scale drb", rb.data(), dim, grb.data(), loss, o));
 }
 
+// The merge and the norm as one op: L = sum(c_r * r_out) + sum(c_y * y), so both outputs carry
+// gradient (dr comes in as c_r, the merged stream's other readers, and dy as c_y).
+TEST(CpuGrads, ResidualScaleRmsnorm) {
+  CpuBackend be;
+  const int64_t rows = 9, dim = 12, n = rows * dim;
+  auto r = randn(sz(n), 60), h = randn(sz(n), 61), hs = randn(sz(dim), 62), hb = randn(sz(dim), 63),
+       rs = randn(sz(dim), 64), rb = randn(sz(dim), 65), w = randn(sz(dim), 66), c_r = randn(sz(n), 67),
+       c_y = randn(sz(n), 68);
+  ResidualNormArgs a;
+  a.r = r.data(); a.h = h.data(); a.hidden_scale = hs.data(); a.hidden_bias = hb.data();
+  a.residual_scale = rs.data(); a.residual_bias = rb.data(); a.norm_weight = w.data();
+  a.eps = 1e-5f; a.rows = rows; a.dim = dim;
+  auto loss = [&] {
+    Vec r_out(sz(n)), y(sz(n));
+    be.residual_scale_rmsnorm(a, r_out.data(), y.data());
+    return fd_dot(c_r, r_out) + fd_dot(c_y, y);
+  };
+  Vec r_out(sz(n)), y(sz(n));
+  be.residual_scale_rmsnorm(a, r_out.data(), y.data());
+  std::vector<Vec> g0;
+  for (uint64_t seed = 70; seed < 75; ++seed) g0.push_back(randn(sz(dim), seed));
+  auto g = g0;
+  ResidualNormGrads grads{g[0].data(), g[1].data(), g[2].data(), g[3].data(), g[4].data()};
+  auto dr = c_r, dh = nans(sz(n));
+  be.residual_scale_rmsnorm_backward(a, r_out.data(), c_y.data(), dr.data(), dh.data(), grads);
+  const auto o = opts(1e-2, 200);
+  EXPECT_TRUE(check_gradient("residual_scale_rmsnorm dr", r.data(), n, dr.data(), loss, o));
+  EXPECT_TRUE(check_gradient("residual_scale_rmsnorm dh", h.data(), n, dh.data(), loss, o));
+  const char* names[] = {"dhidden_scale", "dhidden_bias", "dresidual_scale", "dresidual_bias", "dnorm_weight"};
+  float* params[] = {hs.data(), hb.data(), rs.data(), rb.data(), w.data()};
+  for (size_t k = 0; k < 5; ++k) {
+    const auto gk = fd_accumulated(g[k], g0[k]);
+    EXPECT_TRUE(check_gradient(names[k], params[k], dim, gk.data(), loss, o));
+  }
+}
+
 TEST(CpuGrads, ScaledAdd) {
   CpuBackend be;
   const int64_t rows = 8, dim = 10, n = rows * dim;

@@ -79,6 +79,56 @@ TEST(CpuOps, NormsActivationsSoftmaxRouting) {
   EXPECT_LT(max_rel_err(w1.data(), w2.data(), w1.size()), 1e-6);
 }
 
+// The merge fused with the norm that reads it is the two ops in one pass: bitwise equal to
+// residual_scale then rmsnorm, and its backward to rmsnorm_backward (accumulating) then
+// residual_scale_backward. Shapes below and above the threading threshold (rows * dim > 65536,
+// where the parameter gradients are summed per thread); the forward in place and not.
+TEST(CpuOps, ResidualScaleRmsnormIsTheTwoOpsBitwise) {
+  CpuBackend be;
+  for (auto [rows, dim] : std::vector<std::pair<int64_t, int64_t>>{{37, 80}, {301, 260}}) {
+    SCOPED_TRACE(::testing::Message() << rows << "x" << dim);
+    const size_t n = size_t(rows * dim), d = size_t(dim);
+    uint64_t seed = 100 + uint64_t(rows);
+    auto vec = [&](size_t k, double scale = 1.0) { return random_vector(k, seed++, scale); };
+    auto r = vec(n, 3.0), h = vec(n), hs = vec(d), hb = vec(d), rs = vec(d), rb = vec(d), w = vec(d);
+    ResidualNormArgs a;
+    a.r = r.data(); a.h = h.data(); a.hidden_scale = hs.data(); a.hidden_bias = hb.data();
+    a.residual_scale = rs.data(); a.residual_bias = rb.data(); a.norm_weight = w.data();
+    a.eps = 1e-5f; a.rows = rows; a.dim = dim;
+
+    auto r_two = r, y_two = poisoned(n);
+    be.residual_scale(r_two.data(), h.data(), hs.data(), hb.data(), rs.data(), rb.data(), rows, dim);
+    be.rmsnorm(r_two.data(), w.data(), a.eps, y_two.data(), rows, dim);
+    auto r_out = poisoned(n), y = poisoned(n);
+    be.residual_scale_rmsnorm(a, r_out.data(), y.data());
+    EXPECT_EQ(r_out, r_two);
+    EXPECT_EQ(y, y_two);
+    auto r_in_place = r, y_in_place = poisoned(n);  // r_out == a.r, as the model calls it
+    ResidualNormArgs in_place = a;
+    in_place.r = r_in_place.data();
+    be.residual_scale_rmsnorm(in_place, r_in_place.data(), y_in_place.data());
+    EXPECT_EQ(r_in_place, r_two);
+    EXPECT_EQ(y_in_place, y_two);
+
+    const auto dy = vec(n), dr0 = vec(n);
+    std::vector<std::vector<float>> g0;
+    for (int k = 0; k < 5; ++k) g0.push_back(vec(d));
+    auto dr_two = dr0, dh_two = poisoned(n);
+    auto g_two = g0;
+    be.rmsnorm_backward(r_out.data(), w.data(), dy.data(), a.eps, dr_two.data(), g_two[4].data(), rows, dim, true);
+    be.residual_scale_backward(r.data(), h.data(), hs.data(), hb.data(), rs.data(), rb.data(), dr_two.data(),
+                               dh_two.data(), g_two[0].data(), g_two[1].data(), g_two[2].data(), g_two[3].data(),
+                               rows, dim);
+    auto dr = dr0, dh = poisoned(n);
+    auto g = g0;
+    be.residual_scale_rmsnorm_backward(a, r_out.data(), dy.data(), dr.data(), dh.data(),
+                                       {g[0].data(), g[1].data(), g[2].data(), g[3].data(), g[4].data()});
+    EXPECT_EQ(dr, dr_two);
+    EXPECT_EQ(dh, dh_two);
+    for (int k = 0; k < 5; ++k) EXPECT_EQ(g[size_t(k)], g_two[size_t(k)]) << "parameter gradient " << k;
+  }
+}
+
 struct CcaShape {
   int64_t B, T, Hq, Hkv, dh, t0, t1, rotary;
 };

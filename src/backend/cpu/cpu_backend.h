@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
   void affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) override;
   void residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
                       const float* rb, int64_t rows, int64_t dim) override;
+  void residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out, float* y) override;
   void scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) override;
   void gelu(float* x, int64_t n) override;
   void softmax(float* x, int64_t rows, int64_t cols) override;
@@ -45,6 +46,8 @@ class CpuBackend final : public Backend {
   void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb, const float* rs,
                                const float* rb, float* dr, float* dh, float* dhs, float* dhb, float* drs, float* drb,
                                int64_t rows, int64_t dim) override;
+  void residual_scale_rmsnorm_backward(const ResidualNormArgs& a, const float* r_out, const float* dy, float* dr,
+                                       float* dh, const ResidualNormGrads& g) override;
   void scaled_add_backward(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
                            int64_t rows, int64_t dim) override;
   void gelu_backward(const float* x, float* d, int64_t n) override;

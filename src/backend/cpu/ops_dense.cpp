@@ -61,6 +61,28 @@ void CpuBackend::residual_scale(float* r, const float* h, const float* hs, const
   }
 }
 
+// residual_scale then rmsnorm, one row at a time while it is in cache: the same arithmetic in
+// the same order as the two ops, so the results are bitwise theirs.
+void CpuBackend::residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out, float* y) {
+  const int64_t dim = a.dim;
+  const float *hs = a.hidden_scale, *hb = a.hidden_bias, *rs = a.residual_scale, *rb = a.residual_bias,
+              *w = a.norm_weight;
+#pragma omp parallel for if (a.rows * dim > 65536)
+  for (int64_t n = 0; n < a.rows; ++n) {
+    const float* rr = a.r + n * dim;
+    const float* hr = a.h + n * dim;
+    float* ro = r_out + n * dim;
+    float* yr = y + n * dim;
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) {
+      ro[i] = (hr[i] + hb[i]) * hs[i] + (rr[i] + rb[i]) * rs[i];
+      ss += double(ro[i]) * ro[i];
+    }
+    const float inv = float(1.0 / std::sqrt(ss / double(dim) + double(a.eps)));
+    for (int64_t i = 0; i < dim; ++i) yr[i] = w[i] * (ro[i] * inv);
+  }
+}
+
 void CpuBackend::scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) {
 #pragma omp parallel for if (rows * dim > 65536)
   for (int64_t n = 0; n < rows; ++n)

@@ -108,6 +108,61 @@ void CpuBackend::residual_scale_backward(const float* r, const float* h, const f
     }
 }
 
+// rmsnorm_backward (accumulating into dr) then residual_scale_backward, one row at a time: the
+// row's statistics, its gradient, the five parameter gradients' partial sums (per thread, rows
+// split statically as reduce_columns splits them) and dh, dr, in one pass over the row. The same
+// arithmetic in the same order as the two ops, so the results are bitwise theirs.
+void CpuBackend::residual_scale_rmsnorm_backward(const ResidualNormArgs& a, const float* r_out, const float* dy,
+                                                 float* dr, float* dh, const ResidualNormGrads& g) {
+  const int64_t rows = a.rows, dim = a.dim;
+  const float *hs = a.hidden_scale, *hb = a.hidden_bias, *rs = a.residual_scale, *rb = a.residual_bias,
+              *w = a.norm_weight;
+  const bool threaded = rows * dim > 65536;
+  const int max_threads = threaded ? omp_get_max_threads() : 1;
+  constexpr int kSums = 5;  // norm weight, hidden scale, hidden bias, residual scale, residual bias
+  std::vector<double> parts(static_cast<size_t>(max_threads) * kSums * size_t(dim), 0.0);
+#pragma omp parallel if (threaded)
+  {
+    double* pw = parts.data() + size_t(omp_get_thread_num()) * kSums * size_t(dim);
+    double *phs = pw + dim, *phb = pw + 2 * dim, *prs = pw + 3 * dim, *prb = pw + 4 * dim;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < rows; ++n) {
+      const float* x = r_out + n * dim;
+      const float* dyr = dy + n * dim;
+      const float* rr = a.r + n * dim;
+      const float* hr = a.h + n * dim;
+      float* drr = dr + n * dim;
+      float* dhr = dh + n * dim;
+      double ss = 0, dot = 0;
+      for (int64_t i = 0; i < dim; ++i) {
+        ss += double(x[i]) * x[i];
+        dot += double(w[i]) * dyr[i] * x[i];
+      }
+      const double iv = 1.0 / std::sqrt(ss / double(dim) + double(a.eps));
+      const float inv = float(iv);
+      const double c = dot * iv * iv * iv / double(dim);
+      for (int64_t i = 0; i < dim; ++i) {
+        pw[i] += double(dyr[i]) * x[i] * inv;
+        const float grad = drr[i] + float(iv * w[i] * dyr[i] - c * x[i]);  // d(r_out)
+        phs[i] += double(grad) * (hr[i] + hb[i]);
+        phb[i] += double(grad) * hs[i];
+        prs[i] += double(grad) * (rr[i] + rb[i]);
+        prb[i] += double(grad) * rs[i];
+        dhr[i] = grad * hs[i];
+        drr[i] = grad * rs[i];
+      }
+    }
+  }
+  float* outs[kSums] = {g.norm_weight, g.hidden_scale, g.hidden_bias, g.residual_scale, g.residual_bias};
+  for (int k = 0; k < kSums; ++k) {
+    if (!outs[k]) continue;
+    for (int t = 0; t < max_threads; ++t) {
+      const double* part = parts.data() + (size_t(t) * kSums + size_t(k)) * size_t(dim);
+      for (int64_t j = 0; j < dim; ++j) outs[k][j] += float(part[j]);
+    }
+  }
+}
+
 void CpuBackend::scaled_add_backward(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
                                      int64_t rows, int64_t dim) {
   reduce_columns(rows, dim, dscale, [&](int64_t n, int64_t j) { return double(dy[n * dim + j]) * x[n * dim + j]; });

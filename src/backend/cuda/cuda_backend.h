@@ -58,6 +58,7 @@ class CudaBackend final : public Backend {
   void affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) override;
   void residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
                       const float* rb, int64_t rows, int64_t dim) override;
+  void residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out, float* y) override;
   void scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) override;
   void gelu(float* x, int64_t n) override;
   void softmax(float* x, int64_t rows, int64_t cols) override;
@@ -88,6 +89,8 @@ class CudaBackend final : public Backend {
   void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb, const float* rs,
                                const float* rb, float* dr, float* dh, float* dhs, float* dhb, float* drs, float* drb,
                                int64_t rows, int64_t dim) override;
+  void residual_scale_rmsnorm_backward(const ResidualNormArgs& a, const float* r_out, const float* dy, float* dr,
+                                       float* dh, const ResidualNormGrads& g) override;
   void scaled_add_backward(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
                            int64_t rows, int64_t dim) override;
   void gelu_backward(const float* x, float* d, int64_t n) override;
@@ -242,6 +245,14 @@ class CudaBackend final : public Backend {
 // summed in double, in a fixed order (deterministic).
 void gpu_column_sums(CudaBackend& be, int64_t rows, int64_t dim, float* out, const float* a, int64_t lda,
                      const float* b, const float* c, const float* v, const float* rv);
+// gpu_column_sums in two halves, for kernels that sum several columns' products at once: rows
+// in `chunks` chunks of rows_per_chunk (the last may be short), each chunk's partial sums
+// part[k*dim + j] in double, then gpu_column_finish adds them to out[j] in chunk order.
+struct GpuColumnChunks {
+  int64_t rows_per_chunk, chunks;
+};
+GpuColumnChunks gpu_column_chunks(int64_t rows);
+void gpu_column_finish(CudaBackend& be, int64_t dim, int64_t chunks, const double* part, float* out);
 // dst[r*cols + j] = bf16(src[r*ld + j]).
 void gpu_to_bf16(gpuStream_t s, const float* src, int64_t rows, int64_t cols, int64_t ld, bf16_t* dst);
 // dst[i] = float(src[i]) for i < n.

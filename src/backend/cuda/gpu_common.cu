@@ -86,24 +86,33 @@ __global__ void k_ssq_finish(const double* part, int64_t parts, double* out) {
 
 }  // namespace
 
+GpuColumnChunks gpu_column_chunks(int64_t rows) {
+  GpuColumnChunks c{kRowsPerChunk, (rows + kRowsPerChunk - 1) / kRowsPerChunk};
+  if (c.chunks > kMaxChunks) {
+    c.chunks = kMaxChunks;
+    c.rows_per_chunk = (rows + c.chunks - 1) / c.chunks;
+  }
+  if (c.chunks < 1) c.chunks = 1;
+  return c;
+}
+
+void gpu_column_finish(CudaBackend& be, int64_t dim, int64_t chunks, const double* part, float* out) {
+  if (!out || dim <= 0) return;
+  gpu_launch(k_column_finish, unsigned((dim + kGpuThreads - 1) / kGpuThreads), kGpuThreads, 0, be.stream(), dim,
+             chunks, part, out);
+  GPU_LAUNCH_CHECK();
+}
+
 void gpu_column_sums(CudaBackend& be, int64_t rows, int64_t dim, float* out, const float* a, int64_t lda,
                      const float* b, const float* c, const float* v, const float* rv) {
   if (!out || dim <= 0) return;
-  int64_t per = kRowsPerChunk;
-  int64_t chunks = (rows + per - 1) / per;
-  if (chunks > kMaxChunks) {
-    chunks = kMaxChunks;
-    per = (rows + chunks - 1) / chunks;
-  }
-  if (chunks < 1) chunks = 1;
-  DeviceBuffer part(&be, chunks * dim * 8);
-  dim3 grid(unsigned((dim + kGpuThreads - 1) / kGpuThreads), unsigned(chunks));
-  gpu_launch(k_column_partials, grid, kGpuThreads, 0, be.stream(), rows, dim, per, a, lda, b, c, v, rv,
-             part.d());
+  const GpuColumnChunks plan = gpu_column_chunks(rows);
+  DeviceBuffer part(&be, plan.chunks * dim * 8);
+  dim3 grid(unsigned((dim + kGpuThreads - 1) / kGpuThreads), unsigned(plan.chunks));
+  gpu_launch(k_column_partials, grid, kGpuThreads, 0, be.stream(), rows, dim, plan.rows_per_chunk, a, lda, b, c, v,
+             rv, part.d());
   GPU_LAUNCH_CHECK();
-  gpu_launch(k_column_finish, unsigned((dim + kGpuThreads - 1) / kGpuThreads), kGpuThreads, 0, be.stream(),
-             dim, chunks, part.d(), out);
-  GPU_LAUNCH_CHECK();
+  gpu_column_finish(be, dim, plan.chunks, part.d(), out);
 }
 
 void gpu_to_bf16(gpuStream_t s, const float* src, int64_t rows, int64_t cols, int64_t ld, bf16_t* dst) {

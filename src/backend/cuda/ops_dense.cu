@@ -1,6 +1,7 @@
 // GPU dense ops: linear (internal GEMM, bf16 operands by policy), embedding, RMSNorm, affine
-// and residual scaling, EDA scaled-add, GELU, softmax, router selection. Everything except the
-// GEMM operands is fp32 (spec A.11). Passed against the CPU backend on an H100.
+// and residual scaling (alone, and fused with the RMSNorm that reads the merged stream), EDA
+// scaled-add, GELU, softmax, router selection. Everything except the GEMM operands is fp32
+// (spec A.11). Passed against the CPU backend on an H100.
 #include "backend/cuda/cuda_backend.h"
 
 namespace zaya {
@@ -40,6 +41,25 @@ __global__ void k_residual_scale(float* r, const float* h, const float* hs, cons
     const int64_t j = i % dim;
     r[i] = (h[i] + hb[j]) * hs[j] + (r[i] + rb[j]) * rs[j];
   }
+}
+
+// residual_scale then rmsnorm, one row per block: each thread merges its elements, writes them
+// and reads them back for the norm (no other thread touches them), with the row's sum of squares
+// reduced over the block between the two loops. r_out may be r.
+__global__ void k_residual_scale_rmsnorm(const float* r, const float* h, const float* hs, const float* hb,
+                                         const float* rs, const float* rb, const float* w, float eps, float* r_out,
+                                         float* y, int64_t dim) {
+  __shared__ double sh[kGpuThreads];
+  const int64_t off = int64_t(blockIdx.x) * dim;
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = (h[off + i] + hb[i]) * hs[i] + (r[off + i] + rb[i]) * rs[i];
+    r_out[off + i] = v;
+    ss += double(v) * v;
+  }
+  ss = block_sum(ss, sh);
+  const float inv = float(1.0 / sqrt(ss / double(dim) + double(eps)));
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) y[off + i] = w[i] * (r_out[off + i] * inv);
 }
 
 __global__ void k_scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) {
@@ -128,6 +148,13 @@ void CudaBackend::residual_scale(float* r, const float* h, const float* hs, cons
   if (rows * dim == 0) return;
   gpu_launch(k_residual_scale, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, r, h, hs, hb, rs, rb, rows,
              dim);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out, float* y) {
+  if (a.rows * a.dim == 0) return;
+  gpu_launch(k_residual_scale_rmsnorm, unsigned(a.rows), kGpuThreads, 0, stream_, a.r, a.h, a.hidden_scale,
+             a.hidden_bias, a.residual_scale, a.residual_bias, a.norm_weight, a.eps, r_out, y, a.dim);
   GPU_LAUNCH_CHECK();
 }
 

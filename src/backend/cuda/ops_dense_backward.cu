@@ -1,7 +1,8 @@
 // GPU backward of the dense ops: linear (two GEMMs + a column sum), embedding (tokens grouped
 // by id on the host, each id's rows added in token order: no atomics), RMSNorm, affine and
-// residual scaling, EDA scaled-add, GELU, softmax and routing (the LM head fused with the loss:
-// ops_lm_head.cu). Parameter gradients use the deterministic column sums of gpu_common.cu.
+// residual scaling (alone, and fused with the RMSNorm that reads the merged stream), EDA
+// scaled-add, GELU, softmax and routing (the LM head fused with the loss: ops_lm_head.cu).
+// Parameter gradients use the deterministic column sums of gpu_common.cu.
 // Passed against the CPU backend on an H100.
 #include <algorithm>
 #include <numeric>
@@ -51,6 +52,64 @@ __global__ void k_rmsnorm_backward(const float* x, const float* w, const float* 
     const float g = float(iv * w[i] * dyr[i] - c * xr[i]);
     dxr[i] = accumulate_dx ? dxr[i] + g : g;
   }
+}
+
+// residual_scale_rmsnorm's backward, first half: each row's 1/rms and the norm's projection
+// coefficient c = (w . dy . x) / (dim rms^3), as k_rmsnorm_backward computes them.
+__global__ void k_residual_norm_row_stats(const float* x, const float* w, const float* dy, float eps, double* stats,
+                                          int64_t dim) {
+  __shared__ double sh[kGpuThreads];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * dim;
+  const float* dyr = dy + r * dim;
+  double ss = 0, dot = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    ss += double(xr[i]) * xr[i];
+    dot += double(w[i]) * dyr[i] * xr[i];
+  }
+  ss = block_sum(ss, sh);
+  dot = block_sum(dot, sh);
+  if (threadIdx.x == 0) {
+    const double iv = 1.0 / sqrt(ss / double(dim) + double(eps));
+    stats[2 * r] = iv;
+    stats[2 * r + 1] = dot * iv * iv * iv / double(dim);
+  }
+}
+
+// Second half, a thread per column over a chunk of rows (gpu_column_chunks): the gradient of the
+// merged stream g = dr + the norm's, its five parameter gradients' partial sums (the products
+// gpu_column_sums would form, in the same order), dh = g hs and dr = g rs. part holds five
+// [chunks, dim] blocks: norm weight, hidden scale, hidden bias, residual scale, residual bias.
+__global__ void k_residual_norm_backward_columns(const float* r, const float* h, const float* hs, const float* hb,
+                                                 const float* rs, const float* rb, const float* w, const float* x,
+                                                 const float* dy, const double* stats, float* dr, float* dh,
+                                                 int64_t rows, int64_t dim, int64_t rows_per_chunk, double* part) {
+  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= dim) return;
+  const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const float wj = w[j], hsj = hs[j], rsj = rs[j];
+  const double hbj = hb[j], rbj = rb[j];
+  double sw = 0, shs = 0, shb = 0, srs = 0, srb = 0;
+  for (int64_t n = r0; n < r1; ++n) {
+    const int64_t i = n * dim + j;
+    const double iv = stats[2 * n], c = stats[2 * n + 1];
+    const float xi = x[i], dyi = dy[i];
+    sw += double(dyi) * double(xi) * double(float(iv));
+    const float g = dr[i] + float(iv * wj * dyi - c * xi);
+    shs += double(g) * (double(h[i]) + hbj);
+    shb += double(g) * hsj;
+    srs += double(g) * (double(r[i]) + rbj);
+    srb += double(g) * rsj;
+    dh[i] = g * hsj;
+    dr[i] = g * rsj;
+  }
+  const int64_t block = int64_t(gridDim.y) * dim, at = int64_t(blockIdx.y) * dim + j;
+  part[at] = sw;
+  part[block + at] = shs;
+  part[2 * block + at] = shb;
+  part[3 * block + at] = srs;
+  part[4 * block + at] = srb;
 }
 
 __global__ void k_scale_columns(float* d, const float* scale, int64_t rows, int64_t dim) {
@@ -181,6 +240,26 @@ void CudaBackend::residual_scale_backward(const float* r, const float* h, const 
   gpu_column_sums(*this, rows, dim, drb, dr, dim, nullptr, nullptr, rs, nullptr);
   gpu_launch(k_residual_split, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, dr, dh, hs, rs, rows, dim);
   GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::residual_scale_rmsnorm_backward(const ResidualNormArgs& a, const float* r_out, const float* dy,
+                                                  float* dr, float* dh, const ResidualNormGrads& g) {
+  if (a.rows * a.dim == 0) return;
+  DeviceBuffer stats(this, a.rows * 2 * 8);
+  gpu_launch(k_residual_norm_row_stats, unsigned(a.rows), kGpuThreads, 0, stream_, r_out, a.norm_weight, dy, a.eps,
+             stats.d(), a.dim);
+  GPU_LAUNCH_CHECK();
+  const GpuColumnChunks plan = gpu_column_chunks(a.rows);
+  constexpr int kSums = 5;
+  DeviceBuffer part(this, kSums * plan.chunks * a.dim * 8);
+  const dim3 grid(unsigned((a.dim + kGpuThreads - 1) / kGpuThreads), unsigned(plan.chunks));
+  gpu_launch(k_residual_norm_backward_columns, grid, kGpuThreads, 0, stream_, a.r, a.h, a.hidden_scale,
+             a.hidden_bias, a.residual_scale, a.residual_bias, a.norm_weight, r_out, dy, stats.d(), dr, dh, a.rows,
+             a.dim, plan.rows_per_chunk, part.d());
+  GPU_LAUNCH_CHECK();
+  float* outs[kSums] = {g.norm_weight, g.hidden_scale, g.hidden_bias, g.residual_scale, g.residual_bias};
+  for (int k = 0; k < kSums; ++k)
+    gpu_column_finish(*this, a.dim, plan.chunks, part.d() + int64_t(k) * plan.chunks * a.dim, outs[k]);
 }
 
 void CudaBackend::scaled_add_backward(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
