@@ -108,6 +108,32 @@ void CpuBackend::residual_scale_backward(const float* r, const float* h, const f
     }
 }
 
+namespace {
+
+// One row of residual_scale_rmsnorm_backward after its statistics (iv = 1/rms, c = the norm's
+// projection coefficient): the stream's gradient, the five parameter gradients' partial sums,
+// dh and dr. No two pointers alias (restrict), so GCC vectorises the float-to-double products.
+void residual_norm_backward_row(int64_t dim, double iv, double c, const float* __restrict x,
+                                const float* __restrict dy, const float* __restrict r, const float* __restrict h,
+                                const float* __restrict w, const float* __restrict hs, const float* __restrict hb,
+                                const float* __restrict rs, const float* __restrict rb, float* __restrict dr,
+                                float* __restrict dh, double* __restrict pw, double* __restrict phs,
+                                double* __restrict phb, double* __restrict prs, double* __restrict prb) {
+  const float inv = float(iv);
+  for (int64_t i = 0; i < dim; ++i) {
+    pw[i] += double(dy[i]) * x[i] * inv;
+    const float grad = dr[i] + float(iv * w[i] * dy[i] - c * x[i]);  // d(r_out)
+    phs[i] += double(grad) * (h[i] + hb[i]);
+    phb[i] += double(grad) * hs[i];
+    prs[i] += double(grad) * (r[i] + rb[i]);
+    prb[i] += double(grad) * rs[i];
+    dh[i] = grad * hs[i];
+    dr[i] = grad * rs[i];
+  }
+}
+
+}  // namespace
+
 // rmsnorm_backward (accumulating into dr) then residual_scale_backward, one row at a time: the
 // row's statistics, its gradient, the five parameter gradients' partial sums (per thread, rows
 // split statically as reduce_columns splits them) and dh, dr, in one pass over the row. The same
@@ -115,8 +141,7 @@ void CpuBackend::residual_scale_backward(const float* r, const float* h, const f
 void CpuBackend::residual_scale_rmsnorm_backward(const ResidualNormArgs& a, const float* r_out, const float* dy,
                                                  float* dr, float* dh, const ResidualNormGrads& g) {
   const int64_t rows = a.rows, dim = a.dim;
-  const float *hs = a.hidden_scale, *hb = a.hidden_bias, *rs = a.residual_scale, *rb = a.residual_bias,
-              *w = a.norm_weight;
+  const float* w = a.norm_weight;
   const bool threaded = rows * dim > 65536;
   const int max_threads = threaded ? omp_get_max_threads() : 1;
   constexpr int kSums = 5;  // norm weight, hidden scale, hidden bias, residual scale, residual bias
@@ -124,33 +149,20 @@ void CpuBackend::residual_scale_rmsnorm_backward(const ResidualNormArgs& a, cons
 #pragma omp parallel if (threaded)
   {
     double* pw = parts.data() + size_t(omp_get_thread_num()) * kSums * size_t(dim);
-    double *phs = pw + dim, *phb = pw + 2 * dim, *prs = pw + 3 * dim, *prb = pw + 4 * dim;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < rows; ++n) {
       const float* x = r_out + n * dim;
       const float* dyr = dy + n * dim;
-      const float* rr = a.r + n * dim;
-      const float* hr = a.h + n * dim;
-      float* drr = dr + n * dim;
-      float* dhr = dh + n * dim;
       double ss = 0, dot = 0;
       for (int64_t i = 0; i < dim; ++i) {
         ss += double(x[i]) * x[i];
         dot += double(w[i]) * dyr[i] * x[i];
       }
       const double iv = 1.0 / std::sqrt(ss / double(dim) + double(a.eps));
-      const float inv = float(iv);
       const double c = dot * iv * iv * iv / double(dim);
-      for (int64_t i = 0; i < dim; ++i) {
-        pw[i] += double(dyr[i]) * x[i] * inv;
-        const float grad = drr[i] + float(iv * w[i] * dyr[i] - c * x[i]);  // d(r_out)
-        phs[i] += double(grad) * (hr[i] + hb[i]);
-        phb[i] += double(grad) * hs[i];
-        prs[i] += double(grad) * (rr[i] + rb[i]);
-        prb[i] += double(grad) * rs[i];
-        dhr[i] = grad * hs[i];
-        drr[i] = grad * rs[i];
-      }
+      residual_norm_backward_row(dim, iv, c, x, dyr, a.r + n * dim, a.h + n * dim, w, a.hidden_scale, a.hidden_bias,
+                                 a.residual_scale, a.residual_bias, dr + n * dim, dh + n * dim, pw, pw + dim,
+                                 pw + 2 * dim, pw + 3 * dim, pw + 4 * dim);
     }
   }
   float* outs[kSums] = {g.norm_weight, g.hidden_scale, g.hidden_bias, g.residual_scale, g.residual_bias};
