@@ -184,7 +184,8 @@ class Backend {
                                        float* dhb, float* drs, float* drb, int64_t rows, int64_t dim) = 0;
   // The backward of residual_scale_rmsnorm: r_out is the merged stream the forward wrote, dy =
   // d(y). dr: in, d(r_out) from the stream's other readers; out, d(a.r). dh = d(a.h)
-  // (overwritten). The parameter gradients in g accumulate.
+  // (overwritten). The parameter gradients in g accumulate. No two of a.r, a.h, r_out, dy, dr, dh
+  // and the gradients may overlap.
   virtual void residual_scale_rmsnorm_backward(const ResidualNormArgs& a, const float* r_out, const float* dy,
                                                float* dr, float* dh, const ResidualNormGrads& g) = 0;
   // y += scale * x: dx += dy * scale; dscale += colsum(dy * x)

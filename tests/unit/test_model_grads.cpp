@@ -1,7 +1,12 @@
 // Whole-model gradients of the hand-written backward against the PyTorch twin's autograd
 // (tests/fixtures/<case>/grads.safetensors): every trainable parameter, max rel err < 1e-4
-// (max|a-b| / max|ref| per tensor), on every fixture configuration.
+// (max|a-b| / max|ref| per tensor), on every fixture configuration; and the block_done
+// callback's promise that a block's gradients are final when it comes.
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "grad_fixtures.h"
 #include "io/safetensors.h"
@@ -45,6 +50,51 @@ TEST_P(GradFixture, EveryParameterGradientMatchesTwin) {
   }
   EXPECT_EQ(size_t(checked), ref.names().size());
   (void)c;
+}
+
+// The block index of a "model.layers.N.*" tensor, -1 for the others.
+int64_t block_index(const std::string& name) {
+  const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  return std::stoll(name.substr(prefix.size(), name.find('.', prefix.size()) - prefix.size()));
+}
+
+// block_done(l) promises that block l's parameter gradients are final (data parallelism starts
+// reducing them then): it comes once per block, from the last down to the first, and each
+// "model.layers.l." gradient at that moment is bitwise its value when the step returns. (A
+// block's input-norm gradient is finished by the previous block's fused merge, after the
+// block's own backward.)
+TEST_P(GradFixture, BlockDoneComesOnceTheBlocksGradientsAreFinal) {
+  const std::string dir = test::source_path("tests/fixtures/" + GetParam());
+  auto be = make_cpu_backend();
+  auto model = load_model(dir, *be);
+  const int64_t L = model->config().num_hidden_layers;
+  const test::FixtureBatch batch = test::load_fixture_batch(dir);
+  std::vector<float> grads(static_cast<size_t>(model->layout().total), 0.0f);
+  std::vector<int64_t> order;
+  std::vector<std::vector<float>> at_done(static_cast<size_t>(L));  // block l's gradients, in layout order
+  auto block_gradients = [&](int64_t l) {
+    std::vector<float> out;
+    for (const ParamSpec& p : model->layout().params)
+      if (p.kind != ParamKind::Buffer && block_index(p.name) == l)
+        out.insert(out.end(), grads.begin() + p.offset, grads.begin() + p.offset + p.numel);
+    return out;
+  };
+  model->forward_backward(batch.ids.data(), batch.targets.data(), batch.B, batch.T, grads.data(),
+                          1.0f / float(batch.B * (batch.T - 1)), nullptr, [&](int64_t l) {
+                            order.push_back(l);
+                            ASSERT_TRUE(l >= 0 && l < L) << "block " << l;
+                            at_done[size_t(l)] = block_gradients(l);
+                          });
+  std::vector<int64_t> expected;
+  for (int64_t l = L - 1; l >= 0; --l) expected.push_back(l);
+  EXPECT_EQ(order, expected);
+  for (int64_t l = 0; l < L; ++l) {
+    const std::vector<float> final_grads = block_gradients(l);
+    ASSERT_EQ(at_done[size_t(l)].size(), final_grads.size()) << "block " << l;
+    EXPECT_EQ(std::memcmp(at_done[size_t(l)].data(), final_grads.data(), final_grads.size() * sizeof(float)), 0)
+        << "block " << l << "'s gradients changed after block_done(" << l << ")";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Twin, GradFixture, ::testing::ValuesIn(grad_cases()),

@@ -73,11 +73,9 @@ void CpuBackend::residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out,
     const float* hr = a.h + n * dim;
     float* ro = r_out + n * dim;
     float* yr = y + n * dim;
-    double ss = 0;
-    for (int64_t i = 0; i < dim; ++i) {
-      ro[i] = (hr[i] + hb[i]) * hs[i] + (rr[i] + rb[i]) * rs[i];
-      ss += double(ro[i]) * ro[i];
-    }
+    for (int64_t i = 0; i < dim; ++i) ro[i] = (hr[i] + hb[i]) * hs[i] + (rr[i] + rb[i]) * rs[i];  // vectorised
+    double ss = 0;  // a sequential double sum, as rmsnorm's
+    for (int64_t i = 0; i < dim; ++i) ss += double(ro[i]) * ro[i];
     const float inv = float(1.0 / std::sqrt(ss / double(dim) + double(a.eps)));
     for (int64_t i = 0; i < dim; ++i) yr[i] = w[i] * (ro[i] * inv);
   }
