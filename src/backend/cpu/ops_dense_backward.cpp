@@ -35,6 +35,21 @@ void reduce_columns(int64_t rows, int64_t dim, float* out, Term term) {
     for (int64_t j = 0; j < dim; ++j) out[j] += float(parts[size_t(t) * size_t(dim) + size_t(j)]);
 }
 
+// A row's RMSNorm backward statistics: iv = 1/rms(x) and c = (w . dy . x) iv^3 / dim, the
+// coefficient of x in dx = iv w dy - c x (sums in double, in element order).
+struct RmsRowStats {
+  double iv, c;
+};
+RmsRowStats rmsnorm_row_stats(const float* x, const float* w, const float* dy, float eps, int64_t dim) {
+  double ss = 0, dot = 0;
+  for (int64_t i = 0; i < dim; ++i) {
+    ss += double(x[i]) * x[i];
+    dot += double(w[i]) * dy[i] * x[i];
+  }
+  const double iv = 1.0 / std::sqrt(ss / double(dim) + double(eps));
+  return {iv, dot * iv * iv * iv / double(dim)};
+}
+
 }  // namespace
 
 void cpu_column_sums(int64_t rows, int64_t dim, float* out, const float* a, const float* b) {
@@ -66,14 +81,8 @@ void CpuBackend::rmsnorm_backward(const float* x, const float* w, const float* d
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     const float* dyr = dy + r * dim;
-    double ss = 0, dot = 0;
-    for (int64_t i = 0; i < dim; ++i) {
-      ss += double(xr[i]) * xr[i];
-      dot += double(w[i]) * dyr[i] * xr[i];
-    }
-    const double iv = 1.0 / std::sqrt(ss / double(dim) + double(eps));
+    const auto [iv, c] = rmsnorm_row_stats(xr, w, dyr, eps, dim);
     inv[size_t(r)] = float(iv);
-    const double c = dot * iv * iv * iv / double(dim);
     float* dxr = dx + r * dim;
     for (int64_t i = 0; i < dim; ++i) {
       float g = float(iv * w[i] * dyr[i] - c * xr[i]);
@@ -153,13 +162,7 @@ void CpuBackend::residual_scale_rmsnorm_backward(const ResidualNormArgs& a, cons
     for (int64_t n = 0; n < rows; ++n) {
       const float* x = r_out + n * dim;
       const float* dyr = dy + n * dim;
-      double ss = 0, dot = 0;
-      for (int64_t i = 0; i < dim; ++i) {
-        ss += double(x[i]) * x[i];
-        dot += double(w[i]) * dyr[i] * x[i];
-      }
-      const double iv = 1.0 / std::sqrt(ss / double(dim) + double(a.eps));
-      const double c = dot * iv * iv * iv / double(dim);
+      const auto [iv, c] = rmsnorm_row_stats(x, w, dyr, a.eps, dim);
       residual_norm_backward_row(dim, iv, c, x, dyr, a.r + n * dim, a.h + n * dim, w, a.hidden_scale, a.hidden_bias,
                                  a.residual_scale, a.residual_bias, dr + n * dim, dh + n * dim, pw, pw + dim,
                                  pw + 2 * dim, pw + 3 * dim, pw + 4 * dim);

@@ -31,13 +31,13 @@ __global__ void k_embedding_backward(const int32_t* unique_ids, const int32_t* s
   }
 }
 
-__global__ void k_rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* inv,
-                                   int64_t dim, int accumulate_dx) {
-  __shared__ double sh[kGpuThreads];
-  const int64_t r = blockIdx.x;
-  const float* xr = x + r * dim;
-  const float* dyr = dy + r * dim;
-  float* dxr = dx + r * dim;
+// A row's RMSNorm backward statistics over one block: iv = 1/rms(x) and c = (w . dy . x) iv^3 /
+// dim, the coefficient of x in dx = iv w dy - c x (block sums in double), in every thread.
+struct RmsRowStats {
+  double iv, c;
+};
+__device__ RmsRowStats rmsnorm_row_stats(const float* xr, const float* w, const float* dyr, float eps, int64_t dim,
+                                         double* sh) {
   double ss = 0, dot = 0;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     ss += double(xr[i]) * xr[i];
@@ -46,8 +46,19 @@ __global__ void k_rmsnorm_backward(const float* x, const float* w, const float* 
   ss = block_sum(ss, sh);
   dot = block_sum(dot, sh);
   const double iv = 1.0 / sqrt(ss / double(dim) + double(eps));
+  return {iv, dot * iv * iv * iv / double(dim)};
+}
+
+__global__ void k_rmsnorm_backward(const float* x, const float* w, const float* dy, float eps, float* dx, float* inv,
+                                   int64_t dim, int accumulate_dx) {
+  __shared__ double sh[kGpuThreads];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * dim;
+  const float* dyr = dy + r * dim;
+  float* dxr = dx + r * dim;
+  const RmsRowStats st = rmsnorm_row_stats(xr, w, dyr, eps, dim, sh);
+  const double iv = st.iv, c = st.c;
   if (threadIdx.x == 0) inv[r] = float(iv);
-  const double c = dot * iv * iv * iv / double(dim);
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     const float g = float(iv * w[i] * dyr[i] - c * xr[i]);
     dxr[i] = accumulate_dx ? dxr[i] + g : g;
@@ -60,19 +71,10 @@ __global__ void k_residual_norm_row_stats(const float* x, const float* w, const 
                                           int64_t dim) {
   __shared__ double sh[kGpuThreads];
   const int64_t r = blockIdx.x;
-  const float* xr = x + r * dim;
-  const float* dyr = dy + r * dim;
-  double ss = 0, dot = 0;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    ss += double(xr[i]) * xr[i];
-    dot += double(w[i]) * dyr[i] * xr[i];
-  }
-  ss = block_sum(ss, sh);
-  dot = block_sum(dot, sh);
+  const RmsRowStats st = rmsnorm_row_stats(x + r * dim, w, dy + r * dim, eps, dim, sh);
   if (threadIdx.x == 0) {
-    const double iv = 1.0 / sqrt(ss / double(dim) + double(eps));
-    stats[2 * r] = iv;
-    stats[2 * r + 1] = dot * iv * iv * iv / double(dim);
+    stats[2 * r] = st.iv;
+    stats[2 * r + 1] = st.c;
   }
 }
 
