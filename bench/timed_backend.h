@@ -66,10 +66,6 @@ class TimedBackend final : public Backend {
   void affine(float* x, const float* s, const float* b, int64_t rows, int64_t dim) override {
     time("affine", 0, [&] { in_.affine(x, s, b, rows, dim); });
   }
-  void residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs, const float* rb,
-                      int64_t rows, int64_t dim) override {
-    time("residual_scale", 0, [&] { in_.residual_scale(r, h, hs, hb, rs, rb, rows, dim); });
-  }
   void residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out, float* y) override {
     time("residual_scale_rmsnorm", 0, [&] { in_.residual_scale_rmsnorm(a, r_out, y); });
   }
@@ -142,12 +138,6 @@ class TimedBackend final : public Backend {
   void affine_backward(const float* x, const float* sc, const float* b, float* d, float* dsc, float* db, int64_t rows,
                        int64_t dim) override {
     time("affine_backward", 0, [&] { in_.affine_backward(x, sc, b, d, dsc, db, rows, dim); });
-  }
-  void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb, const float* rs,
-                               const float* rb, float* dr, float* dh, float* dhs, float* dhb, float* drs, float* drb,
-                               int64_t rows, int64_t dim) override {
-    time("residual_scale_backward", 0,
-         [&] { in_.residual_scale_backward(r, h, hs, hb, rs, rb, dr, dh, dhs, dhb, drs, drb, rows, dim); });
   }
   void residual_scale_rmsnorm_backward(const ResidualNormArgs& a, const float* r_out, const float* dy, float* dr,
                                        float* dh, const ResidualNormGrads& g) override {

@@ -29,8 +29,9 @@ struct CcaConvArgs {
 // A residual-scaling merge (spec A.7) and the RMSNorm that reads the merged stream, as one op
 // (the post-attention merge and the next sub-block's input norm; the last merge and the final
 // norm). Per row: r_out = (h + hidden_bias) * hidden_scale + (r + residual_bias) * residual_scale,
-// then y = norm_weight * r_out * rsqrt(mean(r_out^2) + eps). Equal to residual_scale followed by
-// rmsnorm, and so is its backward to rmsnorm_backward followed by residual_scale_backward.
+// then y = norm_weight * r_out * rsqrt(mean(r_out^2) + eps). Every merge of the model is followed
+// by such a norm, so the merge is an op only in this form (the CPU backend keeps the merge alone
+// as the reference it is tested against).
 struct ResidualNormArgs {
   const float* r = nullptr;               // [rows, dim] the residual stream before the merge
   const float* h = nullptr;               // [rows, dim] the sub-block's output
@@ -134,10 +135,7 @@ class Backend {
   virtual void rmsnorm(const float* x, const float* w, float eps, float* y, int64_t rows, int64_t dim) = 0;
   // x = (x + bias) * scale per row
   virtual void affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) = 0;
-  // r = (h + hb) * hs + (r + rb) * rs per row (ZAYA residual scaling, merged)
-  virtual void residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
-                              const float* rb, int64_t rows, int64_t dim) = 0;
-  // The merge and the norm in one pass over the rows (ResidualNormArgs): r_out (which may be
+  // The residual merge (ZAYA residual scaling) and the norm in one pass over the rows (ResidualNormArgs): r_out (which may be
   // a.r, in place) receives the merged stream and y its RMSNorm.
   virtual void residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out, float* y) = 0;
   // y += scale (broadcast per column) * x
@@ -178,10 +176,6 @@ class Backend {
   // out = (x + bias) * scale. d: in d(out), out d(x) (in place); dscale/dbias accumulate.
   virtual void affine_backward(const float* x, const float* scale, const float* bias, float* d, float* dscale,
                                float* dbias, int64_t rows, int64_t dim) = 0;
-  // r_new = (h+hb)*hs + (r+rb)*rs. dr: in d(r_new), out d(r) (in place); dh overwritten; param grads accumulate.
-  virtual void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb,
-                                       const float* rs, const float* rb, float* dr, float* dh, float* dhs,
-                                       float* dhb, float* drs, float* drb, int64_t rows, int64_t dim) = 0;
   // The backward of residual_scale_rmsnorm: r_out is the merged stream the forward wrote, dy =
   // d(y). dr: in, d(r_out) from the stream's other readers; out, d(a.r). dh = d(a.h)
   // (overwritten). The parameter gradients in g accumulate. No two of a.r, a.h, r_out, dy, dr, dh

@@ -168,10 +168,7 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   ma.skip_identity = c.skip_expert_output == SkipMode::Identity;
   be.moe(ma);
   const ResidualScaleWeights& pm = w.post_mlp_scale;
-  if (next.weight)
-    be.residual_scale_rmsnorm(residual_norm_args(pm, next.weight, eps, r, a.h_moe, N, D), r, next.y);
-  else
-    be.residual_scale(r, a.h_moe, pm.hidden_scale, pm.hidden_bias, pm.residual_scale, pm.residual_bias, N, D);
+  be.residual_scale_rmsnorm(residual_norm_args(pm, next.weight, eps, r, a.h_moe, N, D), r, next.y);
 }
 
 }  // namespace zaya

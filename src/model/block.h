@@ -78,8 +78,8 @@ ResidualNormArgs residual_norm_args(const ResidualScaleWeights& p, const float* 
 ResidualNormGrads residual_norm_grads(const ResidualScaleWeights& g, float* norm_weight);
 
 // The RMSNorm that reads a block's output stream: the next block's input norm or the final norm.
-// Given one, the block's last residual merge runs fused with it (Backend::residual_scale_rmsnorm)
-// and y receives the normed stream; without (weight == nullptr) the block ends with the merge.
+// The block's last residual merge runs fused with it (Backend::residual_scale_rmsnorm), and y
+// receives the normed stream.
 struct NextNorm {
   const float* weight = nullptr;
   float* y = nullptr;
@@ -89,7 +89,7 @@ struct NextNorm {
 // block's router latent (ignored for l == 0). input_normed: a.x1 already holds the block's
 // input norm of r (the previous block's NextNorm wrote it), so the block does not norm again.
 void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeights& w, const BlockShape& s,
-                   float* r, const float* rho_prev, BlockActivations& a, const NextNorm& next = {},
-                   bool input_normed = false);
+                   float* r, const float* rho_prev, BlockActivations& a, const NextNorm& next,
+                   bool input_normed);
 
 }  // namespace zaya

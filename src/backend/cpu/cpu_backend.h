@@ -21,8 +21,6 @@ class CpuBackend final : public Backend {
   void embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) override;
   void rmsnorm(const float* x, const float* w, float eps, float* y, int64_t rows, int64_t dim) override;
   void affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) override;
-  void residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
-                      const float* rb, int64_t rows, int64_t dim) override;
   void residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out, float* y) override;
   void scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) override;
   void gelu(float* x, int64_t n) override;
@@ -43,9 +41,6 @@ class CpuBackend final : public Backend {
                         int64_t rows, int64_t dim, bool accumulate_dx) override;
   void affine_backward(const float* x, const float* scale, const float* bias, float* d, float* dscale, float* dbias,
                        int64_t rows, int64_t dim) override;
-  void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb, const float* rs,
-                               const float* rb, float* dr, float* dh, float* dhs, float* dhb, float* drs, float* drb,
-                               int64_t rows, int64_t dim) override;
   void residual_scale_rmsnorm_backward(const ResidualNormArgs& a, const float* r_out, const float* dy, float* dr,
                                        float* dh, const ResidualNormGrads& g) override;
   void scaled_add_backward(const float* x, const float* scale, const float* dy, float* dx, float* dscale,
@@ -76,6 +71,16 @@ class CpuBackend final : public Backend {
   void fill(float* dst, float value, int64_t n) override;
   void to_host(void* host, const void* src, int64_t bytes) override;
   void from_host(void* dst, const void* host, int64_t bytes) override;
+
+  // The residual merge alone, r = (h + hb) * hs + (r + rb) * rs per row, and its backward
+  // (dr: in d(r_new), out d(r), in place; dh overwritten; the parameter gradients accumulate).
+  // Not Backend ops (the model runs every merge fused with its norm): the reference that the
+  // fused op is tested against, with rmsnorm and rmsnorm_backward.
+  void residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
+                      const float* rb, int64_t rows, int64_t dim);
+  void residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb, const float* rs,
+                               const float* rb, float* dr, float* dh, float* dhs, float* dhb, float* drs, float* drb,
+                               int64_t rows, int64_t dim);
 
  private:
   RopeTable rope_;  // cca_qk's rotary cosines and sines (one backend serves one thread at a time)

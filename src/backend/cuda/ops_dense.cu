@@ -1,7 +1,7 @@
-// GPU dense ops: linear (internal GEMM, bf16 operands by policy), embedding, RMSNorm, affine
-// and residual scaling (alone, and fused with the RMSNorm that reads the merged stream), EDA
-// scaled-add, GELU, softmax, router selection. Everything except the GEMM operands is fp32
-// (spec A.11). Passed against the CPU backend on an H100.
+// GPU dense ops: linear (internal GEMM, bf16 operands by policy), embedding, RMSNorm, affine,
+// the residual merge fused with the RMSNorm that reads the merged stream, EDA scaled-add, GELU,
+// softmax, router selection. Everything except the GEMM operands is fp32 (spec A.11). Passed
+// against the CPU backend on an H100.
 #include "backend/cuda/cuda_backend.h"
 
 namespace zaya {
@@ -34,16 +34,7 @@ __global__ void k_affine(float* x, const float* scale, const float* bias, int64_
   }
 }
 
-__global__ void k_residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
-                                 const float* rb, int64_t rows, int64_t dim) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = i % dim;
-    r[i] = (h[i] + hb[j]) * hs[j] + (r[i] + rb[j]) * rs[j];
-  }
-}
-
-// residual_scale then rmsnorm, one row per block: each thread merges its elements, writes them
+// The residual merge then its RMSNorm, one row per block: each thread merges its elements, writes them
 // and reads them back for the norm (no other thread touches them), with the row's sum of squares
 // reduced over the block between the two loops. r_out may be r.
 __global__ void k_residual_scale_rmsnorm(const float* r, const float* h, const float* hs, const float* hb,
@@ -140,14 +131,6 @@ void CudaBackend::rmsnorm(const float* x, const float* w, float eps, float* y, i
 void CudaBackend::affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) {
   if (rows * dim == 0) return;
   gpu_launch(k_affine, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, x, scale, bias, rows, dim);
-  GPU_LAUNCH_CHECK();
-}
-
-void CudaBackend::residual_scale(float* r, const float* h, const float* hs, const float* hb, const float* rs,
-                                 const float* rb, int64_t rows, int64_t dim) {
-  if (rows * dim == 0) return;
-  gpu_launch(k_residual_scale, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, r, h, hs, hb, rs, rb, rows,
-             dim);
   GPU_LAUNCH_CHECK();
 }
 

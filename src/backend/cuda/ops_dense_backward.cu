@@ -1,9 +1,8 @@
 // GPU backward of the dense ops: linear (two GEMMs + a column sum), embedding (tokens grouped
-// by id on the host, each id's rows added in token order: no atomics), RMSNorm, affine and
-// residual scaling (alone, and fused with the RMSNorm that reads the merged stream), EDA
-// scaled-add, GELU, softmax and routing (the LM head fused with the loss: ops_lm_head.cu).
-// Parameter gradients use the deterministic column sums of gpu_common.cu.
-// Passed against the CPU backend on an H100.
+// by id on the host, each id's rows added in token order: no atomics), RMSNorm, affine, the
+// residual merge fused with the RMSNorm that reads the merged stream, EDA scaled-add, GELU,
+// softmax and routing (the LM head fused with the loss: ops_lm_head.cu). Parameter gradients
+// use the deterministic column sums of gpu_common.cu. Passed against the CPU backend on an H100.
 #include <algorithm>
 #include <numeric>
 #include <vector>
@@ -120,16 +119,6 @@ __global__ void k_scale_columns(float* d, const float* scale, int64_t rows, int6
     d[i] *= scale[i % dim];
 }
 
-__global__ void k_residual_split(float* dr, float* dh, const float* hs, const float* rs, int64_t rows, int64_t dim) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = i % dim;
-    const float g = dr[i];
-    dh[i] = g * hs[j];
-    dr[i] = g * rs[j];
-  }
-}
-
 __global__ void k_scaled_add_dx(const float* dy, const float* scale, float* dx, int64_t rows, int64_t dim) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * dim;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -229,18 +218,6 @@ void CudaBackend::affine_backward(const float* x, const float* scale, const floa
   gpu_column_sums(*this, rows, dim, dscale, d, dim, x, bias, nullptr, nullptr);
   gpu_column_sums(*this, rows, dim, dbias, d, dim, nullptr, nullptr, scale, nullptr);
   gpu_launch(k_scale_columns, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, d, scale, rows, dim);
-  GPU_LAUNCH_CHECK();
-}
-
-void CudaBackend::residual_scale_backward(const float* r, const float* h, const float* hs, const float* hb,
-                                          const float* rs, const float* rb, float* dr, float* dh, float* dhs,
-                                          float* dhb, float* drs, float* drb, int64_t rows, int64_t dim) {
-  if (rows * dim == 0) return;
-  gpu_column_sums(*this, rows, dim, dhs, dr, dim, h, hb, nullptr, nullptr);
-  gpu_column_sums(*this, rows, dim, dhb, dr, dim, nullptr, nullptr, hs, nullptr);
-  gpu_column_sums(*this, rows, dim, drs, dr, dim, r, rb, nullptr, nullptr);
-  gpu_column_sums(*this, rows, dim, drb, dr, dim, nullptr, nullptr, rs, nullptr);
-  gpu_launch(k_residual_split, gpu_blocks(rows * dim), kGpuThreads, 0, stream_, dr, dh, hs, rs, rows, dim);
   GPU_LAUNCH_CHECK();
 }
 
