@@ -183,13 +183,11 @@ gpuError_t gpuEventElapsedTime(float* ms, gpuEvent_t start, gpuEvent_t end) {
 }
 
 namespace {
-constexpr size_t kDefaultSharedBytes = size_t(48) << 10;
-constexpr int kMaxSharedBytes = 227 << 10;
 std::map<const void*, int> g_shared_allowed;  // kernel -> its MaxDynamicSharedMemorySize
 }  // namespace
 
 gpuError_t gpuFuncSetAttribute(const void* kernel, gpuFuncAttribute attribute, int value) {
-  if (attribute != gpuFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > kMaxSharedBytes)
+  if (attribute != gpuFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > kSimtMaxSharedBytes)
     return record(gpuErrorInvalidValue);
   std::lock_guard<std::mutex> lock(g_mutex);
   g_shared_allowed[kernel] = value;
@@ -209,7 +207,7 @@ bool check_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   bool ok = grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.x < (1u << 31) && grid.y <= 65535 &&
             grid.z <= 65535 && threads >= 1 && threads <= 1024 && block.z <= 64;
-  if (ok && shared_bytes > kDefaultSharedBytes) {
+  if (ok && shared_bytes > size_t(kSimtDefaultSharedBytes)) {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto it = g_shared_allowed.find(kernel);
     ok = it != g_shared_allowed.end() && shared_bytes <= size_t(it->second);

@@ -57,14 +57,24 @@ gpuError_t gpuEventQuery(gpuEvent_t event);
 gpuError_t gpuEventElapsedTime(float* ms, gpuEvent_t start, gpuEvent_t end);
 
 // A kernel's largest dynamic shared memory (the only attribute the backend sets): recorded for
-// check_launch; over the device's 227 KiB is an error, as on an H100.
+// check_launch; over the device's most (kSimtMaxSharedBytes) is an error, as on the hardware.
 gpuError_t gpuFuncSetAttribute(const void* kernel, gpuFuncAttribute attribute, int value);
 
 // The emulated device: GPU_WARP_SIZE lanes (the build's), compute capability 9 (mma.sync is
-// emulated for 32-lane warps), 227 KiB of shared memory a block, as an H100.
+// emulated for 32-lane warps). Shared memory a block as the device the warp width stands for:
+// with 32 lanes an H100's (48 KiB unless a kernel's attribute allows more, up to 227 KiB); with
+// 64 lanes a CDNA GPU's (gfx90a, MI300X: 64 KiB of LDS per workgroup, the most any kernel may
+// have, attribute or not), so a kernel the HIP build launches with more fails here as there.
+#if defined(ZAYA_SIMT_WARP_SIZE) && ZAYA_SIMT_WARP_SIZE == 64
+inline constexpr int kSimtDefaultSharedBytes = 64 << 10;
+inline constexpr int kSimtMaxSharedBytes = 64 << 10;
+#else
+inline constexpr int kSimtDefaultSharedBytes = 48 << 10;
+inline constexpr int kSimtMaxSharedBytes = 227 << 10;
+#endif
 int gpu_device_warp_size(int device);
 inline int gpu_device_compute_major(int) { return 9; }
-inline int gpu_device_max_shared_per_block(int) { return 227 * 1024; }
+inline int gpu_device_max_shared_per_block(int) { return kSimtMaxSharedBytes; }
 // Whether p lies in a live emulated device allocation (*device = 0 then).
 bool gpu_pointer_on_device(const void* p, int* device);
 
@@ -76,8 +86,8 @@ size_t device_bytes_in_use();
 bool range_on_device(const void* p, size_t bytes);
 // Whether a launch of `kernel` with this configuration is one the hardware accepts: every grid
 // dimension at least 1 (x below 2^31, y and z at most 65,535), 1 to 1,024 threads a block (z at
-// most 64), and dynamic shared memory within 48 KiB or within what gpuFuncSetAttribute allowed
-// this kernel. When not, it records the launch error that gpuGetLastError then returns (as a
+// most 64), and dynamic shared memory within kSimtDefaultSharedBytes or within what
+// gpuFuncSetAttribute allowed this kernel. When not, it records the launch error that gpuGetLastError then returns (as a
 // CUDA launch does) and the kernel must not run.
 bool check_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes);
 }  // namespace zaya::simt

@@ -3,7 +3,8 @@
 // exited count as arrived at the block's barrier, each schedule orders threads as
 // simt_runtime.h says (round robin, ahead, reverse), a kernel missing a barrier reads the
 // unwritten fill of shared memory, and threads that can no longer all make progress stop the
-// launch with an error. Built with 32-lane warps (zaya_simt_tests) and 64-lane warps
+// launch with an error; and the launch limits on shared memory of the device each warp width
+// stands for. Built with 32-lane warps (zaya_simt_tests) and 64-lane warps
 // (zaya_simt_wave64_tests).
 #include <gtest/gtest.h>
 
@@ -185,6 +186,30 @@ TEST_F(SimtRuntime, ThreadsThatCanNoLongerAllProgressStopTheLaunch) {
     const std::vector<uint32_t> good = neighbours(true);
     EXPECT_EQ(good[0], 1001u);
   }
+}
+
+// Launch limits on shared memory, as the device the build's warp width stands for: 48 KiB
+// without an attribute and up to 227 KiB with one (H100, 32 lanes); 64 KiB with or without one
+// (CDNA's LDS, 64 lanes: a kernel the HIP build launches with more fails as it would on AMD).
+TEST(SimtLaunchLimits, SharedMemoryAsTheEmulatedDevice) {
+  static int kernel_a = 0, kernel_b = 0;  // stand-ins for kernel addresses
+  const bool cdna = GPU_WARP_SIZE == 64;
+  const size_t default_bytes = cdna ? 64 << 10 : 48 << 10;
+  const size_t max_bytes = cdna ? 64 << 10 : 227 << 10;
+  EXPECT_EQ(size_t(gpu_device_max_shared_per_block(0)), max_bytes);
+  (void)gpuGetLastError();
+  EXPECT_TRUE(simt::check_launch(&kernel_a, dim3(1), dim3(kW), default_bytes));
+  EXPECT_FALSE(simt::check_launch(&kernel_a, dim3(1), dim3(kW), default_bytes + 16));
+  EXPECT_EQ(gpuGetLastError(), gpuErrorInvalidValue);
+  // An attribute allows up to the device's most, never past it.
+  EXPECT_EQ(gpuFuncSetAttribute(&kernel_b, gpuFuncAttributeMaxDynamicSharedMemorySize, int(max_bytes)), gpuSuccess);
+  EXPECT_TRUE(simt::check_launch(&kernel_b, dim3(1), dim3(kW), max_bytes));
+  EXPECT_FALSE(simt::check_launch(&kernel_b, dim3(1), dim3(kW), max_bytes + 16));
+  EXPECT_EQ(gpuGetLastError(), gpuErrorInvalidValue);
+  EXPECT_EQ(gpuFuncSetAttribute(&kernel_b, gpuFuncAttributeMaxDynamicSharedMemorySize, int(max_bytes) + 1),
+            gpuErrorInvalidValue);
+  EXPECT_EQ(gpuGetLastError(), gpuErrorInvalidValue);
+  EXPECT_EQ(gpuGetLastError(), gpuSuccess);
 }
 
 }  // namespace
