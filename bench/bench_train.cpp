@@ -90,7 +90,7 @@ struct Args {
   int warmup = 2, steps = 7, peak_runs = 7;
   int64_t gemm_n = 2048;
   double lr = 4e-4, clip = 1.0;
-  bool profile = false, skip_peaks = false;
+  bool profile = false, skip_peaks = false, recompute = false;
 };
 
 void add_options(CLI::App& app, Args& a) {
@@ -122,6 +122,9 @@ void add_options(CLI::App& app, Args& a) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--skip-peaks", a.skip_peaks, "Skip the matmul peak measures (no MFU)");
   app.add_flag("--profile", a.profile, "Add a per-op breakdown of the timed steps");
+  app.add_flag("--recompute", a.recompute,
+               "Activation recomputation: keep each block's inputs only and rerun its forward before its backward "
+               "(less memory; MFU still counts the model's FLOPs once)");
 }
 
 }  // namespace
@@ -184,11 +187,13 @@ int main(int argc, char** argv) try {
                    {"head_dim", c.head_dim}, {"router_hidden", c.router_hidden_size},
                    {"params", layout.total}, {"muon_matrices", muon_mats}};
   out["batch"] = {{"B", B}, {"T", T}, {"tokens_per_step", N}, {"micro_batches", K}};
+  model->set_activation_recompute(args.recompute);
+  out["activation_recompute"] = args.recompute;
   std::fprintf(stderr,
                "model %s: %lld params, %lld Muon matrices; batch B=%lld T=%lld x %lld micro-batches (%lld "
-               "tokens/step)\n",
+               "tokens/step)%s\n",
                args.preset.c_str(), (long long)layout.total, (long long)muon_mats, (long long)B, (long long)T,
-               (long long)K, (long long)N);
+               (long long)K, (long long)N, args.recompute ? "; activations recomputed" : "");
 
   // --- the step ---
   struct StepTimes {

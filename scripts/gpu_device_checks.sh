@@ -20,7 +20,8 @@
 #   attention  bench_attention (the GEMM path and the tensor-core flash kernels, head_dim 128
 #          and 64, and a sliding window) against torch's scaled_dot_product_attention
 #   kernels  Nsight Compute's time for every kernel of one bench_train step, summed by name
-#   fit    the full 8.3B zaya1-base, training steps on this one GPU (no sharding): memory and speed
+#   fit    the full 8.3B zaya1-base, training steps on this one GPU (no sharding): memory and speed,
+#          keeping every activation and (FIT_SEQ entries "T:r") recomputing them
 # Logs and JSON results go to $OUT/logs.tgz ($OUT default /tmp/zaya-gpu-out), re-packed after
 # every step, so a call that runs out of time still returns what finished. Each step runs
 # under STEP_TIMEOUT seconds (default 420), or STEP_TIMEOUT_<step> for that step alone. BENCH_VARIANTS
@@ -276,15 +277,20 @@ step_kernels() {
 }
 step_fit() {
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
-  local T rc=1
-  for T in ${FIT_SEQ:-4096 2048}; do
-    echo "zaya1-base, batch 1 x $T tokens:"
-    if "$BIN/bench_train" --backend cuda --preset zaya1-base --batch 1 --seq $T --warmup 1 --steps 3 --skip-peaks \
-      > "$LOGS/fit_$T.json" 2> "$LOGS/fit_$T.log"; then
-      grep -E "^model|median|memory|step [0-9]" "$LOGS/fit_$T.log"
+  local T rc=1 run
+  # "T" keeps every activation; "T:r" recomputes them (bench_train --recompute), which frees
+  # most of the activation memory for longer sequences.
+  for run in ${FIT_SEQ:-4096 8192:r 16384:r}; do
+    T=${run%:r}
+    local flag="" tag=$T
+    if [[ $run == *:r ]]; then flag=--recompute; tag=${T}_recompute; fi
+    echo "zaya1-base, batch 1 x $T tokens ${flag:+(activations recomputed)}:"
+    if "$BIN/bench_train" --backend cuda --preset zaya1-base --batch 1 --seq $T --warmup 1 --steps 3 --skip-peaks $flag \
+      > "$LOGS/fit_$tag.json" 2> "$LOGS/fit_$tag.log"; then
+      grep -E "^model|median|memory|step [0-9]" "$LOGS/fit_$tag.log"
       rc=0
     else
-      tail -4 "$LOGS/fit_$T.log"
+      tail -4 "$LOGS/fit_$tag.log"
     fi
   done
   return $rc

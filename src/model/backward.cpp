@@ -1,7 +1,8 @@
-// The training step: forward over fresh sequences keeping every block's activations, the
-// LM head fused with cross-entropy, then the backward pass through every block in reverse
-// (residual scaling, MoE, router MLP, EDA chain, CCA) down to the embedding. Hand-written
-// against the Backend's backward ops; no autograd.
+// The training step: forward over fresh sequences keeping every block's activations (or, with
+// activation recomputation, only each block's inputs, its forward run again just before its
+// backward), the LM head fused with cross-entropy, then the backward pass through every block in
+// reverse (residual scaling, MoE, router MLP, EDA chain, CCA) down to the embedding.
+// Hand-written against the Backend's backward ops; no autograd.
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -57,7 +58,7 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     check_segments(seg_start, B, T);
   for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = pos0[size_t(n / T)] + n % T - (seg_start ? seg_start[n] : 0);
 
-  // ---- forward, keeping activations ----
+  // ---- forward, keeping activations (with recompute_, only each block's inputs) ----
   float* emb = s.f(N * D);
   float* r = s.f(N * D);
   be_.embedding(w_.embed, d_ids, emb, N, D);
@@ -67,26 +68,37 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
   std::vector<std::pair<float*, float*>> kv_full(static_cast<size_t>(L));  // context parallel K, V
   float* conv_state = s.f(B * P * C);
   float* vdel_state = s.f(B * Dk / 2);
+  // The buffers a block's forward writes and its backward reads, other than the ones every block
+  // keeps for the next one or for recomputation (r_in, x1, rh, expert). With recompute_ all
+  // blocks share one set, which each block's forward overwrites and its backward's rerun refills.
+  const auto allocate_work = [&](BlockActivations& a, std::pair<float*, float*>& kv) {
+    a.u = s.f(N * C); a.z = s.f(N * C); a.q = s.f(N * Dq); a.k = s.f(N * Dk); a.vcur = s.f(N * Dk / 2);
+    a.vdel = s.f(N * Dk / 2); a.v = s.f(N * Dk); a.att = s.f(N * Dq); a.h_attn = s.f(N * D); a.r_mid = s.f(N * D);
+    a.x2 = s.f(N * D); a.rn = s.f(N * R); a.f1 = s.f(N * R); a.g1 = s.f(N * R); a.f2 = s.f(N * R);
+    a.g2 = s.f(N * R); a.probs = s.f(N * (E + 1)); a.weight = s.f(N); a.h_moe = s.f(N * D);
+    if (cp) {  // the caches hold each chunk's whole gathered sequence
+      a.halo = s.f(B * Wb);
+      kv = {s.f(B / 2 * S * Dk), s.f(B / 2 * S * Dk)};
+    }
+  };
+  BlockActivations shared;
+  std::pair<float*, float*> shared_kv{nullptr, nullptr};
+  if (recompute_) allocate_work(shared, shared_kv);
   // Every block's activations first: each block's last residual merge writes the next block's
   // input norm (x1), and the last block's the final norm's output y.
   for (int64_t l = 0; l < L; ++l) {
     BlockActivations& a = acts[size_t(l)];
-    a.r_in = s.f(N * D); a.x1 = s.f(N * D); a.u = s.f(N * C); a.z = s.f(N * C); a.q = s.f(N * Dq);
-    a.k = s.f(N * Dk); a.vcur = s.f(N * Dk / 2); a.vdel = s.f(N * Dk / 2); a.v = s.f(N * Dk);
-    a.att = s.f(N * Dq); a.h_attn = s.f(N * D); a.r_mid = s.f(N * D); a.x2 = s.f(N * D); a.rh = s.f(N * R);
-    a.rn = s.f(N * R); a.f1 = s.f(N * R); a.g1 = s.f(N * R); a.f2 = s.f(N * R); a.g2 = s.f(N * R);
-    a.probs = s.f(N * (E + 1)); a.expert = s.i(N); a.weight = s.f(N); a.h_moe = s.f(N * D);
-    if (cp) {  // the caches hold each chunk's whole gathered sequence
-      a.halo = s.f(B * Wb);
-      kv_full[size_t(l)] = {s.f(B / 2 * S * Dk), s.f(B / 2 * S * Dk)};
+    if (recompute_) {
+      a = shared;
+      kv_full[size_t(l)] = shared_kv;
+    } else {
+      allocate_work(a, kv_full[size_t(l)]);
     }
+    a.r_in = s.f(N * D); a.x1 = s.f(N * D); a.rh = s.f(N * R); a.expert = s.i(N);
   }
-  float* y = s.f(N * D);  // the final norm's output
-  for (int64_t l = 0; l < L; ++l) {
-    BlockActivations& a = acts[size_t(l)];
-    be_.fill(conv_state, 0.0f, B * P * C);
-    be_.fill(vdel_state, 0.0f, B * Dk / 2);
-    BlockShape shape{B, T, pos0.data(), positions.data(), a.k, a.v, T, conv_state, vdel_state, seg_start};
+  const auto shape_of = [&](int64_t l) {
+    BlockShape shape{B, T, pos0.data(), positions.data(), acts[size_t(l)].k, acts[size_t(l)].v, T, conv_state,
+                     vdel_state, seg_start};
     if (cp) {
       shape.k_cache = kv_full[size_t(l)].first;
       shape.v_cache = kv_full[size_t(l)].second;
@@ -94,11 +106,17 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
       shape.cp = cp;
       if (chunk_seg) shape.chunk_segments = &*chunk_seg;
     }
+    return shape;
+  };
+  float* y = s.f(N * D);  // the final norm's output
+  for (int64_t l = 0; l < L; ++l) {
+    be_.fill(conv_state, 0.0f, B * P * C);
+    be_.fill(vdel_state, 0.0f, B * Dk / 2);
     const bool last = l == L - 1;
     const NextNorm next{last ? w_.final_norm : w_.blocks[size_t(l + 1)].input_norm,
                         last ? y : acts[size_t(l + 1)].x1};
-    forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, l > 0 ? acts[size_t(l - 1)].rh : nullptr, a, next,
-                  /*input_normed=*/l > 0);
+    forward_block(be_, c, l, w_.blocks[size_t(l)], shape_of(l), r, l > 0 ? acts[size_t(l - 1)].rh : nullptr,
+                  acts[size_t(l)], next, /*input_normed=*/l > 0);
   }
 
   StepStats stats;
@@ -155,13 +173,26 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
     const BlockActivations& a = acts[size_t(l)];
     const BlockWeights& w = w_.blocks[size_t(l)];
     const BlockWeights& gw = g.blocks[size_t(l)];
+    const bool last = l == L - 1;
+    const float* next_norm = last ? w_.final_norm : w_.blocks[size_t(l + 1)].input_norm;
+    if (recompute_) {
+      // Block l's forward again, from its kept stream and input norm, into the shared buffers
+      // (rewriting its kept router latent and routing with the same values). The stream runs
+      // in y, free since the head's backward; the next norm it writes lands in dh, which the
+      // merge backward below overwrites.
+      be_.fill(conv_state, 0.0f, B * P * C);
+      be_.fill(vdel_state, 0.0f, B * Dk / 2);
+      be_.copy(y, a.r_in, N * D);
+      BlockActivations again = a;
+      again.r_in = nullptr;  // kept already
+      forward_block(be_, c, l, w, shape_of(l), y, l > 0 ? acts[size_t(l - 1)].rh : nullptr, again,
+                    NextNorm{next_norm, dh}, /*input_normed=*/true);
+    }
     // post-MoE residual merge, fused with the norm that read the merged stream: the final norm
     // (its gradient dy from the head), or the next block's input norm (its gradient d(x1), in
     // dx since that block's backward), whose block is then done.
     const ResidualScaleWeights& pm = w.post_mlp_scale;
     const ResidualScaleWeights& gpm = gw.post_mlp_scale;
-    const bool last = l == L - 1;
-    const float* next_norm = last ? w_.final_norm : w_.blocks[size_t(l + 1)].input_norm;
     float* next_norm_grad = last ? g.final_norm : g.blocks[size_t(l + 1)].input_norm;
     be_.residual_scale_rmsnorm_backward(residual_norm_args(pm, next_norm, eps, a.r_mid, a.h_moe, N, D),
                                         last ? r : acts[size_t(l + 1)].r_in, last ? dy : dx, dr, dh,

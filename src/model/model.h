@@ -122,6 +122,14 @@ class Model {
   // group must make the same call on their chunks. segment_start there holds each token's
   // document start as a position within the whole sequence (the split of the loader's table;
   // model/chunk_segments.h).
+  // Activation recomputation (off by default): forward_backward then keeps, per block, only the
+  // stream entering it, its input norm, its router latent and its routing (2D + R floats and one
+  // int per token, against about 6D + 3C + 6R + E more), and runs each block's forward again just
+  // before its backward, in one set of buffers shared by every block. The gradients, loss and
+  // routing are the same (bitwise on the CPU); the forward's matmuls run twice.
+  void set_activation_recompute(bool on) { recompute_ = on; }
+  bool activation_recompute() const { return recompute_; }
+
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, float* grads,
                              float loss_scale, const int32_t* segment_start = nullptr,
                              const std::function<void(int64_t block)>& block_done = {},
@@ -133,6 +141,7 @@ class Model {
   Backend& be_;
   float* arena_ = nullptr;
   ModelWeights w_;
+  bool recompute_ = false;
 };
 
 }  // namespace zaya

@@ -111,6 +111,7 @@ const std::vector<Field>& fields() {
       int_f("batch", "global_batch", ZAYA_GET(batch.global_batch), 1, int64_t{1} << 30),
       int_f("batch", "ramp_start", ZAYA_GET(batch.ramp_start), 0, int64_t{1} << 30),
       int_f("batch", "ramp_steps", ZAYA_GET(batch.ramp_steps), 0),
+      bool_f("batch", "recompute_activations", ZAYA_GET(batch.recompute_activations)),
 
       float_f("optimizer", "lr", ZAYA_GET(optimizer.lr), 0, true),
       float_f("optimizer", "weight_decay", ZAYA_GET(optimizer.weight_decay), 0, false),

@@ -185,6 +185,8 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     model = std::make_unique<Model>(model_config(r, data->vocab_size(), data->max_seq_len()), *be);
     model->init_random(uint64_t(r.seed));
   }
+  model->set_activation_recompute(r.batch.recompute_activations);
+  sum.activation_recompute = model->activation_recompute();
   const ModelConfig& c = model->config();
   // Every chunk must hold the rows the CCA convolution carries into the next one.
   for (size_t p = 0; p < layouts.size(); ++p)
@@ -198,7 +200,8 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   ParamCounts pc = count_params(c);
   log("model: " + std::to_string(pc.total) + " parameters (" + std::to_string(pc.active) +
       " active/token non-embedding), " + std::to_string(c.num_hidden_layers) + " blocks, " +
-      std::to_string(c.num_experts) + " experts, vocab " + std::to_string(c.vocab_size));
+      std::to_string(c.num_experts) + " experts, vocab " + std::to_string(c.vocab_size) +
+      (model->activation_recompute() ? "; activations recomputed in the backward" : ""));
   log("data: " + data->describe());
 
   // ---- data parallelism, optimizer, balancer, schedule ----

@@ -28,6 +28,8 @@ struct TrainSummary {
   std::string data_comm;
   // Steps this process trained with context parallelism (a group size above 1).
   int64_t context_parallel_steps = 0;
+  // Whether this process's steps recomputed activations (batch.recompute_activations).
+  bool activation_recompute = false;
 };
 
 class Comm;

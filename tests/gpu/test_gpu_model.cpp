@@ -1,7 +1,8 @@
 // Whole-model checks of the GPU backend against the CPU backend: every parameter gradient of
 // a training step on each golden fixture model (tests/fixtures/<case>), a 50-step training
-// run of zaya-tiny (Muon + AdamW) compared loss by loss, and the bf16 shadows of frozen weights
-// (reused, and dropped with the weights they copy). fp32 GEMMs: 1e-4 on gradients and
+// run of zaya-tiny (Muon + AdamW) compared loss by loss, the bf16 shadows of frozen weights
+// (reused, and dropped with the weights they copy), and activation recomputation (the same step
+// in less memory). fp32 GEMMs: 1e-4 on gradients and
 // the routing must agree exactly; bf16 GEMMs (the policy): loss within 1e-2 and gradients
 // within 5e-2 of the CPU's norm (argmax routing may flip on near-ties, spec A.11).
 // Skipped ("skipped: no GPU") without a device. Measured on an H100: fp32 passes on every
@@ -10,6 +11,7 @@
 // models have routing margins of only 2e-3, so a router may pick another expert than the CPU's;
 // bf16 gradients are therefore checked on the same fixtures with a decisive routing.
 #include <cctype>
+#include <cstring>
 
 #include "decisive_routing.h"
 #include "gpu_test_support.h"
@@ -302,6 +304,47 @@ std::vector<double> train_losses(Backend& be, int steps, std::vector<float>* fin
   final_params->resize(static_cast<size_t>(total));
   be.to_host(final_params->data(), model.params(), total * 4);
   return losses;
+}
+
+// Activation recomputation on the GPU: the same step bit for bit (the forward's kernels are
+// deterministic, with integer atomics only, so the rerun repeats the forward exactly) in less
+// device memory. A 4-block zaya-tiny at 4 x 64 tokens, each run on a fresh backend so that
+// peak_memory_bytes (the pool's most held) is that run's.
+TEST(GpuModel, ActivationRecomputeHoldsLessForTheSameStep) {
+  if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+  ModelConfig c = preset_config("zaya-tiny");
+  c.num_hidden_layers = 4;
+  c.layer_types = {"hybrid", "hybrid_sliding", "hybrid", "hybrid_sliding"};
+  const int64_t B = 4, T = 64;
+  const std::vector<int32_t> ids = rnd_ints(size_t(B * T), int32_t(c.vocab_size));
+  std::vector<int32_t> targets(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) targets[i] = (i + 1) % size_t(T) == 0 ? -1 : ids[i + 1];
+  for (const GemmMode& mode : gemm_modes()) {
+    struct Run {
+      Step step;
+      int64_t peak = 0;
+    };
+    const auto run = [&](bool recompute) {
+      auto gpu = make_gpu(mode);
+      Model model(c, *gpu);
+      model.init_random(99);
+      model.set_activation_recompute(recompute);
+      Run out;
+      out.step = train_step(model, ids, targets, B, T);
+      out.peak = gpu->peak_memory_bytes();
+      return out;
+    };
+    const Run kept = run(false), recomputed = run(true);
+    EXPECT_EQ(kept.step.stats.loss_sum, recomputed.step.stats.loss_sum) << mode.name;
+    EXPECT_EQ(kept.step.stats.expert_counts, recomputed.step.stats.expert_counts) << mode.name;
+    ASSERT_EQ(kept.step.grads.size(), recomputed.step.grads.size());
+    EXPECT_EQ(std::memcmp(kept.step.grads.data(), recomputed.step.grads.data(), kept.step.grads.size() * 4), 0)
+        << mode.name << ": gradients differ with activation recomputation";
+    std::printf("  %s: device memory held at most %lld bytes keeping every activation, %lld recomputing\n",
+                mode.name, (long long)kept.peak, (long long)recomputed.peak);
+    EXPECT_GT(kept.peak, 0) << mode.name;
+    EXPECT_LT(double(recomputed.peak), 0.8 * double(kept.peak)) << mode.name;
+  }
 }
 
 TEST(GpuTraining, FiftyStepsMatchCpu) {

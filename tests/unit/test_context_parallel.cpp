@@ -1,9 +1,11 @@
 // Context parallelism (model/context_parallel.h): the zig-zag layout, and a training step split
 // over R in-process ranks (threads exchanging messages) equals the whole-sequence step: the same
-// loss and routing, and gradients that sum to the whole step's within float rounding.
+// loss and routing, and gradients that sum to the whole step's within float rounding; with
+// activation recomputation each rank's step is bitwise the same.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <thread>
 
@@ -68,10 +70,11 @@ ModelConfig cp_config() {
 // One rank's step: its chunks of the batch, with context parallelism over `group`.
 StepResult cp_step(int R, int rank, test::ThreadCommGroup& group, const std::vector<int32_t>& ids,
                    const std::vector<int32_t>& targets, const std::vector<int32_t>& starts, int64_t B,
-                   int64_t T, float scale, int64_t* messages) {
+                   int64_t T, float scale, int64_t* messages, bool recompute = false) {
   auto be = make_cpu_backend();
   Model model(cp_config(), *be);
   model.init_random(7);
+  model.set_activation_recompute(recompute);
   test::ThreadComm comm(group, rank);
   ContextParallel cp(comm, R, *be);
   const std::vector<int32_t> my_ids = cp.split(ids.data(), B, T), my_targets = cp.split(targets.data(), B, T);
@@ -183,22 +186,43 @@ TEST_P(ContextParallelSteps, SplitStepEqualsTheWholeSequenceStep) {
       }
       EXPECT_GT(with_starts, 0);
     }
-    test::ThreadCommGroup group(R);
-    std::vector<StepResult> res(static_cast<size_t>(R));
-    std::vector<int64_t> messages(static_cast<size_t>(R), 0);
-    std::vector<std::exception_ptr> errors(static_cast<size_t>(R));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < R; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          res[size_t(r)] = cp_step(R, r, group, ids, targets, starts, B, T, scale, &messages[size_t(r)]);
-        } catch (...) {
-          errors[size_t(r)] = std::current_exception();
-        }
-      });
-    for (auto& t : threads) t.join();
-    for (auto& e : errors)
-      if (e) std::rethrow_exception(e);
+    // Every rank's step, keeping every activation or (recompute) rerunning each block's forward,
+    // with its exchanges, before the block's backward.
+    const auto run_group = [&](bool recompute, std::vector<int64_t>& messages) {
+      test::ThreadCommGroup group(R);
+      std::vector<StepResult> res(static_cast<size_t>(R));
+      messages.assign(static_cast<size_t>(R), 0);
+      std::vector<std::exception_ptr> errors(static_cast<size_t>(R));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < R; ++r)
+        threads.emplace_back([&, r] {
+          try {
+            res[size_t(r)] =
+                cp_step(R, r, group, ids, targets, starts, B, T, scale, &messages[size_t(r)], recompute);
+          } catch (...) {
+            errors[size_t(r)] = std::current_exception();
+          }
+        });
+      for (auto& t : threads) t.join();
+      for (auto& e : errors)
+        if (e) std::rethrow_exception(e);
+      return res;
+    };
+    std::vector<int64_t> messages, messages_recompute;
+    const std::vector<StepResult> res = run_group(false, messages);
+    const std::vector<StepResult> again = run_group(true, messages_recompute);
+    for (int r = 0; r < R; ++r) {  // recomputation changes no bit of any rank's step
+      const StepResult &a = res[size_t(r)], &b = again[size_t(r)];
+      EXPECT_EQ(a.stats.loss_sum, b.stats.loss_sum) << "rank " << r;
+      EXPECT_EQ(a.stats.expert_counts, b.stats.expert_counts) << "rank " << r;
+      ASSERT_EQ(a.grads.size(), b.grads.size());
+      EXPECT_EQ(std::memcmp(a.grads.data(), b.grads.data(), a.grads.size() * sizeof(float)), 0)
+          << "rank " << r << ": gradients differ with activation recomputation";
+      // The rerun forwards exchange their boundary rows, keys and values again.
+      if (R > 1) {
+        EXPECT_GT(messages_recompute[size_t(r)], messages[size_t(r)]) << "rank " << r;
+      }
+    }
 
     double loss = 0;
     int64_t tokens = 0;

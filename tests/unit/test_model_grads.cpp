@@ -1,7 +1,8 @@
 // Whole-model gradients of the hand-written backward against the PyTorch twin's autograd
 // (tests/fixtures/<case>/grads.safetensors): every trainable parameter, max rel err < 1e-4
-// (max|a-b| / max|ref| per tensor), on every fixture configuration; and the block_done
-// callback's promise that a block's gradients are final when it comes.
+// (max|a-b| / max|ref| per tensor), on every fixture configuration; the block_done callback's
+// promise that a block's gradients are final when it comes; and activation recomputation
+// leaving the step bitwise unchanged.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -94,6 +95,49 @@ TEST_P(GradFixture, BlockDoneComesOnceTheBlocksGradientsAreFinal) {
     ASSERT_EQ(at_done[size_t(l)].size(), final_grads.size()) << "block " << l;
     EXPECT_EQ(std::memcmp(at_done[size_t(l)].data(), final_grads.data(), final_grads.size() * sizeof(float)), 0)
         << "block " << l << "'s gradients changed after block_done(" << l << ")";
+  }
+}
+
+// Activation recomputation (Model::set_activation_recompute) reruns each block's forward before
+// its backward from the block's kept inputs: the step must not change by a bit (loss, routing,
+// every gradient, block_done's order), on whole sequences and with document resets.
+TEST_P(GradFixture, ActivationRecomputeGivesTheSameStepBitwise) {
+  const std::string dir = test::source_path("tests/fixtures/" + GetParam());
+  auto be = make_cpu_backend();
+  auto model = load_model(dir, *be);
+  const test::FixtureBatch batch = test::load_fixture_batch(dir);
+  const int64_t B = batch.B, T = batch.T;
+  // Documents restarting a third of the way into every row.
+  std::vector<int32_t> starts(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) starts[size_t(b * T + t)] = t < T / 3 ? 0 : int32_t(T / 3);
+  for (const bool resets : {false, true}) {
+    SCOPED_TRACE(resets ? "document resets" : "whole sequences");
+    struct Run {
+      StepStats stats;
+      std::vector<float> grads;
+      std::vector<int64_t> done;
+    };
+    const auto run = [&](bool recompute) {
+      model->set_activation_recompute(recompute);
+      Run out;
+      out.grads.assign(static_cast<size_t>(model->layout().total), 0.0f);
+      out.stats = model->forward_backward(batch.ids.data(), batch.targets.data(), B, T, out.grads.data(),
+                                          1.0f / float(B * (T - 1)), resets ? starts.data() : nullptr,
+                                          [&](int64_t l) { out.done.push_back(l); });
+      return out;
+    };
+    const Run kept = run(false), recomputed = run(true);
+    EXPECT_TRUE(model->activation_recompute());
+    EXPECT_EQ(kept.stats.loss_sum, recomputed.stats.loss_sum);
+    EXPECT_EQ(kept.stats.tokens, recomputed.stats.tokens);
+    EXPECT_EQ(kept.stats.expert_counts, recomputed.stats.expert_counts);
+    EXPECT_EQ(kept.done, recomputed.done);
+    for (const ParamSpec& p : model->layout().params)
+      EXPECT_EQ(std::memcmp(kept.grads.data() + p.offset, recomputed.grads.data() + p.offset,
+                            size_t(p.numel) * sizeof(float)),
+                0)
+          << p.name << " differs with activation recomputation";
   }
 }
 

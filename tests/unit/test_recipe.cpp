@@ -59,6 +59,7 @@ TEST(Recipe, Defaults) {
   EXPECT_EQ(r.batch.global_batch, 16);
   EXPECT_EQ(r.batch.ramp_start, 0);
   EXPECT_EQ(r.batch.ramp_steps, 0);
+  EXPECT_FALSE(r.batch.recompute_activations);
   EXPECT_EQ(r.optimizer.lr, 3e-3);
   EXPECT_EQ(r.optimizer.weight_decay, 0.1);
   EXPECT_EQ(r.optimizer.muon_momentum, 0.95);
@@ -192,7 +193,7 @@ TEST(Recipe, ResolvedTomlHasEveryKey) {
   for (const char* s : {"[model]", "[data]", "[batch]", "[optimizer]", "[schedule]", "[balancer]",
                         "[checkpoint]", "[logging]", "[eval]", "[stability]", "[parallel]"})
     EXPECT_HAS(text, std::string("\n") + s + "\n");
-  EXPECT_EQ(recipe_keys().size(), 52u);
+  EXPECT_EQ(recipe_keys().size(), 53u);
   for (const std::string& key : recipe_keys()) EXPECT_HAS(text, "\n" + key.substr(key.find('.') + 1) + " = ");
   EXPECT_HAS(text, "\nlr = 0.003\n");
   EXPECT_HAS(text, "\nclip_grad_norm = 1.0\n");  // floats stay floats

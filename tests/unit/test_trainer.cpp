@@ -1,6 +1,7 @@
 // The training loop end to end on a tiny model and synthetic data: the loss falls; a run
 // interrupted and resumed from its checkpoint gives bit-identical per-step losses and final
-// weights (balancer and optimizer state included); the spike/NaN policy skips bad steps.
+// weights (balancer and optimizer state included); activation recomputation trains the same
+// run bit for bit; the spike/NaN policy skips bad steps.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -182,6 +183,37 @@ TEST(Trainer, ResumeIsBitExact) {
   bool moved = false;
   for (int e = 0; e < 4; ++e) moved |= biases[size_t(e)] != 0.0f;
   EXPECT_TRUE(moved);
+}
+
+// batch.recompute_activations changes no bit of a run (losses and final weights), and may change
+// between a run and its resume.
+TEST(Trainer, RecomputedActivationsTrainTheSameRun) {
+  std::string dir = temp_dir("recompute");
+  Recipe r = tiny_recipe(dir);
+  TrainOptions quiet;
+  quiet.quiet = true;
+  const TrainSummary kept = train(r, quiet);
+  const auto kept_losses = losses_of(r.run_dir + "/metrics.jsonl");
+
+  Recipe on = r;
+  on.run_dir = dir + "/recomputed";
+  on.batch.recompute_activations = true;
+  const TrainSummary recomputed = train(on, quiet);
+  EXPECT_FALSE(kept.activation_recompute);
+  EXPECT_TRUE(recomputed.activation_recompute);
+  EXPECT_EQ(losses_of(on.run_dir + "/metrics.jsonl"), kept_losses);
+  EXPECT_EQ(recomputed.final_weights_hash, kept.final_weights_hash);
+
+  Recipe toggled = on;
+  toggled.run_dir = dir + "/toggled";
+  TrainOptions half = quiet;
+  half.stop_after_steps = 6;
+  train(toggled, half);  // recomputing
+  toggled.batch.recompute_activations = false;
+  const TrainSummary resumed = train(toggled, quiet);  // keeping every activation
+  EXPECT_FALSE(resumed.activation_recompute);
+  EXPECT_EQ(losses_of(toggled.run_dir + "/metrics.jsonl"), kept_losses);
+  EXPECT_EQ(resumed.final_weights_hash, kept.final_weights_hash);
 }
 
 TEST(Trainer, CorruptLatestCheckpointFallsBackToThePreviousOne) {
