@@ -1,6 +1,6 @@
 // How the GPU backend is created: a clear zaya::Error("cuda", ...) without a device (this
 // test runs, and passes, on machines without a GPU), and make_backend("cuda") in a ZAYA_CUDA
-// build.
+// build; and the clear error of a device out of memory.
 #include "core/error.h"
 #include "gpu_test_support.h"
 
@@ -30,6 +30,24 @@ TEST(GpuFactory, MakeBackendByName) {
 #else
   GTEST_SKIP() << "built without ZAYA_CUDA";
 #endif
+}
+
+// Asking for more than the device has (1 TiB) is a clear error with the sizes and what to lower,
+// and the backend goes on working afterwards.
+TEST(GpuFactory, OutOfMemoryNamesTheSizesAndWhatToLower) {
+  if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+  auto be = make_cuda_backend({});
+  float* held = be->alloc(int64_t(1) << 20);  // 4 MiB held
+  test::expect_error([&] { be->alloc(int64_t(1) << 38); },
+                     {"cuda: out of device memory on GPU 0: 1024.00 GiB asked for while zaya holds 4.0 MiB (at most",
+                      "free of", "batch.recompute_activations = true", "a smaller batch.micro_batch"});
+  float* more = be->alloc(1024);
+  be->fill(more, 1.0f, 1024);
+  float back = 0;
+  be->to_host(&back, more + 1023, 4);
+  EXPECT_EQ(back, 1.0f);
+  be->free(more);
+  be->free(held);
 }
 
 TEST(GpuFactory, BadDeviceIndex) {

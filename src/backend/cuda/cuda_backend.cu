@@ -6,6 +6,7 @@
 #include "backend/cuda/gpu_grouped_gemm.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -101,12 +102,37 @@ void* CudaBackend::pool_get(int64_t bytes) {
   if (gpuMalloc(&p, size_t(bytes)) != gpuSuccess) {
     (void)gpuGetLastError();
     release_free_blocks();
-    GPU_CHECK(gpuMalloc(&p, size_t(bytes)));
+    const gpuError_t again = gpuMalloc(&p, size_t(bytes));
+    if (again == gpuErrorMemoryAllocation) fail_out_of_memory(bytes);
+    GPU_CHECK(again);
   }
   live_[p] = bytes;
   reserved_bytes_ += bytes;
   peak_reserved_bytes_ = std::max(peak_reserved_bytes_, reserved_bytes_);
   return p;
+}
+
+void CudaBackend::fail_out_of_memory(int64_t bytes) {
+  (void)gpuGetLastError();
+  const auto gib = [](double b) {  // GiB, or MiB below one GiB
+    char s[32];
+    if (b < double(int64_t(1) << 30))
+      std::snprintf(s, sizeof(s), "%.1f MiB", b / double(1 << 20));
+    else
+      std::snprintf(s, sizeof(s), "%.2f GiB", b / double(int64_t(1) << 30));
+    return std::string(s);
+  };
+  size_t free_bytes = 0, total_bytes = 0;
+  const bool known = gpuMemGetInfo(&free_bytes, &total_bytes) == gpuSuccess;
+  (void)gpuGetLastError();
+  fail("cuda",
+       "out of device memory on GPU " + std::to_string(options_.device) + ": " + gib(double(bytes)) +
+           " asked for while zaya holds " + gib(double(reserved_bytes_)) + " (at most " +
+           gib(double(peak_reserved_bytes_)) + " so far)" +
+           (known ? "; the device has " + gib(double(free_bytes)) + " free of " + gib(double(total_bytes)) : ""),
+       "hold less at once: in training a smaller batch.micro_batch or data.seq_len, or "
+       "batch.recompute_activations = true (docs/training.md, \"Activation memory\"); in serving or "
+       "generation a smaller batch or context");
 }
 
 void CudaBackend::pool_put(void* p) {

@@ -42,6 +42,7 @@ using gpuError_t = hipError_t;
 using gpuStream_t = hipStream_t;
 using gpuEvent_t = hipEvent_t;
 #define gpuSuccess hipSuccess
+#define gpuErrorMemoryAllocation hipErrorOutOfMemory
 #define gpuGetErrorString hipGetErrorString
 #define gpuGetLastError hipGetLastError
 #define gpuGetDeviceCount hipGetDeviceCount
@@ -120,6 +121,7 @@ using gpuError_t = cudaError_t;
 using gpuStream_t = cudaStream_t;
 using gpuEvent_t = cudaEvent_t;
 #define gpuSuccess cudaSuccess
+#define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
 #define gpuGetErrorString cudaGetErrorString
 #define gpuGetLastError cudaGetLastError
 #define gpuGetDeviceCount cudaGetDeviceCount
