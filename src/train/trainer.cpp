@@ -467,6 +467,9 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     rec["mfu"] = mfu;
     rec["batch"] = batch;
     rec["seq_len"] = T;
+    // GPU backends: the most device memory this process has held so far (the CPU's is not tracked).
+    const double device_gib = double(be->peak_memory_bytes()) / double(int64_t(1) << 30);
+    if (device_gib > 0) rec["device_memory_gib"] = device_gib;
     if (data->phases() > 1) rec["phase"] = data->phase(phase).name;
     rec["balance"] = balancer_record(balancer);
     const bool do_eval = r.eval.every > 0 && (step % r.eval.every == 0 || step == r.schedule.total_steps);
@@ -497,16 +500,18 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
     if (!opt.quiet && lead && (tty || step % r.logging.every == 0 || do_eval)) {
       const double elapsed = elapsed_seconds(t_start);
       const double eta = elapsed / double(steps_this_run) * double(r.schedule.total_steps - step);
+      char memory[48] = "";  // the most device memory held so far (GPU backends)
+      if (device_gib > 0) std::snprintf(memory, sizeof memory, " | mem %.1f GiB", device_gib);
       char line[320];
       std::snprintf(
           line, sizeof line,
-          "step %lld/%lld | loss %.4f%s%s | lr %.2e | gnorm %.2f | %.0f tok/s | MFU %.1f%% | ETA %s%s",
+          "step %lld/%lld | loss %.4f%s%s | lr %.2e | gnorm %.2f | %.0f tok/s | MFU %.1f%%%s | ETA %s%s",
           (long long)step, (long long)r.schedule.total_steps, loss,
           do_eval ? (" | val " + std::to_string(last_val).substr(0, 6)).c_str() : "",
           do_eval && !choice_questions.empty()
               ? (" | acc " + std::to_string(last_choice_acc).substr(0, 5)).c_str()
               : "",
-          lr, gnorm, tok_s, 100 * mfu, fmt_duration(eta).c_str(),
+          lr, gnorm, tok_s, 100 * mfu, memory, fmt_duration(eta).c_str(),
           data->phases() > 1 ? (" | " + data->phase(phase).name).c_str() : "");
       if (tty) std::fprintf(stderr, "\r\033[K%s%s", line, (step % r.logging.every == 0 || do_eval) ? "\n" : "");
       else std::fprintf(stderr, "%s\n", line);
