@@ -111,6 +111,15 @@ class Model {
   void forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state, const ForwardOutputs& out,
                const int32_t* segment_start = nullptr, int64_t first_seq = 0);
 
+  // Activation recomputation (off by default): forward_backward then keeps, per block, only the
+  // stream entering it, its input norm, its router latent and its routing (2D + R floats and one
+  // int per token), and runs each block's forward again just before its backward into one set of
+  // the other buffers (4D + 2C + 2Dq + 3Dk + 5R + E + 2 floats per token) that every block
+  // shares. The gradients, loss and routing are the same (bitwise on the CPU and in the GPU's host
+  // emulation); the forward's matmuls run twice.
+  void set_activation_recompute(bool on) { recompute_ = on; }
+  bool activation_recompute() const { return recompute_; }
+
   // Training step on fresh sequences: forward with saved activations, then the hand-written
   // backward. targets: host [B, T], -1 = not counted. Adds d(loss_scale * sum of token
   // losses)/d(param) into grads (backend memory with layout().total floats; the balancing
@@ -122,14 +131,6 @@ class Model {
   // group must make the same call on their chunks. segment_start there holds each token's
   // document start as a position within the whole sequence (the split of the loader's table;
   // model/chunk_segments.h).
-  // Activation recomputation (off by default): forward_backward then keeps, per block, only the
-  // stream entering it, its input norm, its router latent and its routing (2D + R floats and one
-  // int per token, against about 6D + 3C + 6R + E more), and runs each block's forward again just
-  // before its backward, in one set of buffers shared by every block. The gradients, loss and
-  // routing are the same (bitwise on the CPU); the forward's matmuls run twice.
-  void set_activation_recompute(bool on) { recompute_ = on; }
-  bool activation_recompute() const { return recompute_; }
-
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t T, float* grads,
                              float loss_scale, const int32_t* segment_start = nullptr,
                              const std::function<void(int64_t block)>& block_done = {},

@@ -87,7 +87,7 @@ bool range_on_device(const void* p, size_t bytes);
 // Whether a launch of `kernel` with this configuration is one the hardware accepts: every grid
 // dimension at least 1 (x below 2^31, y and z at most 65,535), 1 to 1,024 threads a block (z at
 // most 64), and dynamic shared memory within kSimtDefaultSharedBytes or within what
-// gpuFuncSetAttribute allowed this kernel. When not, it records the launch error that gpuGetLastError then returns (as a
-// CUDA launch does) and the kernel must not run.
+// gpuFuncSetAttribute allowed this kernel. When not, it records the launch error that
+// gpuGetLastError then returns (as a CUDA launch does) and the kernel must not run.
 bool check_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes);
 }  // namespace zaya::simt

@@ -124,9 +124,6 @@ class CudaBackend final : public Backend {
   gpuStream_t stream() const { return stream_; }
   void* pool_get(int64_t bytes);
   void pool_put(void* p);
-  // The device could not give `bytes` more even with the pool's free blocks released: a clear
-  // error with the sizes and what to lower.
-  [[noreturn]] void fail_out_of_memory(int64_t bytes);
   // Copies a small host array to a fresh device buffer (safe to reuse the host array at once).
   DeviceBuffer upload(const void* host, int64_t bytes);
   void synchronize();
@@ -236,6 +233,9 @@ class CudaBackend final : public Backend {
   void drop_shadows_over(const void* p, int64_t bytes);
   std::multimap<int64_t, void*> free_;       // reusable blocks by size
   void release_free_blocks();
+  // The device could not give `bytes` more even with the pool's free blocks released: a clear
+  // error with the sizes and what to lower.
+  [[noreturn]] void fail_out_of_memory(int64_t bytes);
 };
 
 // ---- launch helpers shared by the ops files (gpu_common.cu) ----
