@@ -96,6 +96,11 @@ struct AttentionArgs {
   bool exact = false;
 };
 
+// Fails (naming the backend, the op and the sequence) unless every sequence's queries fit the
+// cache: 0 <= pos0[b] and pos0[b] + T <= S, as every attention kernel reads keys up to
+// pos0[b] + T - 1. Each backend's attention and attention_backward call it first.
+void check_attention_rows(const AttentionArgs& a, const std::string& backend, const char* op);
+
 struct MoeArgs {
   const float* x = nullptr;        // [N, D] MoE input (post-norm)
   const int32_t* expert = nullptr; // [N] selected class, E = skip

@@ -189,6 +189,30 @@ struct AttnCase {
   bool segmented;
 };
 
+// Queries past the cache (pos0[b] + T > S) fail before any kernel reads outside it, on every
+// path: the warp kernels (3 queries), and from 64 queries on the GEMM path or the tensor-core
+// flash kernels, forward and backward (whose chunks at an offset take the warp kernels).
+TEST_F(GpuCca, AttentionFailsClearlyWhenTheQueriesPassTheCache) {
+  std::vector<GemmMode> modes = gemm_modes();
+  if (cuda_tensor_core_kernels_built()) modes.push_back({"bf16_flash", true, false, kTolBf16, false, false, true});
+  for (const GemmMode& mode : modes) {
+    auto be = make_gpu(mode);
+    for (const int64_t T : {int64_t(3), int64_t(70)}) {
+      const int64_t B = 2, S = T + 30, H = 2, dh = 64;
+      const std::vector<int64_t> pos0 = {0, 31};  // sequence 1's last query at S
+      DevBuf q(*be, rnd(size_t(B * T * H * dh))), kv(*be, rnd(size_t(B * S * H * dh))),
+          out(*be, B * T * H * dh), dk(*be, B * S * H * dh), dv(*be, B * S * H * dh);
+      AttentionArgs a{q.f(), kv.f(), kv.f(), out.f(), pos0.data(), B, T, S, H, H, dh, 0, 0.125f};
+      const std::string what = "sequence 1 has its " + std::to_string(T) + " queries at positions 31.." +
+                               std::to_string(30 + T);
+      SCOPED_TRACE(std::string(mode.name) + " T " + std::to_string(T));
+      test::expect_error([&] { be->attention(a); }, {"attention:", what, "holds " + std::to_string(S) + " rows"});
+      test::expect_error([&] { be->attention_backward(a, q.f(), out.f(), dk.f(), dv.f()); },
+                         {"attention_backward:", what});
+    }
+  }
+}
+
 TEST_F(GpuCca, Attention) {
   std::vector<AttnCase> cases = {
       {2, 37, 37, 4, 2, 16, 0, {0, 0}, false},

@@ -212,6 +212,26 @@ TEST(CpuOps, AttentionMatchesReference) {
   }
 }
 
+// Queries past the cache (pos0[b] + T > S, or pos0 < 0) are a caller's bug that every kernel
+// would turn into reads outside the cache: forward and backward fail first, naming the sequence.
+TEST(CpuOps, AttentionFailsClearlyWhenTheQueriesPassTheCache) {
+  CpuBackend be;
+  const int64_t B = 2, T = 4, S = 10, H = 2, dh = 16;
+  auto q = random_vector(static_cast<size_t>(B * T * H * dh), 33), kv = random_vector(static_cast<size_t>(B * S * H * dh), 34);
+  auto out = poisoned(q.size()), dq = poisoned(q.size()), dk = poisoned(kv.size()), dv = poisoned(kv.size());
+  for (const std::vector<int64_t>& pos0 : {std::vector<int64_t>{0, 7}, std::vector<int64_t>{6, -1}}) {
+    AttentionArgs a{q.data(), kv.data(), kv.data(), out.data(), pos0.data(), B, T, S, H, H, dh, 0, 0.25f};
+    const std::string first = std::to_string(pos0[1]) + ".." + std::to_string(pos0[1] + T - 1);
+    test::expect_error([&] { be.attention(a); }, {"attention:", "sequence 1", first, "holds 10 rows"});
+    test::expect_error([&] { be.attention_backward(a, out.data(), dq.data(), dk.data(), dv.data()); },
+                       {"attention_backward:", "sequence 1", first, "holds 10 rows"});
+  }
+  const std::vector<int64_t> fits = {6, 0};  // the last query of sequence 0 at the cache's last row
+  AttentionArgs a{q.data(), kv.data(), kv.data(), out.data(), fits.data(), B, T, S, H, H, dh, 0, 0.25f};
+  be.attention(a);
+  for (float x : out) ASSERT_TRUE(std::isfinite(x));
+}
+
 TEST(CpuOps, MoeMatchesReferenceInBothSkipModes) {
   CpuBackend be;
   const int64_t N = 41, D = 24, I = 16, E = 5;

@@ -121,6 +121,16 @@ GpuBackendMaker& registered_gpu_backend() {
 
 void register_gpu_backend(GpuBackendMaker maker) { registered_gpu_backend() = std::move(maker); }
 
+void check_attention_rows(const AttentionArgs& a, const std::string& backend, const char* op) {
+  for (int64_t b = 0; b < a.B; ++b) {
+    if (a.pos0[b] >= 0 && a.pos0[b] + a.T <= a.S) continue;
+    fail(backend, std::string(op) + ": sequence " + std::to_string(b) + " has its " + std::to_string(a.T) +
+                      " queries at positions " + std::to_string(a.pos0[b]) + ".." + std::to_string(a.pos0[b] + a.T - 1) +
+                      " but the key/value cache holds " + std::to_string(a.S) + " rows",
+         "pos0[b] + T must be at most S (a caller bug: the cache must cover every query's position)");
+  }
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
   if (name == "cpu") return make_cpu_backend();
   if (name == "cuda" || name == "cuda-fp32") {

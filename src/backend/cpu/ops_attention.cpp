@@ -16,6 +16,7 @@ constexpr int64_t kKeyBlock = 128;
 }  // namespace
 
 void CpuBackend::attention(const AttentionArgs& a) {
+  check_attention_rows(a, "cpu", "attention");
   const int64_t dh = a.dh, rep = a.Hq / a.Hkv;
   const int64_t qblocks = (a.T + kQueryBlock - 1) / kQueryBlock;
   const int64_t q_stride = a.Hq * dh, kv_stride = a.Hkv * dh;

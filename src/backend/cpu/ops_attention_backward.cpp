@@ -21,6 +21,7 @@ constexpr int64_t kKB = 128;
 }  // namespace
 
 void CpuBackend::attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) {
+  check_attention_rows(a, "cpu", "attention_backward");
   const int64_t dh = a.dh, rep = a.Hq / a.Hkv, T = a.T, qs = a.Hq * dh, kvs = a.Hkv * dh;
   std::memset(dk, 0, size_t(a.B * a.S * kvs) * 4);
   std::memset(dv, 0, size_t(a.B * a.S * kvs) * 4);

@@ -86,7 +86,8 @@ __device__ inline void load_b_trans(uint32_t (&b)[2], const bf16_t* tile, int ld
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
                : "=r"(b[0]), "=r"(b[1])
-               : "r"(addr));
+               : "r"(addr)
+               : "memory");  // reads shared memory the compiler cannot see: no plain stores move past it
 #elif defined(ZAYA_SIMT)
   simt::ldmatrix_trans2(b, tile + (k0 + (lane & 15)) * ld + n0);
 #else
@@ -107,7 +108,8 @@ __device__ inline void load_a_trans(uint32_t (&a)[4], const bf16_t* tile, int ld
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(addr));
+               : "r"(addr)
+               : "memory");
 #elif defined(ZAYA_SIMT)
   const int which = lane >> 3;
   simt::ldmatrix_trans4(a, tile + (k0 + (lane & 7) + (which >> 1) * 8) * ld + m0 + (which & 1) * 8);

@@ -40,11 +40,13 @@ struct AttnParams {
 
 // The inputs of `a` as kernel parameters (outputs left null): pos0 and seg_start are uploaded
 // into the two holders, which must outlive the launches. Fails unless the head dim fits the
-// lane layout of `warp_size`-wide warps. `op` names the operation in the message.
+// lane layout of `warp_size`-wide warps, or unless every query's position fits the cache
+// (check_attention_rows). `op` names the operation in the message.
 inline AttnParams attn_params(CudaBackend& be, const AttentionArgs& a, int warp_size, const char* op,
                               DeviceBuffer& pos0, DeviceBuffer& seg) {
   if (a.dh > kAttnMaxDh || a.dh > int64_t(kAttnMaxPerLane) * warp_size)
     fail("cuda", std::string(op) + ": head_dim " + std::to_string(a.dh) + " is not supported (at most 128)");
+  check_attention_rows(a, "cuda", op);
   pos0 = be.upload(a.pos0, a.B * 8);
   if (a.seg_start) seg = be.upload(a.seg_start, a.B * a.T * 4);
   AttnParams p;
