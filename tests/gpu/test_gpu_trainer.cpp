@@ -1,6 +1,7 @@
 // `zaya train` on the GPU backend (the trainer itself; test_gpu_model.cpp checks its numbers
 // against the CPU): every metrics.jsonl record and every progress line carry the most device
-// memory held so far (device_memory_gib, "mem"). Skipped ("skipped: no GPU") without a device;
+// memory held so far (device_memory_gib, "mem"), which never falls and which activation
+// recomputation lowers. Skipped ("skipped: no GPU") without a device;
 // runs in the host emulation in every build.
 #include <filesystem>
 #include <fstream>
@@ -57,21 +58,35 @@ TEST(GpuTrainer, MetricsAndProgressShowTheDeviceMemoryHeld) {
   r.logging.plot = false;
   TrainOptions opt;
   opt.backend = "cuda";
-  ::testing::internal::CaptureStderr();
-  const TrainSummary s = train(r, opt);
-  const std::string printed = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(s.steps, 3);
-  const std::vector<double> mem = device_memory_of(r.run_dir + "/metrics.jsonl");
-  ASSERT_EQ(mem.size(), 3u);
-  for (size_t i = 0; i < mem.size(); ++i) EXPECT_GT(mem[i], 0.0) << "step " << i + 1;
-  // Every progress line ("step 1/3 | ... | MFU x% | mem y GiB | ETA ...") shows it.
-  for (const char* step : {"step 1/3 |", "step 2/3 |", "step 3/3 |"}) {
-    const size_t at = printed.find(step);
-    ASSERT_NE(at, std::string::npos) << step << " missing from:\n" << printed;
-    const std::string line = printed.substr(at, printed.find('\n', at) - at);
-    EXPECT_NE(line.find(" | mem "), std::string::npos) << line;
-    EXPECT_NE(line.find(" GiB | ETA "), std::string::npos) << line;
+  double last_peak[2] = {0, 0};
+  for (const bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recomputing activations" : "keeping activations");
+    Recipe run = r;
+    run.run_dir = (dir / (recompute ? "recomputed" : "kept")).string();
+    run.batch.recompute_activations = recompute;
+    ::testing::internal::CaptureStderr();
+    const TrainSummary s = train(run, opt);
+    const std::string printed = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(s.steps, 3);
+    const std::vector<double> mem = device_memory_of(run.run_dir + "/metrics.jsonl");
+    ASSERT_EQ(mem.size(), 3u);
+    for (size_t i = 0; i < mem.size(); ++i) {
+      EXPECT_GT(mem[i], 0.0) << "step " << i + 1;
+      if (i > 0) {
+        EXPECT_GE(mem[i], mem[i - 1]) << "step " << i + 1 << ": the most held cannot fall";
+      }
+    }
+    last_peak[recompute ? 1 : 0] = mem.back();
+    // Every progress line ("step 1/3 | ... | MFU x% | mem y GiB | ETA ...") shows it.
+    for (const char* step : {"step 1/3 |", "step 2/3 |", "step 3/3 |"}) {
+      const size_t at = printed.find(step);
+      ASSERT_NE(at, std::string::npos) << step << " missing from:\n" << printed;
+      const std::string line = printed.substr(at, printed.find('\n', at) - at);
+      EXPECT_NE(line.find(" | mem "), std::string::npos) << line;
+      EXPECT_NE(line.find(" GiB | ETA "), std::string::npos) << line;
+    }
   }
+  EXPECT_LT(last_peak[1], last_peak[0]) << "recomputing activations should hold less";
   fs::remove_all(dir);
 }
 
