@@ -38,7 +38,6 @@ namespace zaya::simt {
 namespace {
 
 constexpr size_t kStackBytes = size_t(256) << 10;
-constexpr size_t kMaxDeposit = 32;
 constexpr int kWarp = GPU_WARP_SIZE;
 
 struct Barrier {
@@ -69,7 +68,7 @@ struct Fiber {
 struct WarpState {
   Barrier barrier;
   Collective kind[2][kWarp] = {};
-  unsigned char slots[2][kWarp][kMaxDeposit] = {};
+  unsigned char slots[2][kWarp][kWarpDepositBytes] = {};
 };
 
 // Frees what std::aligned_alloc returned.
@@ -337,8 +336,8 @@ void sync_block() {
   wait_at(blk.barrier, int(blk.fibers.size()) - blk.exited);
 }
 
-void warp_exchange(Collective kind, const void* mine, size_t bytes, void* all) {
-  if (bytes > kMaxDeposit) die("warp_exchange: deposit too large");
+WarpDeposits warp_exchange(Collective kind, const void* mine, size_t bytes) {
+  if (bytes > kWarpDepositBytes) die("warp_exchange: deposit too large");
   Fiber& f = current();
   const int warp = f.linear / kWarp, ln = f.linear % kWarp;
   if (size_t(warp) >= g_block->warps.size() || g_block->fibers.size() < size_t(kWarp * (warp + 1)))
@@ -347,14 +346,17 @@ void warp_exchange(Collective kind, const void* mine, size_t bytes, void* all) {
   const int slot = int(w.barrier.generation & 1);
   std::memcpy(w.slots[slot][ln], mine, bytes);
   w.kind[slot][ln] = kind;
-  wait_at(w.barrier, kWarp);
-  for (int l = 0; l < kWarp; ++l) {
-    if (w.kind[slot][l] != kind)
-      die("block (" + std::to_string(g_block->idx.x) + ", " + std::to_string(g_block->idx.y) + ", " +
-          std::to_string(g_block->idx.z) + ") warp " + std::to_string(warp) + ": lanes " + std::to_string(ln) +
-          " and " + std::to_string(l) + " are at different warp-wide instructions");
-    std::memcpy(static_cast<unsigned char*>(all) + size_t(l) * bytes, w.slots[slot][l], bytes);
+  // The last lane to arrive checks that every lane is at this instruction, before any lane
+  // goes on to read the deposits.
+  if (w.barrier.arrived == kWarp - 1) {
+    for (int l = 0; l < kWarp; ++l)
+      if (w.kind[slot][l] != kind)
+        die("block (" + std::to_string(g_block->idx.x) + ", " + std::to_string(g_block->idx.y) + ", " +
+            std::to_string(g_block->idx.z) + ") warp " + std::to_string(warp) + ": lanes " + std::to_string(ln) +
+            " and " + std::to_string(l) + " are at different warp-wide instructions");
   }
+  wait_at(w.barrier, kWarp);
+  return WarpDeposits(&w.slots[slot][0][0]);
 }
 
 void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -363,8 +365,9 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
   };
   if (kWarp != 32) die("mma.sync in a build whose warps are not 32 lanes");
   Deposit mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}};
+  const WarpDeposits deposits = warp_exchange(Collective::Mma, &mine, sizeof(Deposit));
   Deposit all[32];
-  warp_exchange(Collective::Mma, &mine, sizeof(Deposit), all);
+  for (int l = 0; l < 32; ++l) all[l] = deposits.of<Deposit>(l);
   // PTX ISA, mma.m16n8k16 (lane = 4 group + quad): A(r, k) is in lane 4 (r % 8) + (k % 8) / 2,
   // register (r >= 8) + 2 (k >= 8), high half when k is odd; B(k, n) in lane 4 n + (k % 8) / 2,
   // register k >= 8, high half when k is odd; D(r, c), r = group (+ 8 for d[2], d[3]),
@@ -389,20 +392,19 @@ void ldmatrix_trans(uint32_t (&r)[N], const uint16_t* row, Collective kind) {
   if (kWarp != 32) die("ldmatrix in a build whose warps are not 32 lanes");
   if (!in_shared(row, 16) || reinterpret_cast<uintptr_t>(row) % 16 != 0)
     die("ldmatrix: a row address outside shared memory or not 16-byte aligned");
-  const uint16_t* all[32];
-  warp_exchange(kind, &row, sizeof(row), all);
+  const WarpDeposits rows = warp_exchange(kind, &row, sizeof(row));
   // Matrix j's row i is at lane 8 j + i's address; transposed, lane (4 group + quad) receives
   // rows 2 quad and 2 quad + 1 of column group.
   const int ln = lane(), group = ln / 4, quad = ln % 4;
   for (int j = 0; j < N; ++j) {
-    const uint16_t lo = all[8 * j + 2 * quad][group], hi = all[8 * j + 2 * quad + 1][group];
+    const uint16_t lo = rows.of<const uint16_t*>(8 * j + 2 * quad)[group],
+                   hi = rows.of<const uint16_t*>(8 * j + 2 * quad + 1)[group];
     r[j] = uint32_t(lo) | (uint32_t(hi) << 16);
   }
   // The warp reads shared memory at one moment: no lane goes on (and may store) before every
   // lane has read.
   const unsigned char done = 1;
-  unsigned char all_done[32];
-  warp_exchange(kind, &done, 1, all_done);
+  warp_exchange(kind, &done, 1);
 }
 
 }  // namespace
@@ -412,8 +414,7 @@ void ldmatrix_trans4(uint32_t (&r)[4], const uint16_t* row) { ldmatrix_trans<4>(
 
 void sync_warp() {
   const unsigned char here = 1;
-  unsigned char all[GPU_WARP_SIZE];
-  warp_exchange(Collective::SyncWarp, &here, 1, all);
+  warp_exchange(Collective::SyncWarp, &here, 1);
 }
 
 void set_schedule(const Schedule& s) { g_schedule = s; }

@@ -65,16 +65,38 @@ void sync_block();
 // What a warp-wide instruction is, so that lanes meeting at different ones (a divergent warp)
 // are reported rather than mixed.
 enum class Collective { Shuffle, Mma, Ldmatrix2, Ldmatrix4, SyncWarp };
-// Every lane of the calling thread's warp deposits `bytes` (<= 32) bytes; once all
-// GPU_WARP_SIZE lanes have, each receives all the deposits, lane-major, in `all`.
-void warp_exchange(Collective kind, const void* mine, size_t bytes, void* all);
+
+// The most bytes one lane deposits at a warp-wide instruction, and the stride between lanes'
+// deposits.
+constexpr size_t kWarpDepositBytes = 32;
+
+// Every lane's deposit at the warp-wide instruction just completed. A lane reads only the
+// deposits it needs (a shuffle reads one), so an instruction costs O(warp) rather than
+// O(warp^2). Valid until the calling lane's next warp-wide instruction: the deposits are double
+// buffered, and the buffer is reused only after every lane, the caller too, reaches the next one.
+class WarpDeposits {
+ public:
+  explicit WarpDeposits(const unsigned char* lanes) : lanes_(lanes) {}
+  template <typename T>
+  T of(int lane) const {
+    static_assert(sizeof(T) <= kWarpDepositBytes, "a deposit holds at most kWarpDepositBytes");
+    T v;
+    std::memcpy(&v, lanes_ + size_t(lane) * kWarpDepositBytes, sizeof(T));
+    return v;
+  }
+
+ private:
+  const unsigned char* lanes_;
+};
+
+// Every lane of the calling thread's warp deposits `bytes` (<= kWarpDepositBytes) bytes; once
+// all GPU_WARP_SIZE lanes have, each may read any lane's deposit.
+WarpDeposits warp_exchange(Collective kind, const void* mine, size_t bytes);
 
 template <typename T>
 T shfl_xor(T v, int mask) {
   static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
-  T all[GPU_WARP_SIZE];
-  warp_exchange(Collective::Shuffle, &v, sizeof(T), all);
-  return all[lane() ^ (mask & (GPU_WARP_SIZE - 1))];
+  return warp_exchange(Collective::Shuffle, &v, sizeof(T)).template of<T>(lane() ^ (mask & (GPU_WARP_SIZE - 1)));
 }
 
 // __syncwarp: waits for every lane of the calling thread's warp.

@@ -1,5 +1,6 @@
 // The host GPU emulation's scheduler itself (simt_runtime.cpp), under each schedule it offers:
-// barriers hold every thread until the block's (or the warp's) last one arrives, threads that
+// barriers hold every thread until the block's (or the warp's) last one arrives, shuffles read
+// the lane their mask names, a divergent warp stops the run, threads that
 // exited count as arrived at the block's barrier, each schedule orders threads as
 // simt_runtime.h says (round robin, ahead, reverse), a kernel missing a barrier reads the
 // unwritten fill of shared memory, and threads that can no longer all make progress stop the
@@ -96,6 +97,46 @@ TEST_F(SimtRuntime, BarriersHoldEveryThreadUntilTheLastArrives) {
                                  << ": a lane passed __syncwarp before every lane reached it";
     }
   }
+}
+
+// A shuffle returns the value of the lane its mask names, for every mask and every lane, with
+// values of 4 and 8 bytes; the shuffles come back to back, so a lane that reads a deposit of
+// the wrong exchange (the deposits are double buffered, and read after the exchange returns)
+// gets the other shuffle's value.
+TEST_F(SimtRuntime, ShufflesReadTheLaneTheMaskNames) {
+  for (const NamedSchedule& s : all_schedules()) {
+    SCOPED_TRACE(s.name);
+    simt::set_schedule(s.schedule);
+    std::vector<int> narrow(size_t(kThreads * kW), -1);
+    std::vector<double> wide(size_t(kThreads * kW), -1.0);
+    simt::launch(dim3(1), dim3(kThreads), 0, [&] {
+      const int t = int(threadIdx.x);
+      for (int mask = 0; mask < kW; ++mask) {
+        narrow[size_t(t * kW + mask)] = simt::shfl_xor(t * 1000 + mask, mask);
+        wide[size_t(t * kW + mask)] = simt::shfl_xor(double(t) + 0.25 * mask, mask ^ 1);
+      }
+    });
+    for (int t = 0; t < kThreads; ++t) {
+      const int warp_base = t / kW * kW, lane = t % kW;
+      for (int mask = 0; mask < kW; ++mask) {
+        const int from = warp_base + (lane ^ mask), wide_from = warp_base + (lane ^ (mask ^ 1));
+        EXPECT_EQ(narrow[size_t(t * kW + mask)], from * 1000 + mask) << "thread " << t << " mask " << mask;
+        EXPECT_EQ(wide[size_t(t * kW + mask)], double(wide_from) + 0.25 * mask) << "thread " << t << " mask " << mask;
+      }
+    }
+  }
+}
+
+// Lanes of one warp at different warp-wide instructions (a divergent warp) stop the run with
+// the lanes named, before any lane reads a deposit of the other instruction.
+TEST(SimtRuntimeDeathTest, LanesAtDifferentWarpWideInstructionsStopTheRun) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(simt::launch(dim3(1), dim3(kW), 0,
+                            [] {
+                              if (threadIdx.x % 2 == 0) (void)simt::shfl_xor(int(threadIdx.x), 1);
+                              else __syncwarp();
+                            }),
+               "simt: block \\(0, 0, 0\\) warp 0: lanes [0-9]+ and [0-9]+ are at different warp-wide instructions");
 }
 
 TEST_F(SimtRuntime, SchedulesOrderThreadsAsDocumented) {
