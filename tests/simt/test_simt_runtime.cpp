@@ -1,12 +1,11 @@
 // The host GPU emulation's scheduler itself (simt_runtime.cpp), under each schedule it offers:
 // barriers hold every thread until the block's (or the warp's) last one arrives, shuffles read
-// the lane their mask names, a divergent warp stops the run, threads that
-// exited count as arrived at the block's barrier, each schedule orders threads as
-// simt_runtime.h says (round robin, ahead, reverse), a kernel missing a barrier reads the
-// unwritten fill of shared memory, and threads that can no longer all make progress stop the
-// launch with an error; and the launch limits on shared memory of the device each warp width
-// stands for. Built with 32-lane warps (zaya_simt_tests) and 64-lane warps
-// (zaya_simt_wave64_tests).
+// the lane their mask names, a divergent warp stops the run, threads that exited count as
+// arrived at the block's barrier, each schedule orders threads as simt_runtime.h says (round
+// robin, ahead, reverse), a kernel missing a barrier reads the unwritten fill of shared memory,
+// and threads that can no longer all make progress stop the launch with an error; and the
+// launch limits on shared memory of the device each warp width stands for. Built with 32-lane
+// warps (zaya_simt_tests) and 64-lane warps (zaya_simt_wave64_tests).
 #include <gtest/gtest.h>
 
 #include <algorithm>
