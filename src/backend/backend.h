@@ -90,10 +90,6 @@ struct AttentionArgs {
   // position (with pos0 = 0 the query's own row index of its document start; for a
   // context-parallel chunk a position within the gathered sequence). nullptr = no resets.
   const int32_t* seg_start = nullptr;
-  // Run the forward on the backend's exact (fp32) path, as its backward recomputes it: set for
-  // context-parallel chunks, whose backward takes the fp32 path (a GPU's faster ones assume
-  // training's layout). Backends with one path ignore it.
-  bool exact = false;
 };
 
 // Fails (naming the backend, the op and the sequence) unless every sequence's queries fit the

@@ -239,7 +239,6 @@ StepStats Model::forward_backward(const int32_t* ids, const int32_t* targets, in
       aa.v_cache = kv_full[size_t(l)].second;
       aa.S = S;
       aa.B = Bs;
-      aa.exact = true;
       for (int64_t slot = 0; slot < 2; ++slot) {
         const int64_t q_off = slot * Bs * T * Dq;
         aa.q = a.q + q_off;

@@ -132,7 +132,6 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   if (s.cp) {  // each slot's chunks attend over the one copy of their sequences
     const int64_t Bs = s.B / 2;
     aa.B = Bs;
-    aa.exact = true;  // the backward recomputes in fp32: the forward must match it
     for (int64_t slot = 0; slot < 2; ++slot) {
       aa.q = a.q + slot * Bs * s.T * Dq;
       aa.out = a.att + slot * Bs * s.T * Dq;

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Context-parallel equivalence: the same 20-step run trained with its sequences split over a
 # context group (2 ranks in one group; 4 ranks as 2 groups of 2, i.e. data parallel x context
-# parallel; 4 ranks in one group) gives the per-step losses and final weights of one process, and
+# parallel; 4 ranks in one group) gives the per-step losses and final weights of one process (also
+# with sequences of 256 tokens, whose chunks of 64 take a GPU's GEMM attention path), and
 # a checkpoint saved by a context-parallel run resumes as plain data parallelism; a curriculum
 # turns context parallelism on for its long phase only, also with document resets in its packed
 # sequences, and with prompt/completion data.
 # Usage: [DP_STEPS=N] [DP_TRAIN_FLAGS=--device-comm] cp_equivalence.sh MPIEXEC zaya_dp_check WORKDIR [BACKEND]
 # BACKEND (default cpu): another (cuda-fp32, the GPU or its host emulation) runs only the first
-# check and the one with document resets, one process against one group of 2, with
-# DP_TRAIN_FLAGS on the group.
+# check, the one with 64-query chunks and the one with document resets, one process against one
+# group of 2, with DP_TRAIN_FLAGS on the group.
 set -euo pipefail
 mpiexec="$1"; check="$2"; work="$3"; backend="${4:-cpu}"
 steps="${DP_STEPS:-20}"; half=$((steps / 2))
@@ -33,6 +34,17 @@ if [[ "$first" == *"skipped: no GPU"* ]]; then echo "cp_equivalence: skipped: no
 train_expect "$steps" mpi 2 "$check" train "$work/cp2" --steps "$steps" --cp 2 --backend "$backend" \
   ${flags[@]+"${flags[@]}"}
 compare "$work/np1" "$work/cp2"
+# Chunks of 64 queries (sequences of 256 tokens over a group of 2): from 64 queries on, a GPU runs
+# a chunk's attention at its offset on the GEMM path (or the tensor-core flash forward), not the
+# warp kernels the chunks of 8 above take. Three steps (the emulated GPU is slow; the schedule
+# needs more than its 2 warm-up steps).
+long_chunks() {
+  "$check" train "$work/ln1" --steps 3 --seq-len 256 --backend "$backend"
+  train_expect 3 mpi 2 "$check" train "$work/ln2" --steps 3 --seq-len 256 --cp 2 --backend "$backend" \
+    ${flags[@]+"${flags[@]}"}
+  "$check" compare "$work/ln1" "$work/ln2" --steps 3 --weight-tol 1e-4
+}
+long_chunks
 # A curriculum with document resets (reset_at_document_boundary) whose long phase alone is
 # context parallel: documents of 6 to 46 tokens packed into sequences of 16 and 32, so chunks of
 # 8 begin, end and straddle documents.

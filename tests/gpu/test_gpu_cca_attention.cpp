@@ -191,7 +191,7 @@ struct AttnCase {
 
 // Queries past the cache (pos0[b] + T > S) fail before any kernel reads outside it, on every
 // path: the warp kernels (3 queries), and from 64 queries on the GEMM path or the tensor-core
-// flash kernels, forward and backward (whose chunks at an offset take the warp kernels).
+// flash kernels, forward and backward (whose chunks at an offset take the GEMM path).
 TEST_F(GpuCca, AttentionFailsClearlyWhenTheQueriesPassTheCache) {
   std::vector<GemmMode> modes = gemm_modes();
   if (cuda_tensor_core_kernels_built()) modes.push_back({"bf16_flash", true, false, kTolBf16, false, false, true});
@@ -241,6 +241,8 @@ TEST_F(GpuCca, Attention) {
       // Context-parallel chunks of packed documents: the starts are key positions, the first
       // token's document began 5 positions before the chunk.
       {2, 40, 160, 4, 2, 64, 0, {40, 120}, true},
+      // The same from 64 queries on (the GEMM path at an offset), with a window as well.
+      {2, 80, 240, 4, 2, 64, 24, {80, 160}, true},
   };
 #if defined(ZAYA_SIMT_SMALL)
   // Under the host emulation (tests/simt) the two cases of 1100 queries would take a minute of
@@ -312,9 +314,8 @@ TEST_F(GpuCca, Attention) {
       be->attention(g);
       const double tol = c.T >= 64 ? mode.tol : kTolF32;
       expect_close(go.get(), out, tol, w + " out");
-      // A chunk at an offset takes the same fp32 warp kernels in every mode: checked in the first.
-      const bool offset = c.S != c.T || std::any_of(c.pos0.begin(), c.pos0.end(), [](int64_t p) { return p != 0; });
-      if (offset && &mode != &modes.front()) continue;
+      // Every mode, chunks at an offset too: from 64 queries on they take the GEMM path (the flash
+      // backward serves training's layout only), below it the fp32 warp kernels.
       DevBuf gdo(*be, dout), gdq(*be, int64_t(q.size())), gdk(*be, int64_t(k.size())), gdv(*be, int64_t(v.size()));
       DevBuf go2(*be, out);  // the backward reads the forward output (the CPU one, as the model would pass)
       g.out = go2.f();

@@ -4,8 +4,8 @@
 // (CUDA cores). Supports per-sequence start positions (chunked prefill, decode), sliding windows
 // and packed-document starts. Used for short chunks (decode); chunks of kAttnGemmMinQueries or
 // more queries go through the GEMM engine (ops_attention_gemm.cu) or, when asked, the
-// tensor-core flash kernel (ops_attention_flash_tc.cu), unless AttentionArgs::exact asks for this
-// fp32 path (context-parallel chunks, whose backward is the fp32 warp kernels).
+// tensor-core flash kernel (ops_attention_flash_tc.cu), at any offset (prefill chunks,
+// context-parallel chunks).
 #include <algorithm>
 #include <vector>
 
@@ -19,7 +19,7 @@ using namespace attention_fwd;  // the kernels (ops_attention_kernels.h)
 
 void CudaBackend::attention(const AttentionArgs& a) {
   if (a.B * a.T == 0) return;
-  if (a.T >= kAttnGemmMinQueries && !a.exact)
+  if (a.T >= kAttnGemmMinQueries)
     return attention_flash_tc_applies(a) ? attention_flash_tc(a) : attention_gemm(a);
   DeviceBuffer pos0, seg;
   AttnParams p = attn_params(*this, a, warp_size_, "attention", pos0, seg);
