@@ -444,6 +444,7 @@ std::optional<DistSaveStats> DistCheckpointWriter::Impl::poll() {
   }
   const int global = dist_agree::all_reduce_min(comm, local);
   if (global == kWriting) return std::nullopt;
+  if (opts.before_commit) opts.before_commit();
   if (global == kFailed) {
     // Stop this rank's writers for the job, and wait until every rank's file is closed (a
     // write or fsync under way may take long: the ranks meet in short rounds meanwhile).

@@ -259,7 +259,15 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   // (with less, begin_save waits for the disk: docs/benchmarks.md, "Checkpoint stall"). The
   // writer stages in fixed-size chunks and a piece's last chunk takes a whole one, so the budget
   // is the shard rounded up per piece; small chunks keep that rounding small.
+  int64_t step = 0, tokens_seen = 0, bad_streak = 0;
+  // While training steps run, a background save's commit (the part of a poll() that waits on the
+  // disk) is announced as the "checkpoint" phase; the polls that find the files still being
+  // written stay in the step phase, so a hang there is still caught by the step timeout.
+  bool commit_beats = false;
   DistWriterOptions wo;
+  wo.before_commit = [&] {
+    if (commit_beats) heartbeat.beat("checkpoint", step, r.schedule.total_steps);
+  };
   wo.keep_last = int(r.checkpoint.keep);
   wo.chunk_bytes = uint64_t(256) << 10;
   uint64_t staging = 0;
@@ -268,7 +276,6 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
   wo.staging_bytes = std::max<uint64_t>(staging, wo.chunk_bytes);
   wo.copy = state_copy_fn(state, *be);
   DistCheckpointWriter writer(comm, wo);
-  int64_t step = 0, tokens_seen = 0, bad_streak = 0;
   std::vector<double> recent_losses;
   auto save = [&](const char* why) {
     nlohmann::json meta;
@@ -517,9 +524,12 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
       else std::fprintf(stderr, "%s\n", line);
     }
     if (writer.pending()) {
-      // Committing a written save (rank 0: the manifest, fsyncs, the rename) can wait on the disk.
-      heartbeat.beat("checkpoint", step, r.schedule.total_steps);
-      if (const auto done = writer.poll())
+      // Committing a written save (rank 0: the manifest, fsyncs, the rename) can wait on the disk:
+      // before_commit beats "checkpoint" then.
+      commit_beats = true;
+      const auto done = writer.poll();
+      commit_beats = false;
+      if (done)
         log("checkpoint " + done->dir + " committed (" + std::to_string(done->total_bytes >> 20) +
             " MiB, training blocked " + std::to_string(done->stall_seconds()).substr(0, 5) + " s)");
     }

@@ -40,6 +40,27 @@ wait_for() {
   die "rank $2 of $1 never reached step $step"
 }
 
+# stop_in_step RUN STEP OLD_PID: stops rank 0 of RUN with SIGSTOP once its heartbeat (from a
+# process other than OLD_PID) reports step >= STEP, and prints its pid. A stop right after a
+# "checkpoint" beat (a background save's commit) would be allowed --checkpoint-timeout rather
+# than the --heartbeat-timeout under test, so the job is then resumed and stopped at a later step.
+stop_in_step() {
+  local run="$1" step="$2" old="$3" hb="$1/heartbeat/rank-00000.json" pid
+  for _ in $(seq 1 50); do
+    pid=$(wait_for "$run" 0 "$step" "$old")
+    kill -STOP "$pid"
+    until [[ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" == [Tt] ]]; do
+      kill -0 "$pid" 2>/dev/null || die "rank 0 of $run (pid $pid) ended before it stopped"
+      sleep 0.01
+    done
+    if [[ "$(field "$hb" phase)" != checkpoint ]]; then echo "$pid"; return 0; fi
+    echo "launch_test: rank 0 stopped in a checkpoint commit at step $(field "$hb" step); resumed" >&2
+    kill -CONT "$pid"
+    step=$(($(field "$hb" step) + 1))
+  done
+  die "rank 0 of $run was stopped in a checkpoint commit 50 times"
+}
+
 same_model() {
   cmp -s "$1/model/model.safetensors" "$2/model/model.safetensors" ||
     die "$2's model differs from the uninterrupted run's ($1)"
@@ -53,7 +74,7 @@ events() { grep -c "\"event\":\"$2\"" "$1/supervisor.jsonl" || true; }
   --restart-delay 0.2 --kill-grace 2 > "$work/ft1.log" 2>&1 &
 launcher=$!
 pid=$(wait_for "$work/ft1" 0 60 none); kill -9 "$pid"; note "killed the job (pid $pid) with kill -9"
-pid=$(wait_for "$work/ft1" 0 85 "$pid"); kill -STOP "$pid"; note "stopped the job (pid $pid) with SIGSTOP"
+pid=$(stop_in_step "$work/ft1" 85 "$pid"); note "stopped the job (pid $pid) with SIGSTOP"
 wait "$launcher" || { rc=$?; cat "$work/ft1.log"; die "zaya launch exited $rc (one process)"; }
 [[ $(events "$work/ft1" failure) -eq 1 && $(events "$work/ft1" hang) -eq 1 && $(events "$work/ft1" finished) -eq 1 ]] ||
   { cat "$work/ft1/supervisor.jsonl"; die "expected one failure, one hang and a finish"; }

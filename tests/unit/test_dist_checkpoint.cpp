@@ -271,11 +271,19 @@ TEST(DistCheckpoint, PollCommitsOnlyAfterTheWritesFinishAndRetentionPrunes) {
   o.staging_bytes = 1 << 20;
   o.writer_threads = 1;
   o.keep_last = 2;
+  // before_commit: called once per save, when the files are written and before the commit.
+  int commits_announced = 0;
+  bool committed_when_announced = false;
+  o.before_commit = [&] {
+    ++commits_announced;
+    if (fs::exists(tmp / "step-00000010")) committed_when_announced = true;
+  };
   DistCheckpointWriter w(*comm, o);
   std::vector<float> v = ramp(5 * 1024, 1.0f);  // 5 chunks of 40 ms
   std::vector<DistPiece> pieces = {{"w", {5, 1024}, 0, v.size(), v.data(), "params"}};
   w.begin_save(tmp.path, 10, pieces, {{"step", 10}});
   EXPECT_FALSE(w.poll().has_value());  // still writing
+  EXPECT_EQ(commits_announced, 0);      // a poll that finds the files unwritten waits for nothing
   EXPECT_TRUE(w.pending());
   EXPECT_TRUE(fs::exists(tmp / ".tmp-step-00000010"));
   EXPECT_FALSE(fs::exists(tmp / "step-00000010"));
@@ -286,6 +294,8 @@ TEST(DistCheckpoint, PollCommitsOnlyAfterTheWritesFinishAndRetentionPrunes) {
   }
   ASSERT_TRUE(done.has_value());
   EXPECT_TRUE(done->committed);
+  EXPECT_EQ(commits_announced, 1);
+  EXPECT_FALSE(committed_when_announced);
   EXPECT_GE(done->write_seconds, 0.15);
   EXPECT_LT(done->begin_seconds, done->write_seconds);
   EXPECT_TRUE(fs::exists(tmp / "step-00000010/manifest.json"));
@@ -294,6 +304,7 @@ TEST(DistCheckpoint, PollCommitsOnlyAfterTheWritesFinishAndRetentionPrunes) {
   w.begin_save(tmp.path, 30, pieces, {{"step", 30}});
   EXPECT_EQ(w.last_committed().step, 20);
   EXPECT_EQ(w.finish().step, 30);
+  EXPECT_EQ(commits_announced, 3);  // begin_save and finish() commit through the same path
   auto all = list_checkpoints(tmp.path);
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(all[0].step, 30);
