@@ -36,11 +36,11 @@ train_expect "$steps" mpi 2 "$check" train "$work/cp2" --steps "$steps" --cp 2 -
 compare "$work/np1" "$work/cp2"
 # Chunks of 64 queries (sequences of 256 tokens over a group of 2): from 64 queries on, a GPU runs
 # a chunk's attention at its offset on the GEMM path (or the tensor-core flash forward), not the
-# warp kernels the chunks of 8 above take. Three steps (the emulated GPU is slow; the schedule
-# needs more than its 2 warm-up steps).
+# warp kernels the chunks of 8 above take. Three steps of 2 sequences (the emulated GPU is slow;
+# the schedule needs more than its 2 warm-up steps).
 long_chunks() {
-  "$check" train "$work/ln1" --steps 3 --seq-len 256 --backend "$backend"
-  train_expect 3 mpi 2 "$check" train "$work/ln2" --steps 3 --seq-len 256 --cp 2 --backend "$backend" \
+  "$check" train "$work/ln1" --steps 3 --seq-len 256 --batch 2 --backend "$backend"
+  train_expect 3 mpi 2 "$check" train "$work/ln2" --steps 3 --seq-len 256 --batch 2 --cp 2 --backend "$backend" \
     ${flags[@]+"${flags[@]}"}
   "$check" compare "$work/ln1" "$work/ln2" --steps 3 --weight-tol 1e-4
 }

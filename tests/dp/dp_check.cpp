@@ -1,15 +1,17 @@
 // Data-parallel equivalence check, run under mpirun (tests/dp/dp_equivalence.sh):
 //
 //   zaya_dp_check train DIR [--steps N] [--stop-after N] [--backend NAME] [--device-comm] [--cp N]
-//                           [--seq-len T] [--phased [--phase-cp N] [--resets] [--sft]] [--choices]
+//                           [--seq-len T] [--batch N] [--phased [--phase-cp N] [--resets] [--sft]]
+//                           [--choices]
 //                                              trains the fixed tiny recipe into DIR/run with
 //                                              however many ranks it was launched with (on the
 //                                              GPU: --backend cuda-fp32, scripts/gpu_device_checks.sh;
 //                                              --device-comm: gradients reduced on the device over
 //                                              NCCL, as `zaya train --device-comm`; --cp N:
 //                                              context parallelism in groups of N ranks;
-//                                              --seq-len T: sequences of T tokens instead of 32
-//                                              (the plain recipe);
+//                                              --seq-len T, --batch N: sequences of T tokens
+//                                              instead of 32, N per step instead of 6 (the
+//                                              plain recipe);
 //                                              --phased: a two-phase curriculum on shards whose
 //                                              second phase has context_parallel --phase-cp;
 //                                              --resets: with --phased, every document in a
@@ -121,7 +123,7 @@ std::vector<double> losses(const std::string& run_dir) {
 }
 
 struct TrainFlags {
-  int64_t steps = 20, stop_after = -1, context_parallel = 1, phase_cp = 0, seq_len = 0;
+  int64_t steps = 20, stop_after = -1, context_parallel = 1, phase_cp = 0, seq_len = 0, batch = 0;
   std::string backend = "cpu";
   bool device_comm = false, phased = false, choices = false, resets = false, sft = false;
 };
@@ -191,6 +193,7 @@ int train_cmd(const std::string& dir, const TrainFlags& f) {
   Recipe r = f.phased ? phased_recipe(dir, f.steps, f.phase_cp, f.sft) : recipe(dir, f.steps);
   r.parallel.context_parallel = f.context_parallel;
   if (f.seq_len > 0) r.data.seq_len = f.seq_len;
+  if (f.batch > 0) r.batch.global_batch = f.batch;
   r.data.reset_at_document_boundary = f.resets;
   if (f.choices) {
     r.data.tokenizer = dir + "/tok.model";
@@ -301,6 +304,8 @@ int main(int argc, char** argv) {
           f.phase_cp = std::stoll(a[i + 1]);
         else if (a[i] == "--seq-len")
           f.seq_len = std::stoll(a[i + 1]);
+        else if (a[i] == "--batch")
+          f.batch = std::stoll(a[i + 1]);
         else throw Error("dp_check", "unknown option " + a[i]);
         ++i;
       }
