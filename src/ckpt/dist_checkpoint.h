@@ -107,7 +107,8 @@ struct DistWriterOptions {
   // re-checks this often while rank 0 commits; every check is one all_reduce, so each
   // collective stays short (well under the Comm watchdog).
   double finish_poll_seconds = 0.2;
-  // Called on the training thread inside poll() and finish() once every rank has finished
+  // Called on the training thread inside poll() and finish() (and so in a begin_save that
+  // finishes a pending save) once every rank has finished
   // writing (or one has failed), just before the part every rank waits for and that may wait on
   // the disk: rank 0's commit (manifest, fsyncs, rename), or the failed save's cleanup. Not
   // called while the files are still being written (poll() then returns at once). The trainer

@@ -255,19 +255,19 @@ TrainSummary train(const Recipe& recipe, const TrainOptions& opt) {
 
   // ---- checkpoints ----
   TrainState state{*model, optim, balancer, dp};
-  // Staging holds this rank's whole shard, so a save blocks training only for the copy into it
-  // (with less, begin_save waits for the disk: docs/benchmarks.md, "Checkpoint stall"). The
-  // writer stages in fixed-size chunks and a piece's last chunk takes a whole one, so the budget
-  // is the shard rounded up per piece; small chunks keep that rounding small.
   int64_t step = 0, tokens_seen = 0, bad_streak = 0;
+  DistWriterOptions wo;
   // While training steps run, a background save's commit (the part of a poll() that waits on the
   // disk) is announced as the "checkpoint" phase; the polls that find the files still being
   // written stay in the step phase, so a hang there is still caught by the step timeout.
   bool commit_beats = false;
-  DistWriterOptions wo;
   wo.before_commit = [&] {
     if (commit_beats) heartbeat.beat("checkpoint", step, r.schedule.total_steps);
   };
+  // Staging holds this rank's whole shard, so a save blocks training only for the copy into it
+  // (with less, begin_save waits for the disk: docs/benchmarks.md, "Checkpoint stall"). The
+  // writer stages in fixed-size chunks and a piece's last chunk takes a whole one, so the budget
+  // is the shard rounded up per piece; small chunks keep that rounding small.
   wo.keep_last = int(r.checkpoint.keep);
   wo.chunk_bytes = uint64_t(256) << 10;
   uint64_t staging = 0;

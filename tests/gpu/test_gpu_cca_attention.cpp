@@ -241,8 +241,10 @@ TEST_F(GpuCca, Attention) {
       // Context-parallel chunks of packed documents: the starts are key positions, the first
       // token's document began 5 positions before the chunk.
       {2, 40, 160, 4, 2, 64, 0, {40, 120}, true},
-      // The same from 64 queries on (the GEMM path at an offset), with a window as well.
+      // The same from 64 queries on (the GEMM path at an offset), with a window as well; and a
+      // chunk at an offset long enough for two query blocks of the GEMM path (a real GPU only).
       {2, 80, 240, 4, 2, 64, 24, {80, 160}, true},
+      {1, 1100, 1500, 4, 2, 32, 300, {400}, true},
   };
 #if defined(ZAYA_SIMT_SMALL)
   // Under the host emulation (tests/simt) the two cases of 1100 queries would take a minute of

@@ -47,10 +47,12 @@ wait_for() {
 stop_in_step() {
   local run="$1" step="$2" old="$3" hb="$1/heartbeat/rank-00000.json" pid
   for _ in $(seq 1 50); do
-    pid=$(wait_for "$run" 0 "$step" "$old")
+    pid=$(wait_for "$run" 0 "$step" "$old") || exit 1  # (no set -e inside $(...))
     kill -STOP "$pid"
-    until [[ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" == [Tt] ]]; do
-      kill -0 "$pid" 2>/dev/null || die "rank 0 of $run (pid $pid) ended before it stopped"
+    local state=""
+    until [[ "$state" == [Tt] ]]; do
+      state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || true)
+      [[ -n "$state" && "$state" != Z ]] || die "rank 0 of $run (pid $pid) ended before it stopped"
       sleep 0.01
     done
     if [[ "$(field "$hb" phase)" != checkpoint ]]; then echo "$pid"; return 0; fi
