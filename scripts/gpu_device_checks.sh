@@ -6,7 +6,8 @@
 #   nccl   the NCCL communicator with one rank (zaya_nccl_check, MPI singleton)
 #   dp     GPU data parallelism (MPI, host-staged): tests/dp/dp_equivalence.sh with cuda-fp32 (1, 2
 #          and 3 ranks sharing the GPU, a 2-rank checkpoint resumed by 3; the CPU tolerances) and
-#          context parallelism (tests/dp/cp_equivalence.sh: one process against a group of 2)
+#          context parallelism (tests/dp/cp_equivalence.sh: one process against a group of 2;
+#          chunks of 8 queries on the warp kernels, of 64 on the GEMM path)
 #   train  `zaya train --backend cuda` on the built-in recipe: stop, resume, finish, generate
 #   serve  `zaya serve --backend cuda` against `--backend cpu`: a batch of echo + logprobs
 #          requests (the chunked prefill that returns every position's logits, then decode)
