@@ -108,11 +108,11 @@ struct DistWriterOptions {
   // collective stays short (well under the Comm watchdog).
   double finish_poll_seconds = 0.2;
   // Called on the training thread inside poll() and finish() (and so in a begin_save that
-  // finishes a pending save) once every rank has finished
-  // writing (or one has failed), just before the part every rank waits for and that may wait on
-  // the disk: rank 0's commit (manifest, fsyncs, rename), or the failed save's cleanup. Not
-  // called while the files are still being written (poll() then returns at once). The trainer
-  // beats its "checkpoint" heartbeat here.
+  // finishes a pending save) once every rank has finished writing (or one has failed), just
+  // before the part every rank waits for and that may wait on the disk: rank 0's commit
+  // (manifest, fsyncs, rename), or the failed save's cleanup. Not called while the files are
+  // still being written (poll() then returns at once). The trainer beats its "checkpoint"
+  // heartbeat here.
   std::function<void()> before_commit;
 };
 

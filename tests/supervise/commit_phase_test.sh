@@ -6,13 +6,13 @@
 # while the save is still being written beat "step" only: docs/fault-tolerance.md.)
 # Usage: commit_phase_test.sh ZAYA WORKDIR
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/heartbeat_field.sh"  # field FILE NAME
 zaya="$(realpath "$1")"; work="$(realpath -m "$2")"
 rm -rf "$work"; mkdir -p "$work/hb"
 cd "$(dirname "$0")/../.."  # the demo data's paths in the recipe are relative to the repository root
 export OMP_NUM_THREADS=1
 die() { echo "commit_phase_test: FAILED: $*" >&2; exit 1; }
 hb="$work/hb/rank-00000.json"
-field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p" "$1" 2>/dev/null || true; }
 
 ZAYA_HEARTBEAT_DIR="$work/hb" ZAYA_CKPT_TEST_DISK_DELAY_MS=1500 "$zaya" train \
   --set model.preset=zaya-tiny --set data.seq_len=64 --set batch.micro_batch=2 --set batch.global_batch=4 \

@@ -12,6 +12,7 @@
 # leave room for a slow fsync on a busy machine: checkpoint timing is tested in test_supervisor.cpp.
 # Usage: launch_test.sh ZAYA MPIEXEC WORKDIR
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/heartbeat_field.sh"  # field FILE NAME
 zaya="$(realpath "$1")"; mpiexec="$2"; work="$(realpath -m "$3")"
 rm -rf "$work"; mkdir -p "$work"
 # The demo data's paths in the recipe are relative to the repository root.
@@ -25,8 +26,6 @@ recipe=(--set model.preset=zaya-tiny --set data.seq_len=64 --set batch.micro_bat
         --set schedule.total_steps=150 --set schedule.warmup_steps=2 --set checkpoint.every=25 --set eval.every=0
         --set eval.sample_tokens=0 --set logging.every=100)
 
-# field FILE NAME: a number or string field of a one-line JSON heartbeat ("" if absent).
-field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p" "$1" 2>/dev/null || true; }
 
 # wait_for RUN RANK STEP OLD_PID: until RANK's heartbeat comes from a process other than OLD_PID
 # and reports step >= STEP; prints that process's pid.
