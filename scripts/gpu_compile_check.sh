@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Compile check of the GPU backend without a GPU: every src/backend/cuda/*.cu to an object
 # file only, with nvcc for sm_80 and sm_90 and with hipcc for gfx90a (when hipcc is installed).
-# Exits non-zero on any compile error. A missing compiler is reported and skipped, unless
+# Exits non-zero on any compile error, and on any kernel that spills registers to local memory
+# for sm_80 or sm_90 (ptxas -warn-spills as an error: a spill in a tensor-core kernel costs
+# more than any tuning wins, and no kernel spills today). A missing compiler is reported and skipped, unless
 # STRICT=1 (then it is an error). JOBS (default 1) compiles that many files at once.
 # The NCCL/RCCL communicator (every comm_nccl*.cu) needs the collective library's header: nccl.h
 # for nvcc (next to nvcc, under ZAYA_NCCL_ROOT, or in /usr/include; missing counts like a missing
@@ -115,7 +117,7 @@ if [ -n "$nvcc" ]; then
   select_sources "$nccl_inc"
   run_all "nvcc sm_80+sm_90" cuda "$nvcc" -std=c++20 -O2 -I"$root/src" "${nccl_flags[@]}" \
     -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-    -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter
+    -Xptxas=-warn-spills,-Werror -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter
 else
   echo "nvcc not found: CUDA compile check skipped"
   missing=$((missing + 1))
