@@ -191,7 +191,7 @@ struct AttnCase {
 
 // Queries past the cache (pos0[b] + T > S) fail before any kernel reads outside it, on every
 // path: the warp kernels (3 queries), and from 64 queries on the GEMM path or the tensor-core
-// flash kernels, forward and backward (whose chunks at an offset take the GEMM path).
+// flash kernels, forward and backward.
 TEST_F(GpuCca, AttentionFailsClearlyWhenTheQueriesPassTheCache) {
   std::vector<GemmMode> modes = gemm_modes();
   if (cuda_tensor_core_kernels_built()) modes.push_back({"bf16_flash", true, false, kTolBf16, false, false, true});
@@ -316,8 +316,8 @@ TEST_F(GpuCca, Attention) {
       be->attention(g);
       const double tol = c.T >= 64 ? mode.tol : kTolF32;
       expect_close(go.get(), out, tol, w + " out");
-      // Every mode, chunks at an offset too: from 64 queries on they take the GEMM path (the flash
-      // backward serves training's layout only), below it the fp32 warp kernels.
+      // Every mode, chunks at an offset too: from 64 queries on the GEMM path or the flash
+      // kernels, below it the fp32 warp kernels.
       DevBuf gdo(*be, dout), gdq(*be, int64_t(q.size())), gdk(*be, int64_t(k.size())), gdv(*be, int64_t(v.size()));
       DevBuf go2(*be, out);  // the backward reads the forward output (the CPU one, as the model would pass)
       g.out = go2.f();

@@ -1,8 +1,9 @@
 // One attention check for the emulated GPU kernels (test_simt_flash_attention.cpp,
 // test_simt_attention_cuda_cores.cpp): random inputs for a shape, NaN in the cache slots past each
 // chunk (no kernel may read them), document starts, the kernels' AttnParams as attn_params sets
-// them ("device" memory is host memory under the emulation), and the CPU backend's forward (and,
-// for training chunks, backward) as the reference.
+// them ("device" memory is host memory under the emulation), and the CPU backend's forward and
+// backward as the reference. The backward serves chunks at an offset too: a context-parallel
+// chunk's queries at pos0 + t over its whole gathered sequence (docs/training.md).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -53,7 +54,7 @@ struct AttnReference {
   AttnCase c;
   std::vector<float> q, k, v, dout;  // inputs
   std::vector<int32_t> seg;
-  std::vector<float> out, dq, dk, dv;  // the CPU's forward, and backward when training()
+  std::vector<float> out, dq, dk, dv;  // the CPU's forward and backward
   AttentionArgs args;
 
   AttnReference(const AttnCase& cs, uint64_t seed) : c(cs) {
@@ -78,7 +79,6 @@ struct AttnReference {
     args.seg_start = c.segmented ? seg.data() : nullptr;
     CpuBackend cpu;
     cpu.attention(args);
-    if (!training()) return;
     dq.resize(size_t(nq));
     dk.resize(size_t(nkv));
     dv.resize(size_t(nkv));
@@ -86,9 +86,6 @@ struct AttnReference {
   }
   AttnReference(const AttnReference&) = delete;
   AttnReference& operator=(const AttnReference&) = delete;
-
-  // The backward serves training chunks (pos0 = 0, S = T).
-  bool training() const { return c.pos0[0] == 0; }
 
   // The kernels' inputs, as attn_params sets them (outputs left null).
   AttnParams params() const {

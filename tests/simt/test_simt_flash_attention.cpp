@@ -93,7 +93,6 @@ void check_case(const AttnCase& c, uint64_t seed) {
   else run_forward<128>(fp, false);
   simt_test::expect_close(got, ref.out, kTol, what + " out");
 
-  if (!ref.training()) return;
   const std::vector<uint16_t> qp = pack(ref.q, c.B, c.T, c.Hq, c.dh), dop = pack(ref.dout, c.B, c.T, c.Hq, c.dh);
   std::vector<float> lse2(size_t(c.B * c.Hq * fp.T_pad), NAN), drow(size_t(c.B * c.Hq * fp.T_pad), NAN);
   std::vector<float> gdq(size_t(nq), NAN), gdk(size_t(nkv), NAN), gdv(size_t(nkv), NAN);
@@ -138,12 +137,15 @@ TEST(SimtFlashAttention, TrainingChunksMatchTheCpuForwardAndBackward) {
   simt::set_schedule({});
 }
 
-// Chunks later in a cache (prefill after earlier chunks): the cache slots past each chunk hold
-// NaN and the packing must keep them out.
+// Chunks later in a sequence, forward and backward: prefill after earlier chunks, and a
+// context-parallel chunk's queries over its whole gathered sequence (with a window and document
+// starts). The slots past each chunk hold NaN and the packing must keep them out.
 TEST(SimtFlashAttention, ChunksAtAnOffsetMatchTheCpu) {
   const std::vector<AttnCase> cases = {
       {1, 70, 200, 4, 2, 128, 0, {100}, false},
       {2, 64, 160, 4, 2, 64, 0, {64, 20}, false},
+      {2, 80, 240, 4, 2, 64, 50, {80, 160}, true},
+      {1, 96, 384, 2, 1, 128, 0, {192}, true},
   };
   uint64_t seed = 101;
   for (const simt::Schedule& schedule : kSchedules) {

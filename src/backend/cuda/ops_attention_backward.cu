@@ -8,7 +8,8 @@
 // fp32 throughout. Used for chunks of fewer than kAttnGemmMinQueries queries, as the forward's
 // warp kernels are, so that the O it reads came from the same fp32 arithmetic. Longer chunks go
 // through the GEMM engine (ops_attention_gemm.cu), which recomputes P and never reads O, or, when
-// asked and in training's layout, the tensor-core flash backward (ops_attention_flash_tc_backward.cu).
+// asked, the tensor-core flash backward (ops_attention_flash_tc_backward.cu), which reads the O of
+// the flash forward that the same option selects.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/ops_attention_backward_kernels.h"
 #include "backend/cuda/ops_attention_common.h"
@@ -19,14 +20,11 @@ using namespace attention_bwd;  // the kernels (ops_attention_backward_kernels.h
 
 void CudaBackend::attention_backward(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv) {
   if (a.B * a.T == 0) return;
-  // Long chunks: the GEMM path, which places queries at pos0 + t over the S keys (a
-  // context-parallel chunk over its whole gathered sequence as well as training's layout), or the
-  // tensor-core flash backward, which takes training's layout only (queries at 0..T-1 over T keys).
+  // Long chunks: the tensor-core flash backward when asked, else the GEMM path. Both place queries
+  // at pos0 + t over the S keys: training's layout (pos0 = 0, S = T), and a context-parallel
+  // chunk over its whole gathered sequence, whose keys past the chunk get gradient 0.
   if (a.T >= kAttnGemmMinQueries) {
-    bool fresh = a.S == a.T;
-    for (int64_t b = 0; b < a.B && fresh; ++b) fresh = a.pos0[b] == 0;
-    if (fresh && attention_flash_tc_applies(a, {dout, dq, dk, dv}))
-      return attention_backward_flash_tc(a, dout, dq, dk, dv);
+    if (attention_flash_tc_applies(a, {dout, dq, dk, dv})) return attention_backward_flash_tc(a, dout, dq, dk, dv);
     return attention_backward_gemm(a, dout, dq, dk, dv);
   }
   DeviceBuffer pos0, seg;
