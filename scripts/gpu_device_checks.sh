@@ -18,6 +18,8 @@
 #          with device-grouped MoE GEMMs)
 #   accum  the same step with 4 micro-batches per optimizer step (gradient accumulation), zaya
 #          and its transformers peer
+#   decode_long  bench_decode at batch 1 after an 8,192-token prompt, the decode attention's keys
+#          split over blocks (the default) and unsplit
 #   attention  bench_attention (the GEMM path and the tensor-core flash kernels, head_dim 128
 #          and 64, and a sliding window) against torch's scaled_dot_product_attention
 #   kernels  Nsight Compute's time for every kernel of one bench_train step, summed by name
@@ -222,6 +224,18 @@ step_bench() {
     ZAYA_MOE_DEVICE_GROUPED=1 "$BIN/bench_decode" --backend cuda --config $cfg --batch $b --prompt 128 --tokens 64 \
       --rounds 3 > "$LOGS/bench_decode_grouped_b$b.json" 2> "$LOGS/bench_decode_grouped_b$b.log" &&
       tail -1 "$LOGS/bench_decode_grouped_b$b.log" || tail -3 "$LOGS/bench_decode_grouped_b$b.log"
+  done
+}
+step_decode_long() {
+  # Decode at batch 1 after an 8,192-token prompt: the attention forward with each query tile's
+  # keys split over blocks (the backend's choice) and unsplit (ZAYA_ATTN_KEY_SPLITS=1), the same
+  # binary in the same call.
+  local cfg=bench/configs/zaya1-base-blocks.json splits
+  for splits in 0 1; do
+    ZAYA_ATTN_KEY_SPLITS=$splits "$BIN/bench_decode" --backend cuda --config $cfg --batch 1 --prompt 8192 --tokens 32 \
+      --rounds 3 > "$LOGS/bench_decode_long_splits$splits.json" 2> "$LOGS/bench_decode_long_splits$splits.log" ||
+      { tail -3 "$LOGS/bench_decode_long_splits$splits.log"; return 1; }
+    echo "key splits $splits (0: the backend's choice): $(tail -1 "$LOGS/bench_decode_long_splits$splits.log")"
   done
 }
 step_accum() {

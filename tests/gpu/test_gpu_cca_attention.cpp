@@ -339,5 +339,60 @@ TEST_F(GpuCca, Attention) {
   }
 }
 
+// Decode over a long cache, with each query tile's keys split over several blocks whose slices a
+// second kernel merges (attention_key_splits.h): forced splits of 1 (none), 3 and 64 (most slices
+// empty at these lengths), and the backend's own choice, which splits these shapes on the
+// emulated device's 8 multiprocessors and on a real GPU's, against the CPU at the fp32 tolerance,
+// with windows, document starts and NaN in the slots past each chunk. Every split count must
+// give the same result within the tolerance, and twice the same bits.
+TEST_F(GpuCca, AttentionSplitsDecodeKeysAcrossBlocks) {
+  const std::vector<AttnCase> cases = {
+      {1, 1, 1500, 4, 2, 64, 0, {1499}, false},
+      {2, 3, 1200, 8, 2, 128, 0, {900, 1197}, false},
+      {1, 2, 1200, 4, 1, 64, 700, {1000}, false},
+      {2, 5, 1100, 4, 2, 32, 0, {600, 1095}, true},
+  };
+  for (const AttnCase& c : cases) {
+    // Documents: each chunk's first two queries continue one that began 300 keys earlier, the
+    // rest start a new one at the chunk's third position.
+    std::vector<int32_t> seg(size_t(c.B * c.T));
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t = 0; t < c.T; ++t)
+        seg[size_t(b * c.T + t)] = int32_t(t < 2 ? c.pos0[size_t(b)] - 300 : c.pos0[size_t(b)] + 2);
+    auto q = rnd(size_t(c.B * c.T * c.Hq * c.dh)), k = rnd(size_t(c.B * c.S * c.Hkv * c.dh)),
+         v = rnd(size_t(c.B * c.S * c.Hkv * c.dh));
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t s = c.pos0[size_t(b)] + c.T; s < c.S; ++s)
+        for (int64_t e = 0; e < c.Hkv * c.dh; ++e) {
+          k[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
+          v[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
+        }
+    std::vector<float> out(q.size());
+    AttentionArgs a;
+    a.q = q.data(); a.k_cache = k.data(); a.v_cache = v.data(); a.out = out.data(); a.pos0 = c.pos0.data();
+    a.B = c.B; a.T = c.T; a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.dh = c.dh; a.window = c.window;
+    a.scale = 1.0f / std::sqrt(float(c.dh));
+    a.seg_start = c.segmented ? seg.data() : nullptr;
+    cpu.attention(a);
+    for (const int splits : {0, 1, 3, 64}) {
+      CudaBackendOptions o;
+      o.attention_key_splits = splits;
+      auto be = make_cuda_backend(o);
+      const std::string what = "decode T " + std::to_string(c.T) + " S " + std::to_string(c.S) + " dh " +
+                               std::to_string(c.dh) + " window " + std::to_string(c.window) +
+                               (c.segmented ? " segmented" : "") + " splits " + std::to_string(splits);
+      DevBuf gq(*be, q), gk(*be, k), gv(*be, v), go(*be, int64_t(q.size())), go2(*be, int64_t(q.size()));
+      AttentionArgs g = a;
+      g.q = gq.f(); g.k_cache = gk.f(); g.v_cache = gv.f(); g.out = go.f();
+      be->attention(g);
+      const std::vector<float> got = go.get();
+      expect_close(got, out, kTolF32, what);
+      g.out = go2.f();
+      be->attention(g);
+      EXPECT_TRUE(std::memcmp(go2.get().data(), got.data(), got.size() * 4) == 0) << what << ": does not repeat";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zaya

@@ -73,6 +73,9 @@ inline constexpr int kSimtDefaultSharedBytes = 48 << 10;
 inline constexpr int kSimtMaxSharedBytes = 227 << 10;
 #endif
 int gpu_device_warp_size(int device);
+// 8 multiprocessors: few, so that launches the backend sizes to the device (the attention
+// forward's key splits, attention_key_splits.h) take their small-device form at test sizes.
+inline int gpu_device_multiprocessors(int) { return 8; }
 inline int gpu_device_compute_major(int) { return 9; }
 inline int gpu_device_max_shared_per_block(int) { return kSimtMaxSharedBytes; }
 // Whether p lies in a live emulated device allocation (*device = 0 then).

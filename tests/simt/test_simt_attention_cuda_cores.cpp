@@ -29,13 +29,25 @@ void check_case(const AttnCase& c, uint64_t seed) {
   const AttnReference ref(c, seed);
   const int64_t nq = int64_t(ref.q.size()), nkv = int64_t(ref.k.size());
   AttnParams p = ref.params();
-  std::vector<float> got(size_t(nq), NAN);
-  p.out = got.data();
   const unsigned threads = unsigned(kAttnWarps * GPU_WARP_SIZE);
   const int64_t tile_q = int64_t(kAttnWarps) * attention_fwd::kQueriesPerWarp;
-  simt::launch(dim3(unsigned((c.T + tile_q - 1) / tile_q), unsigned(c.Hq), unsigned(c.B)), dim3(threads), 0,
-               [&] { attention_fwd::k_attention(p); });
-  simt_test::expect_close(got, ref.out, kTol, what + " out");
+  // The forward whole, and with each query tile's keys split over 3 and over 7 blocks whose
+  // slices k_attention_merge combines (decode over a long cache; attention_key_splits.h).
+  for (const int64_t splits : {int64_t(1), int64_t(3), int64_t(7)}) {
+    std::vector<float> got(size_t(nq), NAN), part(size_t(nq / c.dh * splits * (c.dh + 2)), NAN);
+    AttnParams ps = p;
+    ps.out = got.data();
+    ps.splits = splits;
+    ps.part = splits > 1 ? part.data() : nullptr;
+    simt::launch(dim3(unsigned((c.T + tile_q - 1) / tile_q * splits), unsigned(c.Hq), unsigned(c.B)), dim3(threads),
+                 0, [&] { attention_fwd::k_attention(ps); });
+    if (splits > 1) {
+      const int64_t rows = c.B * c.T * c.Hq, per_block = 4;
+      simt::launch(dim3(unsigned((rows + per_block - 1) / per_block)), dim3(unsigned(per_block * GPU_WARP_SIZE)), 0,
+                   [&] { attention_fwd::k_attention_merge(ps); });
+    }
+    simt_test::expect_close(got, ref.out, kTol, what + " out, keys in " + std::to_string(splits) + " splits");
+  }
 
   std::vector<float> lse(size_t(c.B * c.T * c.Hq), NAN), drow(size_t(c.B * c.T * c.Hq), NAN);
   std::vector<float> gdq(size_t(nq), NAN), gdk(size_t(nkv), NAN), gdv(size_t(nkv), NAN);
@@ -55,13 +67,15 @@ void check_case(const AttnCase& c, uint64_t seed) {
 // Head dims from 16 to 128 (on 64-lane warps, 128 is two elements a lane and 16 leaves 48 lanes
 // idle), GQA 2:1 and 4:1, several query and key tiles, windows, document starts, and decode
 // offsets in a NaN-padded cache (backward too: a context-parallel chunk under 64 queries sits at
-// an offset).
+// an offset); the forward also with its keys split over several blocks.
 TEST(SimtCudaCoreAttention, ShortChunksMatchTheCpuForwardAndBackward) {
   const std::vector<AttnCase> cases = {
       {1, 37, 37, 2, 1, 16, 0, {0}, false},    {1, 21, 21, 4, 2, 128, 0, {0}, false},
       {1, 40, 40, 2, 1, 64, 9, {0}, false},    {1, 35, 35, 2, 1, 64, 0, {0}, true},
       {1, 33, 33, 4, 1, 128, 7, {0}, true},    {2, 3, 40, 4, 2, 64, 0, {20, 36}, false},
       {2, 1, 40, 8, 2, 128, 6, {12, 39}, false}, {2, 8, 32, 4, 2, 64, 5, {8, 16}, true},
+      // Decode over longer caches: several key tiles in every split.
+      {1, 1, 700, 4, 2, 64, 0, {699}, false},    {2, 4, 600, 4, 2, 128, 100, {300, 596}, true},
   };
   // The cases alternate between warps in step and warp 0 running ahead to each barrier (the
   // kernels stage K/V tiles in shared memory between barriers).

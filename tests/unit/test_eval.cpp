@@ -29,13 +29,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fresh_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("zaya_eval_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
 std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) {
   Rng rng(seed);
   std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -138,7 +131,7 @@ TEST_F(EvalPerplexity, BadInputsAreClearErrors) {
 }
 
 TEST(EvalData, TokenFilesLoadAsTheyWereWritten) {
-  const std::string dir = fresh_dir("bin");
+  const std::string dir = test::fresh_dir("eval", "bin");
   TokenFile f;
   f.vocab_size = 100;
   f.documents = 2;
@@ -154,7 +147,7 @@ TEST(EvalData, TextIsTokenizedPerDocumentWithEos) {
   const std::string gemma = test::gemma_tokenizer_dir() + "/tokenizer.json";
   ASSERT_TRUE(fs::exists(gemma)) << "run scripts/setup.sh (it fetches the Gemma-3 tokenizer)";
   auto tok = load_tokenizer(gemma);
-  const std::string dir = fresh_dir("text");
+  const std::string dir = test::fresh_dir("eval", "text");
   std::ofstream(dir + "/a.txt") << "Hello world.";
   std::ofstream(dir + "/b.jsonl") << "{\"body\": \"Second doc\"}\n{\"body\": \"\"}\n{\"body\": \"third\"}\n";
   EvalDataOptions o;
@@ -181,7 +174,7 @@ TEST(EvalData, TextIsTokenizedPerDocumentWithEos) {
 }
 
 TEST(EvalData, DirectoryWithoutManifestIsAnError) {
-  const std::string dir = fresh_dir("nomanifest");
+  const std::string dir = test::fresh_dir("eval", "nomanifest");
   try {
     load_eval_tokens({dir}, nullptr, {});
     FAIL();
@@ -353,7 +346,7 @@ TEST_F(EvalPerplexity, MultipleChoiceShardsScoreEveryQuestionOnce) {
 }
 
 TEST(EvalChoices, BadFilesAreErrorsNamingTheLineAndField) {
-  const std::string dir = fresh_dir("choices");
+  const std::string dir = test::fresh_dir("eval", "choices");
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"answer\": 0}\n\n[1]",
        ":3: expected a JSON object"},
@@ -393,7 +386,7 @@ TEST(EvalChoices, BadFilesAreErrorsNamingTheLineAndField) {
 
 TEST(EvalCli, ScoresATokenFileAndWritesJson) {
   // The CLI's loss equals the library's on the same model and data.
-  const std::string dir = fresh_dir("cli");
+  const std::string dir = test::fresh_dir("eval", "cli");
   auto be = make_cpu_backend();
   Model m(preset_config("zaya-tiny"), *be);
   m.init_random(11);
@@ -426,7 +419,7 @@ TEST(EvalCli, ScoresATokenFileAndWritesJson) {
 }
 
 TEST(EvalCli, MultipleChoiceWritesTheLibrarysScores) {
-  const std::string dir = fresh_dir("cli_choices");
+  const std::string dir = test::fresh_dir("eval", "cli_choices");
   auto be = make_cpu_backend();
   Model m(preset_config("zaya-tiny"), *be);
   m.init_random(5);

@@ -4,7 +4,10 @@
 // decode offsets, sliding windows, packed-document starts, lengths that are not multiples of
 // the tiles. A block of queries must be given every key any of them sees, and a block of keys
 // every query that sees one of them, without reading past the padded operands (rows rounded up
-// to 64, as the kernels pack them).
+// to 64, as the kernels pack them). Also the key splits of the attention forward for short
+// chunks (src/backend/cuda/attention_key_splits.h): how many blocks share a query tile's keys, and
+// the slices they take, which must cover the tile's visible keys exactly once, in order, in whole
+// key tiles.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention_key_splits.h"
 #include "backend/cuda/flash_ranges.h"
 
 namespace zaya {
@@ -140,6 +144,59 @@ TEST(FlashRanges, RangesSkipWhatNoQuerySees) {
   EXPECT_EQ(late_keys.n_tiles, 2);
   const FlashQueryTiles unseen = flash_query_tiles(100, 50, 0, 200, 264, 32);  // positions 100..149 < 200
   EXPECT_EQ(unseen.n_tiles, 0);
+}
+
+TEST(AttentionKeySplits, SplitOnlyWhatLeavesTheDeviceIdleAndHasKeysEnough) {
+  const int64_t sms = 132;
+  // Decode at batch 1 over 32k keys: 8 blocks (one per query head) would use 8 of 132
+  // multiprocessors; 66 splits reach 4 blocks a multiprocessor, capped at 64.
+  EXPECT_EQ(attention_key_splits(8, 32768, sms, 0), kAttnMaxSplits);
+  // Batch 16 over 2k keys: 128 blocks; 528 wanted, so 5 splits, and 2048 keys allow 8.
+  EXPECT_EQ(attention_key_splits(128, 2048, sms, 0), 5);
+  // Short caches keep every split at 256 keys or more: 600 keys, at most 2.
+  EXPECT_EQ(attention_key_splits(8, 600, sms, 0), 2);
+  EXPECT_EQ(attention_key_splits(8, 511, sms, 0), 1);
+  // A launch that already fills the device is not split, however long the cache.
+  EXPECT_EQ(attention_key_splits(4 * sms, 32768, sms, 0), 1);
+  EXPECT_EQ(attention_key_splits(4 * sms - 1, 32768, sms, 0), 2);
+  // An unknown device (0 multiprocessors) is never split; a forced count is taken as it is, up
+  // to the most the merge supports.
+  EXPECT_EQ(attention_key_splits(8, 32768, 0, 0), 1);
+  EXPECT_EQ(attention_key_splits(1000, 10, sms, 3), 3);
+  EXPECT_EQ(attention_key_splits(8, 32768, sms, 1000), kAttnMaxSplits);
+}
+
+TEST(AttentionKeySplits, SlicesCoverTheKeysOnceInWholeTiles) {
+  std::mt19937_64 rng(7);
+  const int64_t tile = 32;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const int64_t s_begin = int64_t(rng() % 3000);
+    const int64_t s_end = s_begin + int64_t(rng() % 5000) * (trial % 10 == 0 ? 0 : 1);
+    const int64_t splits = 1 + int64_t(rng() % kAttnMaxSplits);
+    const std::string what = "keys [" + std::to_string(s_begin) + ", " + std::to_string(s_end) + ") over " +
+                             std::to_string(splits) + " splits";
+    int64_t next = s_begin;
+    for (int64_t j = 0; j < splits; ++j) {
+      const AttnKeySlice r = attention_key_slice(s_begin, s_end, j, splits, tile);
+      ASSERT_LE(r.begin, r.end) << what << ", split " << j;
+      if (r.begin == r.end) {  // empty slices come last
+        next = s_end;
+        continue;
+      }
+      ASSERT_EQ(r.begin, next) << what << ", split " << j << ": a gap or an overlap";
+      ASSERT_LE(r.end, s_end) << what << ", split " << j;
+      // Every slice but the last of the keys is whole key tiles.
+      if (r.end < s_end) {
+        ASSERT_EQ((r.end - r.begin) % tile, 0) << what << ", split " << j;
+      }
+      next = r.end;
+    }
+    ASSERT_EQ(next, s_end) << what << ": keys left over";
+    // One split is the whole range.
+    const AttnKeySlice whole = attention_key_slice(s_begin, s_end, 0, 1, tile);
+    ASSERT_EQ(whole.begin, s_begin) << what;
+    ASSERT_EQ(whole.end, s_end) << what;
+  }
 }
 
 }  // namespace

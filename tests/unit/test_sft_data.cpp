@@ -44,13 +44,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("zaya_sft_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
@@ -142,7 +135,7 @@ Recipe sft_recipe(const std::string& dir, uint64_t seed, Backend& be) {
 class SftData : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(fresh_dir("suite"));
+    dir_ = new std::string(test::fresh_dir("sft", "suite"));
     tokenizer_ = new std::string(test::train_small_tokenizer(*dir_ + "/tok"));
   }
   static void TearDownTestSuite() {
@@ -615,7 +608,7 @@ TEST_F(SftData, PerplexityResetsFollowDocumentsAcrossWindowsAndRows) {
 // targets, and its gradient (the logged norm, clipping off) is that mean's gradient, computed
 // here from the same micro-batches the loader gives.
 TEST_F(SftData, TrainerStepIsTheMeanOverCompletionTargets) {
-  const std::string dir = fresh_dir("trainer");
+  const std::string dir = test::fresh_dir("sft", "trainer");
   fs::create_directories(dir + "/data");
   write_masked_dir(dir + "/data", 4096);
   auto be = make_cpu_backend();
@@ -668,7 +661,7 @@ TEST_F(SftData, TrainerStepIsTheMeanOverCompletionTargets) {
 // (so no rollback, which would need a checkpoint), an event without a loss in metrics.jsonl,
 // and the run still resumes from its log.
 TEST_F(SftData, AStepWithoutTargetsIsSkippedAndTheRunResumes) {
-  const std::string dir = fresh_dir("no_targets");
+  const std::string dir = test::fresh_dir("sft", "no_targets");
   fs::create_directories(dir + "/data");
   write_masked_dir(dir + "/data", 4096, /*all_prompt=*/true);
   auto be = make_cpu_backend();
@@ -704,7 +697,7 @@ TEST_F(SftData, AStepWithoutTargetsIsSkippedAndTheRunResumes) {
 // step's NaN; an evaluation with nothing to score) or left out (a step without targets) reads
 // as NaN, and lines past the resumed step are dropped.
 TEST(SftResume, TheLossCurveReadsNullAndMissingLossesAsNan) {
-  const std::string dir = fresh_dir("curve");
+  const std::string dir = test::fresh_dir("sft", "curve");
   const std::string path = dir + "/metrics.jsonl";
   std::ofstream(path) << "{\"step\": 1, \"loss\": 2.5}\n"
                       << "{\"step\": 2, \"loss\": null, \"event\": \"bad_step\"}\n"

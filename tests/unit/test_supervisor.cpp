@@ -25,13 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string fresh_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("zaya_supervise_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
 // The "event" values of an events file, in order.
 std::vector<std::string> event_names(const std::string& path) {
   std::vector<std::string> names;
@@ -84,7 +77,7 @@ std::string beat(const std::string& phase, int step) {
 }
 
 TEST(Heartbeat, WriteReadAndReset) {
-  const std::string dir = fresh_dir("hb");
+  const std::string dir = test::fresh_dir("supervise", "hb");
   HeartbeatWriter off("", 0, 1);
   EXPECT_FALSE(off.enabled());
   off.beat("step", 1, 2);  // a no-op
@@ -122,7 +115,7 @@ TEST(Supervisor, DescribesExitStatuses) {
 }
 
 TEST(Supervisor, FinishedJobIsNotRestarted) {
-  const std::string dir = fresh_dir("ok");
+  const std::string dir = test::fresh_dir("supervise", "ok");
   const SupervisorResult r = supervise(shell_job(dir, "test -d \"$ZAYA_HEARTBEAT_DIR\" || exit 4; exit 0"));
   EXPECT_EQ(r.outcome, "finished");
   EXPECT_EQ(r.exit_code, 0);
@@ -131,7 +124,7 @@ TEST(Supervisor, FinishedJobIsNotRestarted) {
 }
 
 TEST(Supervisor, CrashedJobIsRestartedAndFinishes) {
-  const std::string dir = fresh_dir("crash");
+  const std::string dir = test::fresh_dir("supervise", "crash");
   const SupervisorResult r =
       supervise(shell_job(dir, "if [ -e $D/once ]; then exit 0; fi; touch $D/once; kill -9 $$"));
   EXPECT_EQ(r.outcome, "finished");
@@ -144,7 +137,7 @@ TEST(Supervisor, CrashedJobIsRestartedAndFinishes) {
 
 TEST(Supervisor, NothingOfAFailedJobLingers) {
   // The job's leader exits with an error and leaves a child behind (as mpirun can leave a rank).
-  const std::string dir = fresh_dir("orphan");
+  const std::string dir = test::fresh_dir("supervise", "orphan");
   SupervisorOptions o = shell_job(dir, "sleep 60 & echo $! > $D/sleeper; exit 3");
   o.max_attempts_without_progress = 1;
   const SupervisorResult r = supervise(o);
@@ -153,7 +146,7 @@ TEST(Supervisor, NothingOfAFailedJobLingers) {
 }
 
 TEST(Supervisor, GivesUpOnAFailureThatMakesNoProgress) {
-  const std::string dir = fresh_dir("stuck");
+  const std::string dir = test::fresh_dir("supervise", "stuck");
   SupervisorOptions o = shell_job(dir, "echo run >> $D/runs; exit 3");
   o.max_attempts_without_progress = 3;
   const SupervisorResult r = supervise(o);
@@ -166,7 +159,7 @@ TEST(Supervisor, GivesUpOnAFailureThatMakesNoProgress) {
 }
 
 TEST(Supervisor, MismatchedCollectivesAreNotRestarted) {
-  const std::string dir = fresh_dir("mismatch");
+  const std::string dir = test::fresh_dir("supervise", "mismatch");
   const SupervisorResult r = supervise(shell_job(dir, "mkdir -p $D/checkpoints/step-00000001; exit 87"));
   EXPECT_EQ(r.outcome, "gave_up");
   EXPECT_EQ(r.attempts, 1);
@@ -176,7 +169,7 @@ TEST(Supervisor, MismatchedCollectivesAreNotRestarted) {
 TEST(Supervisor, NewCheckpointsCountAsProgress) {
   // Every attempt commits a new checkpoint and then fails, until the fifth finishes: with at
   // most 2 attempts without progress the job must still get to finish.
-  const std::string dir = fresh_dir("progress");
+  const std::string dir = test::fresh_dir("supervise", "progress");
   SupervisorOptions o = shell_job(dir,
                                   "echo x >> $D/n; n=$(wc -l < $D/n); [ $n -ge 5 ] && exit 0; "
                                   "mkdir -p $D/checkpoints/step-0000000$n; exit 3");
@@ -188,7 +181,7 @@ TEST(Supervisor, NewCheckpointsCountAsProgress) {
 }
 
 TEST(Supervisor, StopsAfterMaxRestarts) {
-  const std::string dir = fresh_dir("maxrestarts");
+  const std::string dir = test::fresh_dir("supervise", "maxrestarts");
   SupervisorOptions o =
       shell_job(dir, "echo x >> $D/n; mkdir -p $D/checkpoints/step-0000000$(wc -l < $D/n); exit 5");
   o.max_restarts = 2;
@@ -199,7 +192,7 @@ TEST(Supervisor, StopsAfterMaxRestarts) {
 }
 
 TEST(Supervisor, HungJobIsKilledWithItsProcessGroupAndRestarted) {
-  const std::string dir = fresh_dir("hang");
+  const std::string dir = test::fresh_dir("supervise", "hang");
   // The first attempt beats once, then hangs in a child process (recorded in $D/sleeper).
   SupervisorOptions o = shell_job(dir, "if [ -e $D/once ]; then exit 0; fi; touch $D/once; " +
                                            beat("step", 3) + "sleep 60 & echo $! > $D/sleeper; wait");
@@ -222,7 +215,7 @@ TEST(Supervisor, RankThatIsAlreadyExitingIsNotCalledHung) {
   // A rank killed while one of its threads finishes an fsync beats no more and cannot be reaped
   // for a while. Its stand-in (exiting_job): the main thread ends after one beat, and a second
   // thread ends the process with status 3 after 2 s, past the 1.5 s heartbeat timeout.
-  const std::string dir = fresh_dir("exiting");
+  const std::string dir = test::fresh_dir("supervise", "exiting");
   SupervisorOptions o = shell_job(
       dir, std::string("if [ -e $D/once ]; then exit 0; fi; touch $D/once; exec ") + ZAYA_EXITING_JOB + " 2");
   o.heartbeat_timeout_s = 1.5;
@@ -236,7 +229,7 @@ TEST(Supervisor, RankThatIsAlreadyExitingIsNotCalledHung) {
 
 TEST(Supervisor, RankThatTakesTooLongToExitIsCalledHung) {
   // The grace for an exiting rank is one more heartbeat timeout, not forever.
-  const std::string dir = fresh_dir("exiting_slowly");
+  const std::string dir = test::fresh_dir("supervise", "exiting_slowly");
   SupervisorOptions o =
       shell_job(dir, std::string("if [ -e $D/once ]; then exit 0; fi; touch $D/once; exec ") +
                          ZAYA_EXITING_JOB + " 30");
@@ -259,7 +252,7 @@ TEST(ProcessState, RunningAndMissingProcessesAreNotExiting) {
 }
 
 TEST(Supervisor, JobWithoutAnyHeartbeatHitsTheStartupTimeout) {
-  const std::string dir = fresh_dir("silent");
+  const std::string dir = test::fresh_dir("supervise", "silent");
   SupervisorOptions o = shell_job(dir, "exec sleep 60");
   o.startup_timeout_s = 0.5;
   o.max_attempts_without_progress = 1;
@@ -270,7 +263,7 @@ TEST(Supervisor, JobWithoutAnyHeartbeatHitsTheStartupTimeout) {
 
 TEST(Supervisor, SlowPhasesGetTheStartupTimeout) {
   // Loading ("start") may take longer than a step; only the startup timeout applies to it.
-  const std::string dir = fresh_dir("slowstart");
+  const std::string dir = test::fresh_dir("supervise", "slowstart");
   SupervisorOptions o = shell_job(dir, beat("start", 0) + "sleep 1.5; " + beat("step", 1) + "exit 0");
   o.heartbeat_timeout_s = 0.3;
   o.startup_timeout_s = 10;
@@ -282,7 +275,7 @@ TEST(Supervisor, SlowPhasesGetTheStartupTimeout) {
 
 TEST(Supervisor, CheckpointPhaseGetsTheCheckpointTimeout) {
   // A save may wait for the previous save's fsync; only the checkpoint timeout applies to it.
-  const std::string dir = fresh_dir("slowckpt");
+  const std::string dir = test::fresh_dir("supervise", "slowckpt");
   SupervisorOptions o =
       shell_job(dir, beat("step", 1) + beat("checkpoint", 1) + "sleep 4; " + beat("step", 2) + "exit 0");
   o.heartbeat_timeout_s = 1;  // room for the shell to start and beat on a loaded machine
@@ -295,7 +288,7 @@ TEST(Supervisor, CheckpointPhaseGetsTheCheckpointTimeout) {
 }
 
 TEST(Supervisor, CheckpointPhasePastItsTimeoutIsAHang) {
-  const std::string dir = fresh_dir("stuckckpt");
+  const std::string dir = test::fresh_dir("supervise", "stuckckpt");
   SupervisorOptions o = shell_job(dir, beat("step", 1) + beat("checkpoint", 1) + "exec sleep 60");
   o.heartbeat_timeout_s = 30;
   o.checkpoint_timeout_s = 0.5;
@@ -309,7 +302,7 @@ TEST(Supervisor, CheckpointPhasePastItsTimeoutIsAHang) {
 }
 
 TEST(Supervisor, StopSignalStopsTheJobWithoutRestart) {
-  const std::string dir = fresh_dir("sigterm");
+  const std::string dir = test::fresh_dir("supervise", "sigterm");
   SupervisorOptions o = shell_job(dir, "sleep 60 & echo $! > $D/sleeper; wait");
   std::thread signaller([] {
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
@@ -329,14 +322,14 @@ TEST(Supervisor, StopSignalStopsTheJobWithoutRestart) {
 }
 
 TEST(Supervisor, MissingProgramIsAnError) {
-  const std::string dir = fresh_dir("missing");
+  const std::string dir = test::fresh_dir("supervise", "missing");
   SupervisorOptions o = shell_job(dir, "");
   o.command = {dir + "/no-such-program"};
   EXPECT_THROW(supervise(o), Error);
 }
 
 TEST(Supervisor, FailedPreflightKeepsTheJobFromStarting) {
-  const std::string dir = fresh_dir("preflight_bad");
+  const std::string dir = test::fresh_dir("supervise", "preflight_bad");
   SupervisorOptions o = shell_job(dir, "touch $D/job_ran; exit 0");
   o.preflight_command = {"/bin/sh", "-c", "echo x >> " + dir + "/checks; exit 1"};
   const SupervisorResult r = supervise(o);
@@ -349,7 +342,7 @@ TEST(Supervisor, FailedPreflightKeepsTheJobFromStarting) {
 }
 
 TEST(Supervisor, PassedPreflightStartsTheJob) {
-  const std::string dir = fresh_dir("preflight_ok");
+  const std::string dir = test::fresh_dir("supervise", "preflight_ok");
   SupervisorOptions o = shell_job(dir, "exit 0");
   o.preflight_command = {"/bin/sh", "-c", "exit 0"};
   const SupervisorResult r = supervise(o);
@@ -358,7 +351,7 @@ TEST(Supervisor, PassedPreflightStartsTheJob) {
 }
 
 TEST(Supervisor, HungPreflightIsKilled) {
-  const std::string dir = fresh_dir("preflight_hang");
+  const std::string dir = test::fresh_dir("supervise", "preflight_hang");
   SupervisorOptions o = shell_job(dir, "exit 0");
   o.preflight_command = {"/bin/sh", "-c",
                          "if [ -e " + dir + "/once ]; then exit 0; fi; touch " + dir + "/once; sleep 60"};

@@ -28,13 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 using test::read_file;
 
-std::string temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("zaya_train_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
 Recipe tiny_recipe(const std::string& dir) {
   Recipe r = test::synthetic_recipe(dir);
   r.seed = 7;
@@ -61,7 +54,7 @@ std::vector<double> losses_of(const std::string& metrics) {
 }
 
 TEST(Trainer, LossFallsAndArtifactsAreWritten) {
-  std::string dir = temp_dir("basic");
+  std::string dir = test::fresh_dir("train", "basic");
   Recipe r = tiny_recipe(dir);
   r.schedule.total_steps = 40;
   r.eval.every = 20;
@@ -88,7 +81,7 @@ TEST(Trainer, LossFallsAndArtifactsAreWritten) {
 }
 
 TEST(Trainer, MultipleChoiceAccuracyIsMeasuredAtEveryEvaluation) {
-  std::string dir = temp_dir("choices");
+  std::string dir = test::fresh_dir("train", "choices");
   Recipe r = tiny_recipe(dir);
   // A tokenizer for the questions: its ids must fit the model's vocabulary, which the token
   // files set, so they declare 512 ids (the tokens themselves stay below 64).
@@ -147,7 +140,7 @@ TEST(Trainer, MultipleChoiceAccuracyIsMeasuredAtEveryEvaluation) {
 }
 
 TEST(Trainer, ResumeIsBitExact) {
-  std::string dir = temp_dir("resume");
+  std::string dir = test::fresh_dir("train", "resume");
   Recipe r = tiny_recipe(dir);
   TrainOptions quiet;
   quiet.quiet = true;
@@ -189,7 +182,7 @@ TEST(Trainer, ResumeIsBitExact) {
 // batch.recompute_activations changes no bit of a run (losses and final weights), and may change
 // between a run and its resume.
 TEST(Trainer, RecomputedActivationsTrainTheSameRun) {
-  std::string dir = temp_dir("recompute");
+  std::string dir = test::fresh_dir("train", "recompute");
   Recipe r = tiny_recipe(dir);
   TrainOptions quiet;
   quiet.quiet = true;
@@ -218,7 +211,7 @@ TEST(Trainer, RecomputedActivationsTrainTheSameRun) {
 }
 
 TEST(Trainer, CorruptLatestCheckpointFallsBackToThePreviousOne) {
-  std::string dir = temp_dir("fallback");
+  std::string dir = test::fresh_dir("train", "fallback");
   Recipe r = tiny_recipe(dir);
   TrainOptions opt;
   opt.quiet = true;
@@ -238,7 +231,7 @@ TEST(Trainer, CorruptLatestCheckpointFallsBackToThePreviousOne) {
 }
 
 TEST(Trainer, BadStepsAreSkippedThenRolledBack) {
-  std::string dir = temp_dir("spike");
+  std::string dir = test::fresh_dir("train", "spike");
   Recipe r = tiny_recipe(dir);
   r.stability.policy = "rollback";
   r.stability.max_bad_steps = 2;
@@ -267,7 +260,7 @@ TEST(Trainer, BadStepsAreSkippedThenRolledBack) {
 // Shards written by the data pipeline feed the trainer through the prefetching Loader; the loader
 // cursor goes into checkpoints, so an interrupted run resumes bit-exactly here too.
 TEST(Trainer, TrainsFromShardsAndResumesExactly) {
-  std::string dir = temp_dir("shards");
+  std::string dir = test::fresh_dir("train", "shards");
   fs::create_directories(dir + "/data");
   Manifest m;
   m.vocab_size = 64;
@@ -310,7 +303,7 @@ TEST(Trainer, TrainsFromShardsAndResumesExactly) {
 // resetting attention and CCA state. The switch happens at the exact token budget, and a run
 // stopped before the boundary resumes across it bit-exactly.
 TEST(Trainer, PhasedMixtureSwitchesAtTheBudgetAndResumesExactly) {
-  std::string dir = temp_dir("phases");
+  std::string dir = test::fresh_dir("train", "phases");
   test::write_synthetic_shard_datasets(dir);
   Recipe r = tiny_recipe(dir);
   r.data.reset_at_document_boundary = true;

@@ -71,6 +71,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
           grouped_gemm_compiled_arch() >= 80;
   max_shared_per_block_ = gpu_device_max_shared_per_block(options_.device);
 #endif
+  multiprocessors_ = gpu_device_multiprocessors(options_.device);
   gemm_ = std::make_unique<GpuGemm>(stream_, options_.portable_gemm);
 }
 

@@ -205,6 +205,7 @@ class CudaBackend final : public Backend {
   int warp_size_ = 32;  // the device's (checked equal to the kernels' GPU_WARP_SIZE)
   bool wmma_ = false;   // see wmma()
   int64_t max_shared_per_block_ = 0;  // the device's opt-in shared memory per block (CUDA)
+  int64_t multiprocessors_ = 0;       // the device's (sizes the attention forward's key splits)
   double peak_gflops_ = 0;  // matmul_peak_gflops(), measured once
   int64_t reserved_bytes_ = 0, peak_reserved_bytes_ = 0;  // device memory held by the pool
   gpuStream_t stream_ = nullptr;

@@ -60,13 +60,19 @@ struct CudaBackendOptions {
   // engine with materialised scores; make_backend sets it when the environment has
   // ZAYA_ATTN_FLASH=1.
   bool attention_flash_tc = false;
+  // The attention forward of chunks under 64 queries (decode) splits each query tile's keys over
+  // this many blocks, merged by a second kernel; 0: chosen from the launch's size, the keys and
+  // the device's multiprocessors (attention_key_splits.h), 1: never. make_backend takes it from
+  // ZAYA_ATTN_KEY_SPLITS when set (tests and benchmarks).
+  int attention_key_splits = 0;
 };
 
 // The options make_backend gives the GPU backend it names ("cuda": bf16 GEMMs; "cuda-fp32":
 // every GEMM in fp32, for exact comparisons with the CPU) on GPU `device` mod `visible_gpus` (more
 // ranks than GPUs on a node share them: the host-staged MPI path allows it, NCCL does not), with
 // the environment's opt-in switches (NAME=1): ZAYA_MOE_DEVICE_GROUPED, ZAYA_LM_HEAD_EXACT,
-// ZAYA_NS_TF32, ZAYA_NS_BF16_ITERATES, ZAYA_ATTN_FLASH. cuda_options.cpp (every build).
+// ZAYA_NS_TF32, ZAYA_NS_BF16_ITERATES, ZAYA_ATTN_FLASH; and ZAYA_ATTN_KEY_SPLITS=N (0 to 64; anything
+// else fails naming the variable). cuda_options.cpp (every build).
 CudaBackendOptions cuda_backend_options_for(const std::string& name, int device, int visible_gpus);
 
 // The GPU backend (CUDA, or HIP when built with hipcc). Throws zaya::Error("cuda", ...) when

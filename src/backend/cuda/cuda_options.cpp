@@ -1,10 +1,14 @@
 // cuda_backend_options_for (cuda_factory.h): the GPU backend's options for a backend name, a
 // device and the environment's opt-in switches. Plain C++, in every build (make_backend uses it
 // for the CUDA and HIP backends, the host emulation's test programs for theirs).
+#include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
+#include "backend/cuda/attention_key_splits.h"
 #include "backend/cuda/cuda_factory.h"
+#include "core/error.h"
 
 namespace zaya {
 
@@ -21,6 +25,16 @@ CudaBackendOptions cuda_backend_options_for(const std::string& name, int device,
   o.newton_schulz_bf16 = !switched_on("ZAYA_NS_TF32");                   // Newton-Schulz on TF32 operands
   o.newton_schulz_bf16_iterates = switched_on("ZAYA_NS_BF16_ITERATES");  // Newton-Schulz's iterates in bf16
   o.attention_flash_tc = switched_on("ZAYA_ATTN_FLASH");                 // the tensor-core flash attention
+  if (const char* text = std::getenv("ZAYA_ATTN_KEY_SPLITS")) {          // the decode attention's key splits
+    int splits = -1;
+    const char* end = text + std::strlen(text);
+    const auto [stop, err] = std::from_chars(text, end, splits);
+    if (err != std::errc() || stop != end || splits < 0 || splits > kAttnMaxSplits)
+      fail("cuda", std::string("ZAYA_ATTN_KEY_SPLITS='") + text + "' is not a whole number from 0 to " +
+                       std::to_string(kAttnMaxSplits),
+           "0 lets the backend choose, 1 never splits the keys, N > 1 splits them over N blocks");
+    o.attention_key_splits = splits;
+  }
   return o;
 }
 

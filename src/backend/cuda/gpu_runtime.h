@@ -83,6 +83,13 @@ inline int gpu_device_warp_size(int device) {
   return v;
 }
 
+// The device's multiprocessors (compute units on AMD; 0 when it cannot be read).
+inline int gpu_device_multiprocessors(int device) {
+  int v = 0;
+  if (hipDeviceGetAttribute(&v, hipDeviceAttributeMultiprocessorCount, device) != hipSuccess) return 0;
+  return v;
+}
+
 // Whether p is device (or managed) memory; *device is then the GPU it belongs to. Never throws.
 inline bool gpu_pointer_on_device(const void* p, int* device) {
   hipPointerAttribute_t a{};
@@ -159,6 +166,13 @@ using gpuEvent_t = cudaEvent_t;
 inline int gpu_device_warp_size(int device) {
   int v = 0;
   if (cudaDeviceGetAttribute(&v, cudaDevAttrWarpSize, device) != cudaSuccess) return 0;
+  return v;
+}
+
+// The device's multiprocessors (0 when it cannot be read).
+inline int gpu_device_multiprocessors(int device) {
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
   return v;
 }
 

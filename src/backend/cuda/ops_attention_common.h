@@ -36,6 +36,12 @@ struct AttnParams {
   const int32_t* seg = nullptr;   // [B*T] device or null
   int64_t B = 0, T = 0, S = 0, Hq = 0, Hkv = 0, dh = 0, window = 0;
   float scale = 1.0f;
+  // Forward of short chunks with its keys split over `splits` blocks per query tile
+  // (attention_key_splits.h; 1: no split): each block's slice, per query row r = (b T + t) Hq + h
+  // and split j, at part[(r splits + j) (dh + 2)]: the unnormalised output, then the running max
+  // and sum of its online softmax (max -inf and sum 0 when the slice saw no key).
+  int64_t splits = 1;
+  float* part = nullptr;
 };
 
 // The inputs of `a` as kernel parameters (outputs left null): pos0 and seg_start are uploaded
@@ -57,9 +63,10 @@ inline AttnParams attn_params(CudaBackend& be, const AttentionArgs& a, int warp_
 }
 
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(ZAYA_SIMT)
-// The queries of one block of the forward and dQ kernels (grid: query tiles, heads, sequences):
-// rows [t_begin, t_begin + kAttnWarps * queries_per_warp) of head h (KV group g) of sequence b,
-// and the keys [s_begin, s_end) that any of them may see.
+// The queries of one block of the forward and dQ kernels (grid: query tiles times key splits,
+// heads, sequences): rows [t_begin, t_begin + kAttnWarps * queries_per_warp) of head h (KV group
+// g) of sequence b, and the keys [s_begin, s_end) that any of them may see (all of the tile's
+// splits; the forward takes its slice of them).
 struct AttnQueryTile {
   int64_t b, h, g, t_begin, s_begin, s_end;
 };
@@ -70,7 +77,7 @@ __device__ inline AttnQueryTile attn_query_tile(const AttnParams& p, int queries
   q.h = blockIdx.y;
   q.g = q.h / (p.Hq / p.Hkv);
   const int64_t tile_q = int64_t(kAttnWarps) * queries_per_warp;
-  q.t_begin = int64_t(blockIdx.x) * tile_q;
+  q.t_begin = int64_t(blockIdx.x) / p.splits * tile_q;
   const int64_t t_end = q.t_begin + tile_q < p.T ? q.t_begin + tile_q : p.T;
   const int64_t p_first = p.pos0[q.b] + q.t_begin, p_last = p.pos0[q.b] + t_end - 1;
   q.s_begin = p.window > 0 ? (p_first - p.window + 1 > 0 ? p_first - p.window + 1 : 0) : 0;

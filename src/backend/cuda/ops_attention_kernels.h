@@ -1,12 +1,15 @@
-// The kernel of the CUDA-core causal GQA attention forward for short chunks (ops_attention.cu
-// launches it and describes it): one warp per kQueriesPerWarp queries, K/V tiles in shared
+// The kernels of the CUDA-core causal GQA attention forward for short chunks (ops_attention.cu
+// launches them and describes them): one warp per kQueriesPerWarp queries, K/V tiles in shared
 // memory, an online softmax in registers, head vectors spread over the lanes of any warp size (32,
-// or 64 on CDNA). A header so that the host emulation of the GPU (tests/simt, ZAYA_SIMT) compiles
-// the very same kernel, with 32- and 64-lane warps, and checks it without a GPU.
+// or 64 on CDNA); with the keys split over several blocks per query tile (decode over a long
+// cache), each block's slice and the kernel that merges the slices. A header so that the host
+// emulation of the GPU (tests/simt, ZAYA_SIMT) compiles the very same kernels, with 32- and
+// 64-lane warps, and checks them without a GPU.
 #pragma once
 
 #include <cstdint>
 
+#include "backend/cuda/attention_key_splits.h"
 #include "backend/cuda/ops_attention_common.h"
 
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(ZAYA_SIMT)
@@ -31,8 +34,11 @@ __global__ void k_attention(AttnParams p) {
     m[i] = -INFINITY;
     l[i] = 0.0f;
   }
-  for (int64_t s0 = tile.s_begin; s0 < tile.s_end; s0 += kAttnKeyTile) {
-    const int64_t nk = tile.s_end - s0 < kAttnKeyTile ? tile.s_end - s0 : kAttnKeyTile;
+  // This block's keys: the tile's, or its slice of them when the keys are split.
+  const int64_t split = int64_t(blockIdx.x) % p.splits;
+  const AttnKeySlice keys = attention_key_slice(tile.s_begin, tile.s_end, split, p.splits, kAttnKeyTile);
+  for (int64_t s0 = keys.begin; s0 < keys.end; s0 += kAttnKeyTile) {
+    const int64_t nk = keys.end - s0 < kAttnKeyTile ? keys.end - s0 : kAttnKeyTile;
     stage_rows(sk, p.k, b, p.S, p.Hkv, g, dh, s0, nk);
     stage_rows(sv, p.v, b, p.S, p.Hkv, g, dh, s0, nk);
     __syncthreads();
@@ -60,10 +66,46 @@ __global__ void k_attention(AttnParams p) {
   for (int i = 0; i < kQueriesPerWarp; ++i) {
     const int64_t t = tile.t_begin + warp * kQueriesPerWarp + i;
     if (t >= p.T) continue;
+    const int64_t row = (b * p.T + t) * p.Hq + h;
+    if (p.splits > 1) {  // this slice's share, merged by k_attention_merge
+      float* part = p.part + (row * p.splits + split) * (dh + 2);
+      lane_store(acc[i], part, lane, dh);
+      if (lane == 0) {
+        part[dh] = m[i];
+        part[dh + 1] = l[i];
+      }
+      continue;
+    }
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     for (int e = 0; e < kAttnMaxPerLane; ++e) acc[i][e] *= inv;
-    lane_store(acc[i], p.out + ((b * p.T + t) * p.Hq + h) * dh, lane, dh);
+    lane_store(acc[i], p.out + row * dh, lane, dh);
   }
+}
+
+// Merges the key slices of k_attention (p.splits > 1) into p.out, one warp per query row, over
+// the slices in order (so the result repeats bitwise): with M the largest running max,
+// out = sum_j e^(m_j - M) acc_j / sum_j e^(m_j - M) l_j, and 0 for a row that saw no key.
+__global__ void k_attention_merge(AttnParams p) {
+  const int lane = int(threadIdx.x) % GPU_WARP_SIZE;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / GPU_WARP_SIZE;
+  if (row >= p.B * p.T * p.Hq) return;  // the whole warp
+  const int64_t dh = p.dh, stride = dh + 2;
+  const float* part = p.part + row * p.splits * stride;
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < p.splits; ++j) mx = fmaxf(mx, part[j * stride + dh]);
+  float acc[kAttnMaxPerLane] = {}, l = 0.0f;
+  if (mx > -INFINITY) {
+    for (int64_t j = 0; j < p.splits; ++j) {
+      const float* slice = part + j * stride;
+      if (slice[dh] == -INFINITY) continue;  // saw no key
+      const float w = expf(slice[dh] - mx);
+      l += w * slice[dh + 1];
+      lane_axpy(acc, w, slice, lane, dh);
+    }
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int e = 0; e < kAttnMaxPerLane; ++e) acc[e] *= inv;
+  lane_store(acc, p.out + row * dh, lane, dh);
 }
 
 }  // namespace zaya::attention_fwd
