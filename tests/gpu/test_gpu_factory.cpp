@@ -1,6 +1,9 @@
 // How the GPU backend is created: a clear zaya::Error("cuda", ...) without a device (this
 // test runs, and passes, on machines without a GPU), and make_backend("cuda") in a ZAYA_CUDA
-// build; and the clear error of a device out of memory.
+// build; the clear error of a device out of memory; and the options the environment sets.
+#include <cstdlib>
+#include <string>
+
 #include "core/error.h"
 #include "gpu_test_support.h"
 
@@ -55,6 +58,26 @@ TEST(GpuFactory, BadDeviceIndex) {
   CudaBackendOptions o;
   o.device = cuda_device_count();
   EXPECT_THROW(make_cuda_backend(o), Error);
+}
+
+// ZAYA_ATTN_KEY_SPLITS: a count from 0 to 64 reaches the options; anything else fails naming the
+// variable, the value and what it takes. No device needed.
+TEST(GpuFactory, AttentionKeySplitsFromTheEnvironment) {
+  const char* before = std::getenv("ZAYA_ATTN_KEY_SPLITS");
+  const std::string saved = before ? before : "";
+  unsetenv("ZAYA_ATTN_KEY_SPLITS");
+  EXPECT_EQ(cuda_backend_options_for("cuda", 0, 1).attention_key_splits, 0);
+  setenv("ZAYA_ATTN_KEY_SPLITS", "1", 1);
+  EXPECT_EQ(cuda_backend_options_for("cuda", 0, 1).attention_key_splits, 1);
+  setenv("ZAYA_ATTN_KEY_SPLITS", "64", 1);
+  EXPECT_EQ(cuda_backend_options_for("cuda-fp32", 0, 1).attention_key_splits, 64);
+  for (const char* bad : {"65", "-1", "4x", "", "two"}) {
+    setenv("ZAYA_ATTN_KEY_SPLITS", bad, 1);
+    test::expect_error([] { cuda_backend_options_for("cuda", 0, 1); },
+                       {"ZAYA_ATTN_KEY_SPLITS='" + std::string(bad) + "'", "whole number from 0 to 64"});
+  }
+  if (before) setenv("ZAYA_ATTN_KEY_SPLITS", saved.c_str(), 1);
+  else unsetenv("ZAYA_ATTN_KEY_SPLITS");
 }
 
 }  // namespace
