@@ -2,8 +2,8 @@
 # Compile check of the GPU backend without a GPU: every src/backend/cuda/*.cu to an object
 # file only, with nvcc for sm_80 and sm_90 and with hipcc for gfx90a (when hipcc is installed).
 # Exits non-zero on any compile error, and on any kernel that spills registers to local memory
-# for sm_80 or sm_90 (ptxas -warn-spills as an error: a spill in a tensor-core kernel costs
-# more than any tuning wins, and no kernel spills today). A missing compiler is reported and skipped, unless
+# for sm_80 or sm_90 (ptxas -warn-spills, with every ptxas warning an error: a spill in a
+# tensor-core kernel costs more than any tuning wins, and ptxas warns of nothing today). A missing compiler is reported and skipped, unless
 # STRICT=1 (then it is an error). JOBS (default 1) compiles that many files at once.
 # The NCCL/RCCL communicator (every comm_nccl*.cu) needs the collective library's header: nccl.h
 # for nvcc (next to nvcc, under ZAYA_NCCL_ROOT, or in /usr/include; missing counts like a missing

@@ -3,13 +3,16 @@
 // 150 tokens, every GEMM mode, a deterministic backward), QK-norm +
 // temperature + partial RoPE, the delayed values, cache writes, and causal GQA attention
 // (head_dim 16/64/128, sliding window, decode offsets, document starts), forward and
-// backward (chunks at an offset too, as context parallelism runs them; attention in every GEMM mode: 64 or more queries run on the GEMM engine, at the bf16
-// tolerance under bf16 operands; and on the tensor-core flash kernels, whose backward must also
-// repeat bit for bit), with NaN in the cache slots no query may read. Skipped ("skipped: no
-// GPU") without a device.
+// backward (chunks at an offset too, as context parallelism runs them; attention in every GEMM
+// mode: 64 or more queries run on the GEMM engine, at the bf16 tolerance under bf16 operands;
+// and on the tensor-core flash kernels, whose backward must also repeat bit for bit), with NaN
+// in the cache slots no query may read; and decode with its keys split over blocks. Skipped
+// ("skipped: no GPU") without a device.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
+#include "backend/cuda/attention_key_splits.h"
 #include "gpu_test_support.h"
 
 namespace zaya {
@@ -344,7 +347,8 @@ TEST_F(GpuCca, Attention) {
 // empty at these lengths), and the backend's own choice, which splits these shapes on the
 // emulated device's 8 multiprocessors and on a real GPU's, against the CPU at the fp32 tolerance,
 // with windows, document starts and NaN in the slots past each chunk. Every split count must
-// give the same result within the tolerance, and twice the same bits.
+// give the same result within the tolerance, and twice the same bits; a query row of NaN must
+// come out NaN however the keys are split, as it does unsplit.
 TEST_F(GpuCca, AttentionSplitsDecodeKeysAcrossBlocks) {
   const std::vector<AttnCase> cases = {
       {1, 1, 1500, 4, 2, 64, 0, {1499}, false},
@@ -359,6 +363,14 @@ TEST_F(GpuCca, AttentionSplitsDecodeKeysAcrossBlocks) {
     for (int64_t b = 0; b < c.B; ++b)
       for (int64_t t = 0; t < c.T; ++t)
         seg[size_t(b * c.T + t)] = int32_t(t < 2 ? c.pos0[size_t(b)] - 300 : c.pos0[size_t(b)] + 2);
+    // The backend's own choice splits each of these shapes, on the emulated device's 8
+    // multiprocessors as on an H100's 132.
+    const int64_t tile_q = 16, blocks = (c.T + tile_q - 1) / tile_q * c.Hq * c.B;
+    int64_t longest = 0;
+    for (int64_t p : c.pos0) longest = std::max(longest, p + c.T);
+    if (c.window > 0) longest = std::min(longest, c.window + tile_q - 1);
+    EXPECT_GT(attention_key_splits(blocks, longest, 8, 0), 1);
+    EXPECT_GT(attention_key_splits(blocks, longest, 132, 0), 1);
     auto q = rnd(size_t(c.B * c.T * c.Hq * c.dh)), k = rnd(size_t(c.B * c.S * c.Hkv * c.dh)),
          v = rnd(size_t(c.B * c.S * c.Hkv * c.dh));
     for (int64_t b = 0; b < c.B; ++b)
@@ -367,6 +379,9 @@ TEST_F(GpuCca, AttentionSplitsDecodeKeysAcrossBlocks) {
           k[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
           v[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
         }
+    // The last query row of head 1 of the last sequence is NaN (a diverged activation).
+    const size_t nan_row = size_t(((c.B - 1) * c.T + c.T - 1) * c.Hq + 1) * size_t(c.dh);
+    std::fill(q.begin() + std::ptrdiff_t(nan_row), q.begin() + std::ptrdiff_t(nan_row + size_t(c.dh)), NAN);
     std::vector<float> out(q.size());
     AttentionArgs a;
     a.q = q.data(); a.k_cache = k.data(); a.v_cache = v.data(); a.out = out.data(); a.pos0 = c.pos0.data();
@@ -378,6 +393,9 @@ TEST_F(GpuCca, AttentionSplitsDecodeKeysAcrossBlocks) {
       CudaBackendOptions o;
       o.attention_key_splits = splits;
       auto be = make_cuda_backend(o);
+      const std::string diag = be->diagnostics();
+      EXPECT_NE(diag.find(" multiprocessors"), std::string::npos) << diag;
+      EXPECT_EQ(diag.find(" 0 multiprocessors"), std::string::npos) << diag;
       const std::string what = "decode T " + std::to_string(c.T) + " S " + std::to_string(c.S) + " dh " +
                                std::to_string(c.dh) + " window " + std::to_string(c.window) +
                                (c.segmented ? " segmented" : "") + " splits " + std::to_string(splits);
@@ -386,7 +404,12 @@ TEST_F(GpuCca, AttentionSplitsDecodeKeysAcrossBlocks) {
       g.q = gq.f(); g.k_cache = gk.f(); g.v_cache = gv.f(); g.out = go.f();
       be->attention(g);
       const std::vector<float> got = go.get();
-      expect_close(got, out, kTolF32, what);
+      // The NaN row comes out NaN; the others match the CPU.
+      for (size_t i = nan_row; i < nan_row + size_t(c.dh); ++i)
+        ASSERT_TRUE(std::isnan(got[i])) << what << ": the NaN query row gave " << got[i] << " at " << i - nan_row;
+      std::vector<float> got_finite = got, out_finite = out;
+      for (size_t i = nan_row; i < nan_row + size_t(c.dh); ++i) got_finite[i] = out_finite[i] = 0.0f;
+      expect_close(got_finite, out_finite, kTolF32, what);
       g.out = go2.f();
       be->attention(g);
       EXPECT_TRUE(std::memcmp(go2.get().data(), got.data(), got.size() * 4) == 0) << what << ": does not repeat";

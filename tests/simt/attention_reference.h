@@ -31,19 +31,24 @@ inline std::string describe(const AttnCase& c) {
          (c.segmented ? " segmented" : "");
 }
 
-// Document starts at 0, 11, 12, 30 (and T - 40 for chunks over 100): seg[b*T + t] = the latest
-// start <= t.
-inline std::vector<int32_t> segments(int64_t B, int64_t T) {
+// Document starts at chunk positions 0, 11, 12, 30 (and T - 40 for chunks over 100, 2 for chunks
+// under 11): seg[b*T + t] = the key position of the latest start <= t. A chunk at an offset
+// (context parallelism) continues a document that began 5 keys before it, and its later starts
+// sit at pos0 + start.
+inline std::vector<int32_t> segments(int64_t B, int64_t T, const std::vector<int64_t>& pos0) {
   std::vector<int32_t> starts = {0, 11, 12, 30};
   if (T > 100) starts.push_back(int32_t(T) - 40);
+  if (T < 11) starts.push_back(2);
   std::vector<int32_t> seg(size_t(B * T));
-  for (int64_t b = 0; b < B; ++b)
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t p0 = int32_t(pos0[size_t(b)]);
     for (int64_t t = 0; t < T; ++t) {
       int32_t s = 0;
       for (int32_t st : starts)
         if (st <= t) s = st;
-      seg[size_t(b * T + t)] = s;
+      seg[size_t(b * T + t)] = s == 0 ? (p0 >= 5 ? p0 - 5 : 0) : p0 + s;
     }
+  }
   return seg;
 }
 
@@ -69,7 +74,7 @@ struct AttnReference {
           k[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
           v[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
         }
-    if (c.segmented) seg = segments(c.B, c.T);
+    if (c.segmented) seg = segments(c.B, c.T, c.pos0);
     out.resize(size_t(nq));
     args.q = q.data(); args.k_cache = k.data(); args.v_cache = v.data(); args.out = out.data();
     args.pos0 = c.pos0.data();

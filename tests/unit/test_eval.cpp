@@ -2,7 +2,6 @@
 // the token streams read from token files, text and shard directories, multiple-choice scores
 // against the same log-softmax, and the CLI end to end.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>

@@ -179,8 +179,8 @@ TEST(AttentionKeySplits, SlicesCoverTheKeysOnceInWholeTiles) {
     for (int64_t j = 0; j < splits; ++j) {
       const AttnKeySlice r = attention_key_slice(s_begin, s_end, j, splits, tile);
       ASSERT_LE(r.begin, r.end) << what << ", split " << j;
-      if (r.begin == r.end) {  // empty slices come last
-        next = s_end;
+      if (r.begin == r.end) {  // empty slices come after every key is taken
+        ASSERT_EQ(next, s_end) << what << ", split " << j << ": empty while keys are left";
         continue;
       }
       ASSERT_EQ(r.begin, next) << what << ", split " << j << ": a gap or an overlap";

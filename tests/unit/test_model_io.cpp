@@ -14,8 +14,6 @@
 namespace zaya {
 namespace {
 
-namespace fs = std::filesystem;
-
 std::vector<float> params_of(Model& m) {
   return std::vector<float>(m.params(), m.params() + m.layout().total);
 }

@@ -5,7 +5,6 @@
 // a prompt token, across a shard boundary too), held-out scoring of completions only, and
 // the trainer's step: its loss and gradient are the mean over the completions' targets.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>

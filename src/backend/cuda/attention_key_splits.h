@@ -5,7 +5,7 @@
 // its own online softmax over 1/S of the tile's visible keys and writes its unnormalised output
 // with its running max and sum; a second kernel merges the S slices in a fixed order
 // (ops_attention.cu, ops_attention_kernels.h). Plain C++ for the host, checked by
-// tests/unit/test_attention_key_splits.cpp.
+// tests/unit/test_flash_ranges.cpp.
 #pragma once
 
 #include <cstdint>

@@ -172,7 +172,10 @@ std::string CudaBackend::diagnostics() const {
           : options_.bf16_matmul   ? std::string("TF32")
                                    : std::string("exact fp32")) + ", attention " +
          (attention_flash_tc_enabled() ? "forward and backward flash on the tensor cores" : "through the GEMM engine") +
-         ", " +
+         ", decode attention keys split " +
+         (options_.attention_key_splits > 0 ? "in " + std::to_string(options_.attention_key_splits)
+                                             : std::string("by size")) +
+         " on " + std::to_string(multiprocessors_) + " multiprocessors, " +
          std::to_string(shadows_built_) + " bf16 weight shadows built (" + std::to_string(shadows_.size()) +
          " held, " + std::to_string(shadow_bytes_) + " bytes; " + std::to_string(shadows_declined_) +
          " declined over the budget)";

@@ -63,7 +63,8 @@ struct CudaBackendOptions {
   // The attention forward of chunks under 64 queries (decode) splits each query tile's keys over
   // this many blocks, merged by a second kernel; 0: chosen from the launch's size, the keys and
   // the device's multiprocessors (attention_key_splits.h), 1: never. make_backend takes it from
-  // ZAYA_ATTN_KEY_SPLITS when set (tests and benchmarks).
+  // ZAYA_ATTN_KEY_SPLITS when set (tests and benchmarks). The slices take B T Hq N (dh + 2) floats
+  // of workspace per call: a few MB as chosen, hundreds of MB if N is forced high at a large batch.
   int attention_key_splits = 0;
 };
 

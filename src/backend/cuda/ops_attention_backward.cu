@@ -6,7 +6,8 @@
 //   dK/dV kernel, one warp per key: over the query heads of its KV group and the queries that
 //     can see it: dV += P dO, dK += dS Q.
 // fp32 throughout. Used for chunks of fewer than kAttnGemmMinQueries queries, as the forward's
-// warp kernels are, so that the O it reads came from the same fp32 arithmetic. Longer chunks go
+// warp kernels are, so that the O it reads came from fp32 arithmetic too (whole, or merged from key
+// slices in decode-sized launches over long caches: the same up to rounding). Longer chunks go
 // through the GEMM engine (ops_attention_gemm.cu), which recomputes P and never reads O, or, when
 // asked, the tensor-core flash backward (ops_attention_flash_tc_backward.cu), which reads the O of
 // the flash forward that the same option selects.

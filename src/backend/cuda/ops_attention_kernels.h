@@ -82,30 +82,31 @@ __global__ void k_attention(AttnParams p) {
   }
 }
 
-// Merges the key slices of k_attention (p.splits > 1) into p.out, one warp per query row, over
-// the slices in order (so the result repeats bitwise): with M the largest running max,
-// out = sum_j e^(m_j - M) acc_j / sum_j e^(m_j - M) l_j, and 0 for a row that saw no key.
+// Merges the key slices of k_attention (p.splits > 1) into p.out, one warp per query row (a
+// grid-stride loop over the rows), over the slices in order (so the result repeats bitwise): with
+// M the largest running max, out = sum_j e^(m_j - M) acc_j / sum_j e^(m_j - M) l_j, and 0 for a
+// row that saw no key. A slice that saw no key (sum 0) is left out; one whose scores were NaN
+// (max -inf, sum NaN) is not, so the NaN reaches the output as it does unsplit.
 __global__ void k_attention_merge(AttnParams p) {
   const int lane = int(threadIdx.x) % GPU_WARP_SIZE;
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / GPU_WARP_SIZE;
-  if (row >= p.B * p.T * p.Hq) return;  // the whole warp
+  const int64_t rows = p.B * p.T * p.Hq, warps = int64_t(gridDim.x) * blockDim.x / GPU_WARP_SIZE;
   const int64_t dh = p.dh, stride = dh + 2;
-  const float* part = p.part + row * p.splits * stride;
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < p.splits; ++j) mx = fmaxf(mx, part[j * stride + dh]);
-  float acc[kAttnMaxPerLane] = {}, l = 0.0f;
-  if (mx > -INFINITY) {
+  for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / GPU_WARP_SIZE; row < rows; row += warps) {
+    const float* part = p.part + row * p.splits * stride;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < p.splits; ++j) mx = fmaxf(mx, part[j * stride + dh]);
+    float acc[kAttnMaxPerLane] = {}, l = 0.0f;
     for (int64_t j = 0; j < p.splits; ++j) {
       const float* slice = part + j * stride;
-      if (slice[dh] == -INFINITY) continue;  // saw no key
+      if (slice[dh + 1] == 0.0f) continue;  // saw no key
       const float w = expf(slice[dh] - mx);
       l += w * slice[dh + 1];
       lane_axpy(acc, w, slice, lane, dh);
     }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int e = 0; e < kAttnMaxPerLane; ++e) acc[e] *= inv;
+    lane_store(acc, p.out + row * dh, lane, dh);
   }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  for (int e = 0; e < kAttnMaxPerLane; ++e) acc[e] *= inv;
-  lane_store(acc, p.out + row * dh, lane, dh);
 }
 
 }  // namespace zaya::attention_fwd
