@@ -192,6 +192,34 @@ struct AttnCase {
   bool segmented;
 };
 
+// Random q, k and v for a case, with NaN in the cache slots past each sequence's chunk (never
+// written: NaN there must not reach any output), an output buffer, and the AttentionArgs over
+// them; seg: the document starts, or empty. Holds pointers into itself: not copyable.
+struct AttnInputs {
+  std::vector<float> q, k, v, out;
+  AttentionArgs args;
+  AttnInputs(const AttnCase& c, const std::vector<int32_t>& seg)
+      : q(rnd(size_t(c.B * c.T * c.Hq * c.dh))),
+        k(rnd(size_t(c.B * c.S * c.Hkv * c.dh))),
+        v(rnd(size_t(c.B * c.S * c.Hkv * c.dh))),
+        out(q.size()) {
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t s = c.pos0[size_t(b)] + c.T; s < c.S; ++s)
+        for (int64_t e = 0; e < c.Hkv * c.dh; ++e) {
+          k[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
+          v[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
+        }
+    args.q = q.data(); args.k_cache = k.data(); args.v_cache = v.data(); args.out = out.data();
+    args.pos0 = c.pos0.data();
+    args.B = c.B; args.T = c.T; args.S = c.S; args.Hq = c.Hq; args.Hkv = c.Hkv; args.dh = c.dh;
+    args.window = c.window;
+    args.scale = 1.0f / std::sqrt(float(c.dh));
+    args.seg_start = seg.empty() ? nullptr : seg.data();
+  }
+  AttnInputs(const AttnInputs&) = delete;
+  AttnInputs& operator=(const AttnInputs&) = delete;
+};
+
 // Queries past the cache (pos0[b] + T > S) fail before any kernel reads outside it, on every
 // path: the warp kernels (3 queries), and from 64 queries on the GEMM path or the tensor-core
 // flash kernels, forward and backward.
@@ -277,21 +305,9 @@ TEST_F(GpuCca, Attention) {
             start = start == 0 ? int32_t(c.pos0[size_t(b)] - 5) : int32_t(c.pos0[size_t(b)] + start);
           }
     }
-    auto q = rnd(size_t(c.B * c.T * c.Hq * c.dh)), k = rnd(size_t(c.B * c.S * c.Hkv * c.dh)),
-         v = rnd(size_t(c.B * c.S * c.Hkv * c.dh));
-    // Cache slots past each sequence's chunk were never written: NaN there must not reach any output.
-    for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t s = c.pos0[size_t(b)] + c.T; s < c.S; ++s)
-        for (int64_t e = 0; e < c.Hkv * c.dh; ++e) {
-          k[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
-          v[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
-        }
-    std::vector<float> out(q.size());
-    AttentionArgs a;
-    a.q = q.data(); a.k_cache = k.data(); a.v_cache = v.data(); a.out = out.data(); a.pos0 = c.pos0.data();
-    a.B = c.B; a.T = c.T; a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.dh = c.dh; a.window = c.window;
-    a.scale = 1.0f / std::sqrt(float(c.dh));
-    a.seg_start = c.segmented ? seg.data() : nullptr;
+    AttnInputs in(c, seg);
+    const std::vector<float>&q = in.q, &k = in.k, &v = in.v, &out = in.out;
+    const AttentionArgs& a = in.args;
     cpu.attention(a);
     // The backward of every case: the training layout (pos0 = 0, S = T), and chunks at an offset
     // as context parallelism runs them (queries at pos0 + t over the cache; keys past the chunk,
@@ -371,23 +387,13 @@ TEST_F(GpuCca, AttentionSplitsDecodeKeysAcrossBlocks) {
     if (c.window > 0) longest = std::min(longest, c.window + tile_q - 1);
     EXPECT_GT(attention_key_splits(blocks, longest, 8, 0), 1);
     EXPECT_GT(attention_key_splits(blocks, longest, 132, 0), 1);
-    auto q = rnd(size_t(c.B * c.T * c.Hq * c.dh)), k = rnd(size_t(c.B * c.S * c.Hkv * c.dh)),
-         v = rnd(size_t(c.B * c.S * c.Hkv * c.dh));
-    for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t s = c.pos0[size_t(b)] + c.T; s < c.S; ++s)
-        for (int64_t e = 0; e < c.Hkv * c.dh; ++e) {
-          k[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
-          v[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
-        }
+    const std::vector<int32_t> no_documents;
+    AttnInputs in(c, c.segmented ? seg : no_documents);
     // The last query row of head 1 of the last sequence is NaN (a diverged activation).
     const size_t nan_row = size_t(((c.B - 1) * c.T + c.T - 1) * c.Hq + 1) * size_t(c.dh);
-    std::fill(q.begin() + std::ptrdiff_t(nan_row), q.begin() + std::ptrdiff_t(nan_row + size_t(c.dh)), NAN);
-    std::vector<float> out(q.size());
-    AttentionArgs a;
-    a.q = q.data(); a.k_cache = k.data(); a.v_cache = v.data(); a.out = out.data(); a.pos0 = c.pos0.data();
-    a.B = c.B; a.T = c.T; a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.dh = c.dh; a.window = c.window;
-    a.scale = 1.0f / std::sqrt(float(c.dh));
-    a.seg_start = c.segmented ? seg.data() : nullptr;
+    std::fill(in.q.begin() + std::ptrdiff_t(nan_row), in.q.begin() + std::ptrdiff_t(nan_row + size_t(c.dh)), NAN);
+    const std::vector<float>&q = in.q, &k = in.k, &v = in.v, &out = in.out;
+    const AttentionArgs& a = in.args;
     cpu.attention(a);
     for (const int splits : {0, 1, 3, 64}) {
       CudaBackendOptions o;
