@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,7 +63,9 @@ struct AttnReference {
   std::vector<float> out, dq, dk, dv;  // the CPU's forward and backward
   AttentionArgs args;
 
-  AttnReference(const AttnCase& cs, uint64_t seed) : c(cs) {
+  // edit, when given, changes the inputs before the CPU computes its results.
+  AttnReference(const AttnCase& cs, uint64_t seed, const std::function<void(AttnReference&)>& edit = nullptr)
+      : c(cs) {
     const int64_t nq = c.B * c.T * c.Hq * c.dh, nkv = c.B * c.S * c.Hkv * c.dh;
     q = test::random_vector(size_t(nq), seed);
     k = test::random_vector(size_t(nkv), seed + 1);
@@ -75,6 +78,7 @@ struct AttnReference {
           v[size_t((b * c.S + s) * c.Hkv * c.dh + e)] = NAN;
         }
     if (c.segmented) seg = segments(c.B, c.T, c.pos0);
+    if (edit) edit(*this);
     out.resize(size_t(nq));
     args.q = q.data(); args.k_cache = k.data(); args.v_cache = v.data(); args.out = out.data();
     args.pos0 = c.pos0.data();

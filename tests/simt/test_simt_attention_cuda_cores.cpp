@@ -24,15 +24,13 @@ using simt_test::AttnReference;
 
 constexpr double kTol = 1e-4;
 
-void check_case(const AttnCase& c, uint64_t seed) {
-  const std::string what = simt_test::describe(c);
-  const AttnReference ref(c, seed);
-  const int64_t nq = int64_t(ref.q.size()), nkv = int64_t(ref.k.size());
-  AttnParams p = ref.params();
+// The forward whole, and with each query tile's keys split over 3 and over 7 blocks whose slices
+// k_attention_merge combines (decode over a long cache; attention_key_splits.h).
+void check_forward(const AttnCase& c, const AttnReference& ref, const std::string& what) {
+  const int64_t nq = int64_t(ref.q.size());
+  const AttnParams p = ref.params();
   const unsigned threads = unsigned(kAttnWarps * GPU_WARP_SIZE);
   const int64_t tile_q = int64_t(kAttnWarps) * attention_fwd::kQueriesPerWarp;
-  // The forward whole, and with each query tile's keys split over 3 and over 7 blocks whose
-  // slices k_attention_merge combines (decode over a long cache; attention_key_splits.h).
   for (const int64_t splits : {int64_t(1), int64_t(3), int64_t(7)}) {
     std::vector<float> got(size_t(nq), NAN), part(size_t(nq / c.dh * splits * (c.dh + 2)), NAN);
     AttnParams ps = p;
@@ -48,6 +46,15 @@ void check_case(const AttnCase& c, uint64_t seed) {
     }
     simt_test::expect_close(got, ref.out, kTol, what + " out, keys in " + std::to_string(splits) + " splits");
   }
+}
+
+void check_case(const AttnCase& c, uint64_t seed) {
+  const std::string what = simt_test::describe(c);
+  const AttnReference ref(c, seed);
+  check_forward(c, ref, what);
+  const int64_t nq = int64_t(ref.q.size()), nkv = int64_t(ref.k.size());
+  AttnParams p = ref.params();
+  const unsigned threads = unsigned(kAttnWarps * GPU_WARP_SIZE);
 
   std::vector<float> lse(size_t(c.B * c.T * c.Hq), NAN), drow(size_t(c.B * c.T * c.Hq), NAN);
   std::vector<float> gdq(size_t(nq), NAN), gdk(size_t(nkv), NAN), gdv(size_t(nkv), NAN);
@@ -87,6 +94,25 @@ TEST(SimtCudaCoreAttention, ShortChunksMatchTheCpuForwardAndBackward) {
     in_step = !in_step;
   }
   simt::set_schedule({});
+}
+
+// Keys whose score is -inf (an infinite key component that the query multiplies by a positive
+// value) weigh 0, as on the CPU, also when such a key is the first a warp or a key slice meets:
+// here keys 0-3 of every 32-key tile, the first of each warp's share of it. Decode (two queries:
+// every warp over its share of the keys) and a chunk of 20 queries (a warp per 4 queries).
+TEST(SimtCudaCoreAttention, InfiniteKeysWeighNothingAsOnTheCpu) {
+  const std::vector<AttnCase> cases = {{1, 2, 300, 4, 2, 64, 0, {298}, false}, {1, 20, 20, 2, 1, 64, 0, {0}, false}};
+  for (const AttnCase& c : cases) {
+    const AttnReference ref(c, 777, [](AttnReference& r) {
+      const AttnCase& k = r.c;
+      for (int64_t row = 0; row < k.B * k.T * k.Hq; ++row) r.q[size_t(row * k.dh)] = 1.0f;
+      for (int64_t b = 0; b < k.B; ++b)
+        for (int64_t s = 0; s < k.pos0[size_t(b)] + k.T; ++s)
+          if (s % 32 < 4)
+            for (int64_t g = 0; g < k.Hkv; ++g) r.k[size_t(((b * k.S + s) * k.Hkv + g) * k.dh)] = -INFINITY;
+    });
+    check_forward(c, ref, simt_test::describe(c) + " with infinite keys");
+  }
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 // GPU causal GQA attention over a KV cache, flash-style: one block per (query tile, head,
 // sequence), key/value tiles staged in shared memory, an online softmax per query kept in
-// registers by one warp, so memory is O(tile) rather than O(T^2). fp32 scores and softmax
-// (CUDA cores). Supports per-sequence start positions (chunked prefill, decode), sliding windows
-// and packed-document starts. Used for short chunks (decode); when such a launch has too few
-// blocks for the device and the cache is long, each query tile's keys are split over several
-// blocks and a second kernel merges their slices (attention_key_splits.h). Chunks of kAttnGemmMinQueries or
-// more queries go through the GEMM engine (ops_attention_gemm.cu) or, when asked, the
+// registers (by one warp, or by every warp of the block over its share of the keys for a tile of
+// at most 4 queries, merged at the end), so memory is O(tile) rather than O(T^2). fp32 scores and
+// softmax (CUDA cores). Supports per-sequence start positions (chunked prefill, decode), sliding
+// windows and packed-document starts. Used for short chunks (decode); when such a launch has too
+// few blocks for the device and the cache is long, each query tile's keys are split over several
+// blocks and a second kernel merges their slices (attention_key_splits.h). Chunks of
+// kAttnGemmMinQueries or more queries go through the GEMM engine (ops_attention_gemm.cu) or, when asked, the
 // tensor-core flash kernel (ops_attention_flash_tc.cu), at any offset (prefill chunks,
 // context-parallel chunks).
 #include <algorithm>

@@ -118,7 +118,7 @@ __device__ inline void lane_store(const float (&x)[kAttnMaxPerLane], float* dst,
   }
 }
 
-// x += w * row for a lane-distributed head vector x and a row in shared memory.
+// x += w * row for a lane-distributed head vector x and a row (in shared or global memory).
 __device__ inline void lane_axpy(float (&x)[kAttnMaxPerLane], float w, const float* row, int lane, int64_t dh) {
   for (int e = 0; e < kAttnMaxPerLane; ++e) {
     const int64_t d = lane + int64_t(e) * GPU_WARP_SIZE;

@@ -1,6 +1,7 @@
 // The kernels of the CUDA-core causal GQA attention forward for short chunks (ops_attention.cu
-// launches them and describes them): one warp per kQueriesPerWarp queries (a tile of fewer, as in
-// decode: every warp on the same queries over its share of the keys), K/V tiles in shared
+// launches them and describes them): one warp per kQueriesPerWarp queries (a tile of at most that
+// many, as in decode or a chunk's last tile: every warp on the same queries over its share of the
+// keys), K/V tiles in shared
 // memory, an online softmax in registers, head vectors spread over the lanes of any warp size (32,
 // or 64 on CDNA); with the keys split over several blocks per query tile (decode over a long
 // cache), each block's slice and the kernel that merges the slices. A header so that the host
@@ -22,8 +23,8 @@ constexpr int kQueriesPerWarp = 4;
 // Merges n partial online-softmax states of one query row (each: dh unnormalised output values,
 // then the running max and sum, `stride` floats apart) into acc, m and l, in order: with M the
 // largest max, acc = sum_j e^(m_j - M) acc_j and l = sum_j e^(m_j - M) l_j. A state that saw no
-// key (sum 0) is left out; one whose scores were NaN (max -inf, sum NaN) is not, so the NaN
-// carries to the output as it does through one state.
+// key (sum 0) is left out; one that met a NaN score (sum NaN, its max finite or -inf) is not, so
+// the NaN carries to the output as it does through one state.
 __device__ inline void merge_partials(const float* parts, int64_t n, int64_t stride, int lane, int64_t dh,
                                       float (&acc)[kAttnMaxPerLane], float& m, float& l) {
   m = -INFINITY;
@@ -45,9 +46,11 @@ __global__ void k_attention(AttnParams p) {
   const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warp = int(threadIdx.x) / GPU_WARP_SIZE;
   const AttnQueryTile tile = attn_query_tile(p, kQueriesPerWarp);
   const int64_t b = tile.b, h = tile.h, g = tile.g, dh = p.dh;
-  // A tile of at most kQueriesPerWarp queries (decode: one per sequence and head) would leave
-  // every warp but the first without work: then every warp takes the same queries and every
-  // kAttnWarps-th key of each staged tile, and the warps' states are merged at the end.
+  // A tile of at most kQueriesPerWarp queries (decode: one per sequence and head; or a chunk's
+  // last tile) would leave every warp but the first without work: then every warp takes the same
+  // queries and every kAttnWarps-th key of each staged tile, and the warps' states are merged at
+  // the end through sk, which holds them all.
+  static_assert(kAttnWarps * kQueriesPerWarp * (kAttnMaxDh + 2) <= kAttnKeyTile * kAttnMaxDh);
   const int64_t tile_queries = p.T - tile.t_begin < int64_t(kAttnWarps) * kQueriesPerWarp
                                    ? p.T - tile.t_begin
                                    : int64_t(kAttnWarps) * kQueriesPerWarp;
@@ -77,6 +80,7 @@ __global__ void k_attention(AttnParams p) {
         const int64_t t = tile.t_begin + query_warp * kQueriesPerWarp + i;
         if (t >= p.T || !attn_visible(p, b, t, s0 + j)) continue;  // uniform across the warp
         const float sc = lane_dot(qr[i], sk + j * dh, lane, dh) * p.scale;
+        if (sc == -INFINITY) continue;  // weight 0 (an infinite q or k), as on the CPU
         float w;
         if (sc > m[i]) {
           const float corr = expf(m[i] - sc);
@@ -95,7 +99,7 @@ __global__ void k_attention(AttnParams p) {
   }
   if (keys_over_warps) {  // the warps' states of each query, through shared memory (sk is free)
     const int64_t stride = dh + 2;
-    for (int i = 0; i < kQueriesPerWarp; ++i) {
+    for (int i = 0; i < tile_queries; ++i) {
       float* state = sk + (int64_t(i) * kAttnWarps + warp) * stride;
       lane_store(acc[i], state, lane, dh);
       if (lane == 0) {
@@ -105,7 +109,7 @@ __global__ void k_attention(AttnParams p) {
     }
     __syncthreads();
     if (warp != 0) return;  // no barrier follows
-    for (int i = 0; i < kQueriesPerWarp; ++i)
+    for (int i = 0; i < tile_queries; ++i)
       merge_partials(sk + int64_t(i) * kAttnWarps * stride, kAttnWarps, stride, lane, dh, acc[i], m[i], l[i]);
   }
   for (int i = 0; i < kQueriesPerWarp; ++i) {
