@@ -379,12 +379,10 @@ TEST_F(GpuCca, AttentionSplitsDecodeKeysAcrossBlocks) {
     for (int64_t b = 0; b < c.B; ++b)
       for (int64_t t = 0; t < c.T; ++t)
         seg[size_t(b * c.T + t)] = int32_t(t < 2 ? c.pos0[size_t(b)] - 300 : c.pos0[size_t(b)] + 2);
-    // The backend's own choice splits each of these shapes, on the emulated device's 8
-    // multiprocessors as on an H100's 132.
+    // The backend's own choice splits each of these shapes (query tiles of 16), on the emulated
+    // device's 8 multiprocessors as on an H100's 132.
     const int64_t tile_q = 16, blocks = (c.T + tile_q - 1) / tile_q * c.Hq * c.B;
-    int64_t longest = 0;
-    for (int64_t p : c.pos0) longest = std::max(longest, p + c.T);
-    if (c.window > 0) longest = std::min(longest, c.window + tile_q - 1);
+    const int64_t longest = attention_longest_keys(c.pos0.data(), c.B, c.T, c.window, tile_q);
     EXPECT_GT(attention_key_splits(blocks, longest, 8, 0), 1);
     EXPECT_GT(attention_key_splits(blocks, longest, 132, 0), 1);
     const std::vector<int32_t> no_documents;

@@ -166,6 +166,15 @@ TEST(AttentionKeySplits, SplitOnlyWhatLeavesTheDeviceIdleAndHasKeysEnough) {
   EXPECT_EQ(attention_key_splits(8, 32768, sms, 1000), kAttnMaxSplits);
 }
 
+TEST(AttentionKeySplits, LongestKeysAreTheLastPositionOrTheWindowsReach) {
+  const int64_t pos0[] = {100, 1000, 7};
+  EXPECT_EQ(attention_longest_keys(pos0, 3, 5, 0, 16), 1005);  // sequence 1's last query at 1004
+  EXPECT_EQ(attention_longest_keys(pos0, 1, 5, 0, 16), 105);
+  // A window of 200: a tile's 16 queries reach 200 + 15 keys at most.
+  EXPECT_EQ(attention_longest_keys(pos0, 3, 5, 200, 16), 215);
+  EXPECT_EQ(attention_longest_keys(pos0, 1, 5, 2000, 16), 105);
+}
+
 TEST(AttentionKeySplits, SlicesCoverTheKeysOnceInWholeTiles) {
   std::mt19937_64 rng(7);
   const int64_t tile = 32;

@@ -32,6 +32,15 @@ inline int64_t attention_key_splits(int64_t blocks, int64_t longest, int64_t sms
   return splits > 1 ? splits : 1;
 }
 
+// The most keys one query tile of tile_q queries may see, over B sequences whose T-query chunks
+// start at pos0[b] (host memory): the last query's position + 1, or a window's reach.
+inline int64_t attention_longest_keys(const int64_t* pos0, int64_t B, int64_t T, int64_t window, int64_t tile_q) {
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) longest = pos0[b] + T > longest ? pos0[b] + T : longest;
+  if (window > 0 && window + tile_q - 1 < longest) longest = window + tile_q - 1;
+  return longest;
+}
+
 // The keys [begin, end) of split `split` of `splits` over a tile's visible keys [s_begin, s_end):
 // equal slices rounded up to whole key tiles of `tile` keys, the last ones possibly empty.
 struct AttnKeySlice {

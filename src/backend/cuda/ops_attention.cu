@@ -6,9 +6,9 @@
 // windows and packed-document starts. Used for short chunks (decode); when such a launch has too
 // few blocks for the device and the cache is long, each query tile's keys are split over several
 // blocks and a second kernel merges their slices (attention_key_splits.h). Chunks of
-// kAttnGemmMinQueries or more queries go through the GEMM engine (ops_attention_gemm.cu) or, when asked, the
-// tensor-core flash kernel (ops_attention_flash_tc.cu), at any offset (prefill chunks,
-// context-parallel chunks).
+// kAttnGemmMinQueries or more queries go through the GEMM engine (ops_attention_gemm.cu) or, when
+// asked, the tensor-core flash kernel (ops_attention_flash_tc.cu), at any offset (prefill
+// chunks, context-parallel chunks).
 #include <algorithm>
 #include <vector>
 
@@ -28,10 +28,7 @@ void CudaBackend::attention(const AttentionArgs& a) {
   AttnParams p = attn_params(*this, a, warp_size_, "attention", pos0, seg);
   p.out = a.out;
   const int64_t tile_q = int64_t(kAttnWarps) * kQueriesPerWarp, tiles = (a.T + tile_q - 1) / tile_q;
-  // The most keys a query tile may see: its last query's position + 1, or the window's reach.
-  int64_t longest = 0;
-  for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, a.pos0[b] + a.T);
-  if (a.window > 0) longest = std::min(longest, a.window + tile_q - 1);
+  const int64_t longest = attention_longest_keys(a.pos0, a.B, a.T, a.window, tile_q);
   p.splits = attention_key_splits(tiles * a.Hq * a.B, longest, multiprocessors_, options_.attention_key_splits);
   DeviceBuffer part;
   if (p.splits > 1) {
