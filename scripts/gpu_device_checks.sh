@@ -74,7 +74,7 @@ ldd "$BIN/zaya" | grep "not found" && echo "gpu_device_checks: missing libraries
 failed=0
 step_tests() {
   "$BIN/zaya_gpu_tests" --gtest_output=xml:"$LOGS/gpu_tests.xml" 2>&1 | tee "$LOGS/gpu_tests.log" | \
-    grep -E "^\[  (FAILED|  OK|PASSED) |Failure|error|skipped|rel|max" | head -150
+    grep -E "^\[  (FAILED|  OK|PASSED) |Failure|error|skipped|rel|max|differ|disagree" | head -150
   return "${PIPESTATUS[0]}"
 }
 step_hf() {

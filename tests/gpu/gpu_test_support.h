@@ -125,7 +125,14 @@ inline std::unique_ptr<Backend> make_gpu(const GemmMode& m) {
   o.newton_schulz_bf16 = m.ns_bf16;
   o.attention_flash_tc = m.attn_flash;
   o.newton_schulz_bf16_iterates = m.ns_bf16_iterates;
-  return make_cuda_backend(o);
+  auto gpu = make_cuda_backend(o);
+  // A mode that asks for the mma.sync kernels must get them: were the backend's start-up check of
+  // their primitives to fail, it would serve the other paths and the mode would test those.
+  const std::string diagnostics = gpu->diagnostics();
+  if ((m.attn_flash || m.moe_grouped) && diagnostics.find("mma.sync primitives disagree") != std::string::npos)
+    ADD_FAILURE() << "mode " << m.name << " asks for the tensor-core kernels, which this GPU's check refused: "
+                  << diagnostics;
+  return gpu;
 }
 
 }  // namespace zaya::gpu_test

@@ -1,6 +1,7 @@
 // How the GPU backend is created: a clear zaya::Error("cuda", ...) without a device (this
 // test runs, and passes, on machines without a GPU), and make_backend("cuda") in a ZAYA_CUDA
-// build; the clear error of a device out of memory; and the options the environment sets.
+// build; the clear error of a device out of memory; the options the environment sets; and the
+// check of the tensor-core primitives against plain products.
 #include <cstdlib>
 #include <string>
 
@@ -78,6 +79,30 @@ TEST(GpuFactory, AttentionKeySplitsFromTheEnvironment) {
   }
   if (before) setenv("ZAYA_ATTN_KEY_SPLITS", saved.c_str(), 1);
   else unsetenv("ZAYA_ATTN_KEY_SPLITS");
+}
+
+// The tensor-core primitives of gpu_mma.h (mma.sync, ldmatrix, cp.async, bf16x2 rounding) agree
+// with plain products on this device, for fresh inputs each run, and the backend's own start-up
+// check passed, so its diagnostics say the mma.sync kernels may run. When the flash attention or
+// the pipelined grouped GEMMs fail on a new GPU, this names the primitive to look at first.
+TEST(GpuMma, PrimitivesAgreeWithPlainProducts) {
+  if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
+  if (!cuda_tensor_core_kernels_built()) GTEST_SKIP() << "skipped: this build has no mma.sync kernels";
+  auto gpu = make_cuda_backend({});
+  for (int run = 0; run < 3; ++run) {
+    const MmaSelfCheck check = cuda_mma_self_check(*gpu, fresh_seed());
+    if (!check.ran) GTEST_SKIP() << "skipped: this device runs no mma.sync kernels (before sm_80)";
+    std::string all;
+    for (const auto& m : check.mismatches) all += m + "\n";
+    EXPECT_TRUE(check.mismatches.empty()) << all;
+  }
+  const std::string diagnostics = gpu->diagnostics();
+  EXPECT_NE(diagnostics.find("mma.sync primitives agree with plain products"), std::string::npos) << diagnostics;
+}
+
+TEST(GpuMma, SelfCheckNeedsTheGpuBackend) {
+  CpuBackend cpu;
+  test::expect_error([&] { cuda_mma_self_check(cpu, 1); }, {"cuda_mma_self_check needs the GPU backend", "cpu"});
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include "backend/cuda/gpu_grouped_gemm.h"
+#include "core/log.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -73,6 +74,25 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
 #endif
   multiprocessors_ = gpu_device_multiprocessors(options_.device);
   gemm_ = std::make_unique<GpuGemm>(stream_, options_.portable_gemm);
+  if (wmma_) check_mma_sync_at_start();
+}
+
+// The mma.sync kernels run only where their primitives agree with plain products on this device
+// (gpu_mma_check.cu: one warp, a few microseconds). A disagreement keeps them off with a warning
+// rather than training on wrong products.
+void CudaBackend::check_mma_sync_at_start() {
+  const std::vector<std::string> mismatches = check_mma_primitives(0x7a617961u);
+  mma_sync_ok_ = mismatches.empty();
+  if (mma_sync_ok_) {
+    mma_check_ = "agree with plain products";
+    return;
+  }
+  mma_check_ = "disagree with plain products (" + mismatches.front() + "): flash attention and pipelined grouped GEMMs off";
+  std::string all;
+  for (const auto& m : mismatches) all += "\n  " + m;
+  log::warn("cuda: the tensor-core (mma.sync) primitives disagree with plain products on this GPU, so the flash "
+            "attention (ZAYA_ATTN_FLASH) and the pipelined grouped GEMMs (ZAYA_MOE_DEVICE_GROUPED) stay off and "
+            "their GEMM-engine and WMMA paths serve instead:" + all);
 }
 
 CudaBackend::~CudaBackend() {
@@ -172,6 +192,7 @@ std::string CudaBackend::diagnostics() const {
           : options_.bf16_matmul   ? std::string("TF32")
                                    : std::string("exact fp32")) + ", attention " +
          (attention_flash_tc_enabled() ? "forward and backward flash on the tensor cores" : "through the GEMM engine") +
+         ", mma.sync primitives " + mma_check_ +
          ", decode attention keys split " +
          (options_.attention_key_splits > 0 ? "in " + std::to_string(options_.attention_key_splits)
                                              : std::string("by size")) +

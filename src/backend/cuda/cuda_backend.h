@@ -178,6 +178,13 @@ class CudaBackend final : public Backend {
   // Whether the grouped GEMMs take their bf16 WMMA path (CUDA, sm_80 and newer, not asked for the
   // portable kernels; decided once at start).
   bool wmma() const { return wmma_; }
+  // Whether the mma.sync kernels (the flash attention, the pipelined grouped GEMMs) may run:
+  // wmma() holds and the start-up check of their primitives found them agreeing with plain
+  // products on this device (check_mma_primitives).
+  bool mma_sync() const { return mma_sync_ok_; }
+  // gpu_mma_check.cu: the primitives of gpu_mma.h on this device against plain products of
+  // inputs drawn from `seed`; one line per primitive that disagrees (none in builds without them).
+  std::vector<std::string> check_mma_primitives(uint64_t seed);
   // linear / linear_backward with an explicit operand precision (the LM head stays fp32).
   void linear_impl(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
                    bool accumulate, int64_t ldy, bool bf16);
@@ -188,7 +195,7 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kAttnGemmMinQueries = 64;
   void attention_gemm(const AttentionArgs& a);
   // The tensor-core flash attention (ops_attention_flash_tc.cu, ops_attention_flash_tc_backward.cu):
-  // whether it is on (asked for, bf16 policy, CUDA sm_80+) and whether it serves `a` (head_dim 64
+  // whether it is on (asked for, bf16 policy, CUDA sm_80+, mma_sync()) and whether it serves `a` (head_dim 64
   // or 128, every tensor 16-byte aligned, and the shared memory of the forward and backward
   // kernels within the device's per-block limit; `more` names the backward's extra tensors).
   bool attention_flash_tc_enabled() const;
@@ -204,6 +211,9 @@ class CudaBackend final : public Backend {
   CudaBackendOptions options_;
   int warp_size_ = 32;  // the device's (checked equal to the kernels' GPU_WARP_SIZE)
   bool wmma_ = false;   // see wmma()
+  void check_mma_sync_at_start();       // sets mma_sync_ok_ and mma_check_ (cuda_backend.cu)
+  bool mma_sync_ok_ = false;            // see mma_sync()
+  std::string mma_check_ = "not run";   // the start-up check's outcome, for diagnostics()
   int64_t max_shared_per_block_ = 0;  // the device's opt-in shared memory per block (CUDA)
   int64_t multiprocessors_ = 0;       // the device's (sizes the attention forward's key splits)
   double peak_gflops_ = 0;  // matmul_peak_gflops(), measured once

@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -58,7 +59,8 @@ struct CudaBackendOptions {
   // or 128 runs forward and backward as flash kernels on the tensor cores (mma.sync:
   // ops_attention_flash_tc.cu, ops_attention_flash_tc_backward.cu) instead of through the GEMM
   // engine with materialised scores; make_backend sets it when the environment has
-  // ZAYA_ATTN_FLASH=1.
+  // ZAYA_ATTN_FLASH=1. Ignored, with a warning at start, where the check of the mma.sync
+  // primitives fails on the device (cuda_mma_self_check).
   bool attention_flash_tc = false;
   // The attention forward of chunks under 64 queries (decode) splits each query tile's keys over
   // this many blocks, merged by a second kernel; 0: chosen from the launch's size, the keys and
@@ -87,5 +89,17 @@ int cuda_device_count();
 // pipelined grouped GEMMs. CUDA builds do (they run on sm_80 and newer devices), HIP builds do
 // not, nor does the host emulation with 64-lane warps (tests/simt).
 bool cuda_tensor_core_kernels_built();
+
+// The warp-level tensor-core primitives (mma.sync, ldmatrix, cp.async, bf16x2 rounding) run on
+// the GPU backend's device with inputs drawn from `seed`, against plain products of the same
+// values (gpu_mma_check.cu). ran: false where the build or device has no mma.sync kernels (HIP,
+// below sm_80, the portable kernels); mismatches: one line per primitive that disagrees, empty
+// when all agree. The backend runs it once at start and keeps the tensor-core kernels off when
+// it fails. Throws zaya::Error when `gpu` is not the GPU backend.
+struct MmaSelfCheck {
+  bool ran = false;
+  std::vector<std::string> mismatches;
+};
+MmaSelfCheck cuda_mma_self_check(Backend& gpu, uint64_t seed);
 
 }  // namespace zaya

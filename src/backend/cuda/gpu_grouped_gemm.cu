@@ -5,9 +5,9 @@
 // (the portable path: HIP, and CUDA with portable_gemm). Which expert a block serves is read
 // from the device offsets: the rows kind walks the experts' row-tile counts, the weights kind
 // takes the expert from blockIdx.z. Plain loads (no cp.async pipeline). Passed against the
-// CPU backend on an H100, where it is 2.2x slower than per-expert cuBLASLt GEMMs; with tensor
-// cores, the launchers first try the pipelined kernels of gpu_grouped_gemm_mma.cu and keep
-// these for the shapes those leave.
+// CPU backend on an H100, where it is 2.2x slower than per-expert cuBLASLt GEMMs; for
+// GroupedCores::mma_sync the launchers first try the pipelined kernels of gpu_grouped_gemm_mma.cu
+// and keep these for the shapes those leave.
 #include "backend/cuda/gpu_grouped_gemm.h"
 
 #include <string>
@@ -199,31 +199,31 @@ int grouped_gemm_compiled_arch() {
 #endif
 }
 
-void grouped_gemm_rows(gpuStream_t s, bool tensor_cores, const int32_t* offsets, int64_t E, int64_t max_rows,
+void grouped_gemm_rows(gpuStream_t s, GroupedCores cores, const int32_t* offsets, int64_t E, int64_t max_rows,
                        int64_t N, int64_t K, float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb,
                        bool b_trans, int64_t stride_b, float beta, float* C, int64_t ldc) {
   if (E <= 0 || max_rows <= 0 || N <= 0) return;
-  if (tensor_cores && grouped_gemm_rows_mma(s, offsets, E, max_rows, N, K, alpha, A, lda, B, ldb, b_trans, stride_b,
+  if (cores == GroupedCores::mma_sync && grouped_gemm_rows_mma(s, offsets, E, max_rows, N, K, alpha, A, lda, B, ldb, b_trans, stride_b,
                                             beta, C, ldc))
     return;
   if (tiles(N, kBN) > 65535) fail("cuda", "grouped_gemm_rows: N = " + std::to_string(N) + " is too large");
   // Each expert's last tile may be partial: at most one extra tile per expert.
   const dim3 grid(unsigned(tiles(max_rows, kBM) + E), unsigned(tiles(N, kBN)));
-  gpu_launch(k_grouped_rows, grid, kThreads, 0, s, tensor_cores ? 1 : 0, offsets, E, N, K, alpha, A, lda, B,
+  gpu_launch(k_grouped_rows, grid, kThreads, 0, s, cores == GroupedCores::fma ? 0 : 1, offsets, E, N, K, alpha, A, lda, B,
              ldb, b_trans ? 1 : 0, stride_b, beta, C, ldc);
   GPU_LAUNCH_CHECK();
 }
 
-void grouped_gemm_weights(gpuStream_t s, bool tensor_cores, const int32_t* offsets, int64_t E, int64_t M, int64_t N,
+void grouped_gemm_weights(gpuStream_t s, GroupedCores cores, const int32_t* offsets, int64_t E, int64_t M, int64_t N,
                           float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, float beta,
                           float* C, int64_t ldc, int64_t stride_c) {
   if (E <= 0 || M <= 0 || N <= 0) return;
-  if (tensor_cores &&
+  if (cores == GroupedCores::mma_sync &&
       grouped_gemm_weights_mma(s, offsets, E, M, N, alpha, A, lda, B, ldb, beta, C, ldc, stride_c))
     return;
   if (E > 65535) fail("cuda", "grouped_gemm_weights: " + std::to_string(E) + " experts is too many");
   const dim3 grid(unsigned(tiles(M, kBM) * tiles(N, kBN)), 1, unsigned(E));
-  gpu_launch(k_grouped_weights, grid, kThreads, 0, s, tensor_cores ? 1 : 0, offsets, M, N, alpha, A, lda, B,
+  gpu_launch(k_grouped_weights, grid, kThreads, 0, s, cores == GroupedCores::fma ? 0 : 1, offsets, M, N, alpha, A, lda, B,
              ldb, beta, C, ldc, stride_c);
   GPU_LAUNCH_CHECK();
 }

@@ -1,9 +1,9 @@
 // Grouped GEMMs over expert-contiguous rows whose extents live in device memory: expert e owns
 // rows offsets[e] .. offsets[e + 1] (the MoE routing plan's offsets, never copied to the host),
 // so a layer's experts run as one launch each with no host round trip. bf16 operands, fp32
-// accumulation and an fp32 output: on the tensor cores when tensor_cores is asked for in a CUDA
-// build (the caller asks only for sm_80 or newer: CudaBackend::wmma()) -- the pipelined mma.sync
-// kernels where the shapes allow, else WMMA -- or with FMAs on any target (HIP included).
+// accumulation and an fp32 output: on the tensor cores in a CUDA build (the caller asks for them
+// only on sm_80 or newer: CudaBackend::wmma(), CudaBackend::mma_sync()) or with FMAs on any target
+// (HIP included): see GroupedCores.
 // Opt-in (CudaBackendOptions::moe_device_grouped): the WMMA kernels lost to per-expert cuBLASLt
 // GEMMs; the pipelined ones have not run yet.
 #pragma once
@@ -23,12 +23,20 @@ struct Bf16View {
   bool trans = false;
 };
 
+// The cores the grouped GEMMs run on.
+enum class GroupedCores {
+  fma,       // FMAs: any target (HIP, the portable kernels, devices before sm_80)
+  wmma,      // bf16 WMMA tiles on the tensor cores (CUDA, sm_80 and newer)
+  mma_sync,  // the pipelined mma.sync kernels where the shapes allow, else WMMA (CUDA, sm_80 and
+             // newer, where the start-up check of the mma.sync primitives passed)
+};
+
 // Rows kind. For the rows r of every expert e:
 //   C[r, 0:N] = alpha * A[r, 0:K] op(B_e) + beta * C[r, 0:N]
 // A: [rows, K] row-major (lda). B_e = B + e * stride_b, its logical [K, N] stored [N, K]
 // (b_trans, the weights as stored) or [K, N]. C fp32 (ldc). max_rows >= offsets[E] sizes the
 // grid (the token count). beta == 0 never reads C.
-void grouped_gemm_rows(gpuStream_t s, bool tensor_cores, const int32_t* offsets, int64_t E, int64_t max_rows,
+void grouped_gemm_rows(gpuStream_t s, GroupedCores cores, const int32_t* offsets, int64_t E, int64_t max_rows,
                        int64_t N, int64_t K, float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb,
                        bool b_trans, int64_t stride_b, float beta, float* C, int64_t ldc);
 
@@ -36,15 +44,15 @@ void grouped_gemm_rows(gpuStream_t s, bool tensor_cores, const int32_t* offsets,
 //   C_e[0:M, 0:N] = alpha * A_e^T B_e + beta * C_e
 // A_e, B_e: expert e's rows of A [rows, M] (lda) and B [rows, N] (ldb); C_e = C + e * stride_c,
 // fp32 [M, N] (ldc). An expert with no rows gets beta * C_e.
-void grouped_gemm_weights(gpuStream_t s, bool tensor_cores, const int32_t* offsets, int64_t E, int64_t M, int64_t N,
+void grouped_gemm_weights(gpuStream_t s, GroupedCores cores, const int32_t* offsets, int64_t E, int64_t M, int64_t N,
                           float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, float beta,
                           float* C, int64_t ldc, int64_t stride_c);
 
 // The same two products through the pipelined tensor-core kernels (gpu_grouped_gemm_mma.cu,
 // CUDA sm_80+ only: the caller checks the device). They return false, launching nothing, when
 // the shapes or strides are not multiples of 8 elements or an operand is not 16-byte aligned
-// (and always on HIP); grouped_gemm_rows / grouped_gemm_weights try them first when asked for
-// tensor cores.
+// (and always on HIP); grouped_gemm_rows / grouped_gemm_weights try them first for
+// GroupedCores::mma_sync.
 bool grouped_gemm_rows_mma(gpuStream_t s, const int32_t* offsets, int64_t E, int64_t max_rows, int64_t N, int64_t K,
                            float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, bool b_trans,
                            int64_t stride_b, float beta, float* C, int64_t ldc);

@@ -68,7 +68,7 @@ void flash_forward(gpuStream_t s, const FlashParams& p, bool lse_only) {
 
 bool CudaBackend::attention_flash_tc_enabled() const {
 #if defined(ZAYA_GPU_MMA_SYNC)
-  return options_.attention_flash_tc && options_.bf16_matmul && wmma_;
+  return options_.attention_flash_tc && options_.bf16_matmul && mma_sync_ok_;
 #else
   return false;
 #endif

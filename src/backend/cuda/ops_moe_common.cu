@@ -131,6 +131,11 @@ void gpu_swiglu(gpuStream_t s, const float* hid, float* act, int64_t rows, int64
   GPU_LAUNCH_CHECK();
 }
 
+// The grouped GEMMs' cores on this backend's device (gpu_grouped_gemm.h).
+static GroupedCores grouped_cores(const CudaBackend& be) {
+  return be.mma_sync() ? GroupedCores::mma_sync : be.wmma() ? GroupedCores::wmma : GroupedCores::fma;
+}
+
 ExpertGemms::ExpertGemms(CudaBackend& be, const int32_t* expert, int64_t N, int64_t E)
     : be_(be),
       E_(E),
@@ -142,7 +147,7 @@ void ExpertGemms::by_rows(int64_t N, int64_t K, const GemmOperand& A, const Gemm
                           float beta, float* C, int64_t ldc) const {
   if (grouped_) {
     ZAYA_CHECK(A.type == GemmType::BF16 && W.type == GemmType::BF16 && !A.trans, "moe: grouped operands");
-    grouped_gemm_rows(be_.stream(), be_.wmma(), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f,
+    grouped_gemm_rows(be_.stream(), grouped_cores(be_), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f,
                       static_cast<const bf16_t*>(A.ptr), A.ld, static_cast<const bf16_t*>(W.ptr), W.ld, W.trans,
                       stride_w, beta, C, ldc);
     return;
@@ -162,7 +167,7 @@ void ExpertGemms::weight_grads(int64_t M, int64_t N, const GemmOperand& A, const
   ZAYA_CHECK(!A.trans && !B.trans, "moe: weight gradient operands are stored by rows");
   if (grouped_) {
     ZAYA_CHECK(A.type == GemmType::BF16 && B.type == GemmType::BF16, "moe: grouped operands");
-    grouped_gemm_weights(be_.stream(), be_.wmma(), plan_.offsets_dev.i(), E_, M, N, 1.0f,
+    grouped_gemm_weights(be_.stream(), grouped_cores(be_), plan_.offsets_dev.i(), E_, M, N, 1.0f,
                          static_cast<const bf16_t*>(A.ptr), A.ld, static_cast<const bf16_t*>(B.ptr), B.ld, 1.0f, C,
                          ldc, stride_c);
     return;
