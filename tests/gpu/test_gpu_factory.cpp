@@ -83,12 +83,14 @@ TEST(GpuFactory, AttentionKeySplitsFromTheEnvironment) {
 
 // The tensor-core primitives of gpu_mma.h (mma.sync, ldmatrix, cp.async, bf16x2 rounding) agree
 // with plain products on this device, for fresh inputs each run, and the backend's own start-up
-// check passed, so its diagnostics say the mma.sync kernels may run. When the flash attention or
+// check (run when a path that uses them is asked for) passed, so its diagnostics say they may run. When the flash attention or
 // the pipelined grouped GEMMs fail on a new GPU, this names the primitive to look at first.
 TEST(GpuMma, PrimitivesAgreeWithPlainProducts) {
   if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
   if (!cuda_tensor_core_kernels_built()) GTEST_SKIP() << "skipped: this build has no mma.sync kernels";
-  auto gpu = make_cuda_backend({});
+  CudaBackendOptions asks_for_flash;
+  asks_for_flash.attention_flash_tc = true;  // the start-up check runs where a path needs it
+  auto gpu = make_cuda_backend(asks_for_flash);
   for (int run = 0; run < 3; ++run) {
     const MmaSelfCheck check = cuda_mma_self_check(*gpu, fresh_seed());
     if (!check.ran) GTEST_SKIP() << "skipped: this device runs no mma.sync kernels (before sm_80)";
@@ -98,6 +100,8 @@ TEST(GpuMma, PrimitivesAgreeWithPlainProducts) {
   }
   const std::string diagnostics = gpu->diagnostics();
   EXPECT_NE(diagnostics.find("mma.sync primitives agree with plain products"), std::string::npos) << diagnostics;
+  const std::string plain = make_cuda_backend({})->diagnostics();  // nothing asks: nothing checked
+  EXPECT_NE(plain.find("mma.sync primitives not checked"), std::string::npos) << plain;
 }
 
 TEST(GpuMma, SelfCheckNeedsTheGpuBackend) {

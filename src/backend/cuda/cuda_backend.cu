@@ -74,14 +74,22 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
 #endif
   multiprocessors_ = gpu_device_multiprocessors(options_.device);
   gemm_ = std::make_unique<GpuGemm>(stream_, options_.portable_gemm);
-  if (wmma_) check_mma_sync_at_start();
+  if (wmma_ && options_.bf16_matmul && (options_.attention_flash_tc || options_.moe_device_grouped))
+    check_mma_sync_at_start();
 }
 
 // The mma.sync kernels run only where their primitives agree with plain products on this device
 // (gpu_mma_check.cu: one warp, a few microseconds). A disagreement keeps them off with a warning
-// rather than training on wrong products.
+// rather than training on wrong products. Only when a path that uses them is asked for: the
+// default paths never depend on the check.
 void CudaBackend::check_mma_sync_at_start() {
-  const std::vector<std::string> mismatches = check_mma_primitives(0x7a617961u);
+  std::vector<std::string> mismatches;
+  try {
+    mismatches = check_mma_primitives(0x7a617961u);
+  } catch (const Error& e) {
+    fail("cuda", "the start-up check of the tensor-core (mma.sync) primitives did not run: " + e.message(),
+         "unset ZAYA_ATTN_FLASH and ZAYA_MOE_DEVICE_GROUPED to train without the kernels that use them");
+  }
   mma_sync_ok_ = mismatches.empty();
   if (mma_sync_ok_) {
     mma_check_ = "agree with plain products";

@@ -179,8 +179,8 @@ class CudaBackend final : public Backend {
   // portable kernels; decided once at start).
   bool wmma() const { return wmma_; }
   // Whether the mma.sync kernels (the flash attention, the pipelined grouped GEMMs) may run:
-  // wmma() holds and the start-up check of their primitives found them agreeing with plain
-  // products on this device (check_mma_primitives).
+  // wmma() holds, one of them is asked for, and the start-up check of their primitives found them
+  // agreeing with plain products on this device (check_mma_primitives).
   bool mma_sync() const { return mma_sync_ok_; }
   // gpu_mma_check.cu: the primitives of gpu_mma.h on this device against plain products of
   // inputs drawn from `seed`; one line per primitive that disagrees (none in builds without them).
@@ -213,7 +213,7 @@ class CudaBackend final : public Backend {
   bool wmma_ = false;   // see wmma()
   void check_mma_sync_at_start();       // sets mma_sync_ok_ and mma_check_ (cuda_backend.cu)
   bool mma_sync_ok_ = false;            // see mma_sync()
-  std::string mma_check_ = "not run";   // the start-up check's outcome, for diagnostics()
+  std::string mma_check_ = "not checked (no kernel that uses them asked for)";  // for diagnostics()
   int64_t max_shared_per_block_ = 0;  // the device's opt-in shared memory per block (CUDA)
   int64_t multiprocessors_ = 0;       // the device's (sizes the attention forward's key splits)
   double peak_gflops_ = 0;  // matmul_peak_gflops(), measured once

@@ -94,8 +94,8 @@ bool cuda_tensor_core_kernels_built();
 // the GPU backend's device with inputs drawn from `seed`, against plain products of the same
 // values (gpu_mma_check.cu). ran: false where the build or device has no mma.sync kernels (HIP,
 // below sm_80, the portable kernels); mismatches: one line per primitive that disagrees, empty
-// when all agree. The backend runs it once at start and keeps the tensor-core kernels off when
-// it fails. Throws zaya::Error when `gpu` is not the GPU backend.
+// when all agree. The backend runs it once at start when a path that uses those kernels is asked
+// for, and keeps them off when it fails. Throws zaya::Error when `gpu` is not the GPU backend.
 struct MmaSelfCheck {
   bool ran = false;
   std::vector<std::string> mismatches;

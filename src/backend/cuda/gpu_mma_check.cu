@@ -9,9 +9,9 @@
 //   chain        mma, c_to_a, mma_rows                  D = C + (A B1) V (a product fed on in registers)
 //   cp_async     cp_async16_or_zero, commit, wait       16-byte rows copied, the invalid ones zeroed
 //   pack         pack_bf16x2 (cvt.rn.bf16x2)            round to nearest even, as f32_to_bf16
-// The backend runs it once at start on sm_80 and newer (CudaBackend::CudaBackend) and keeps the
-// flash attention and the pipelined grouped GEMMs off when it fails; tests/gpu runs it with
-// fresh inputs. In a build without the mma.sync kernels (HIP, 64-lane emulation) it does not run.
+// The backend runs it once at start on sm_80 and newer when the flash attention or the
+// device-grouped MoE is asked for (CudaBackend::CudaBackend), and keeps both of their mma.sync
+// kernels off when it fails; tests/gpu runs it with fresh inputs. In a build without the mma.sync kernels (HIP, 64-lane emulation) it does not run.
 #include <cmath>
 #include <cstdio>
 #include <string>
