@@ -17,6 +17,9 @@
 #include "grad_fixtures.h"
 #include "model/model.h"
 #include "model/model_io.h"
+#if defined(ZAYA_SIMT)
+#include "simt_host_api.h"  // the emulated runtime's counts
+#endif
 
 namespace zaya {
 namespace {
@@ -97,6 +100,41 @@ TEST_P(GpuDecode, PrefillCopiesAndDecodeMatchCpu) {
     expect_close(got.logits[i], want.logits[i], tol,
                  fixture + " " + mode.name + " forward " + std::to_string(i));
 }
+
+#if defined(ZAYA_SIMT)
+// A decode step under the bf16 policy (the server's) waits for the GPU once, for its logits: the
+// MoE's routing plan stays on the device (few-rows GEMVs; the per-expert GEMMs of larger calls
+// copy it to the host, a wait per MoE layer). Counted in the host emulation, whose runtime
+// records every copy and synchronisation the backend asks for; a decode step at batch 1 and 4
+// after an 8-token prompt.
+TEST(GpuDecodeRoundTrips, OneWaitPerDecodeStep) {
+  const std::string dir = test::source_path("tests/fixtures/conv_t3_gqa2");
+  auto gpu = make_gpu(gemm_modes()[0]);
+  ASSERT_TRUE(std::string(gemm_modes()[0].name) == "bf16");
+  auto model = load_model(dir, *gpu);
+  gpu->set_weights_frozen(true);
+  const ModelConfig& c = model->config();
+  for (int64_t B : {1, 4}) {
+    DecodeState state(c, *gpu, B, 64);
+    std::vector<int32_t> prompt(size_t(B * 8), 3), token(size_t(B), 5);
+    std::vector<float> logits(size_t(B * c.vocab_size));
+    ForwardOutputs out;
+    out.logits = logits.data();
+    out.last_only = true;
+    model->forward(prompt.data(), B, 8, &state, out, nullptr, 0);
+    const simt::ApiCounts before = simt::api_counts();
+    model->forward(token.data(), B, 1, &state, out, nullptr, 0);
+    const simt::ApiCounts after = simt::api_counts();
+    const std::string what = "decode step at batch " + std::to_string(B) + " (" +
+                             std::to_string(after.launches - before.launches) + " launches, " +
+                             std::to_string(after.copies_to_device - before.copies_to_device) +
+                             " copies to the device)";
+    EXPECT_EQ(after.copies_to_host - before.copies_to_host, 1) << what << ": copies to the host";
+    EXPECT_EQ(after.synchronizations - before.synchronizations, 1) << what << ": synchronisations";
+  }
+  gpu->set_weights_frozen(false);
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuDecode,
                          ::testing::Combine(::testing::Values("conv_t3_gqa2", "gqa2_sliding_identity_untied"),

@@ -286,6 +286,23 @@ TEST_P(GpuMoe, WideShapesAndEdgeRoutings) {
   check(16, 24, 300, false, rnd_ints(700, 301));
 }
 
+// Calls of at most 16 tokens, as decode makes them: under the bf16 policy the experts' products
+// run as device GEMVs from the device offsets (no host round trip; the weight gradients as
+// grouped GEMMs): one token, a few with skipped ones and experts left empty, 16 tokens over 300
+// experts (the row's expert found among many offsets), widths whose K is a multiple of 8 (the
+// 16-byte loads; once past a warp's 256 elements) and not (36, 20), and 17 tokens, the first
+// count past the few-rows form.
+TEST_P(GpuMoe, FewTokensAsDecodeRunsThem) {
+  for (int64_t N : {int64_t(1), int64_t(5), int64_t(16), int64_t(17)}) {
+    auto expert = rnd_ints(size_t(N), 9);  // 8 experts and the skip class
+    if (N > 1) expert[0] = 8;
+    check(64, 48, 8, N % 2 == 0, expert);
+    check(36, 20, 8, false, expert);
+  }
+  check(32, 24, 300, true, rnd_ints(16, 301));
+  check(320, 264, 8, false, rnd_ints(5, 9));  // K past one pass of a warp's 16-byte loads (256)
+}
+
 // The same inputs twice give bitwise the same outputs and gradients: the routing plan is
 // integer-only and every reduction has a fixed order.
 TEST_P(GpuMoe, Deterministic) {

@@ -52,6 +52,13 @@ struct Event {
   std::chrono::steady_clock::time_point at;
 };
 
+// zaya::simt::api_counts(): atomics, as the NCCL communicator's watchdog thread calls in too.
+struct Counts {
+  std::atomic<int64_t> launches{0}, copies_to_device{0}, copies_to_host{0}, copies_on_device{0},
+      synchronizations{0};
+};
+Counts g_counts;
+
 }  // namespace
 
 const char* gpuGetErrorString(gpuError_t e) {
@@ -134,6 +141,9 @@ gpuError_t gpuFree(void* p) {
 
 gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind kind, gpuStream_t) {
   if (bytes == 0) return gpuSuccess;
+  (kind == gpuMemcpyHostToDevice   ? g_counts.copies_to_device
+   : kind == gpuMemcpyDeviceToHost ? g_counts.copies_to_host
+                                   : g_counts.copies_on_device) += 1;
   const bool dst_device = kind == gpuMemcpyHostToDevice || kind == gpuMemcpyDeviceToDevice;
   const bool src_device = kind == gpuMemcpyDeviceToHost || kind == gpuMemcpyDeviceToDevice;
   if ((dst_device && !inside_allocation(dst, bytes)) || (src_device && !inside_allocation(src, bytes)))
@@ -159,7 +169,10 @@ gpuError_t gpuStreamCreateWithFlags(gpuStream_t* stream, unsigned) {
   return gpuSuccess;
 }
 gpuError_t gpuStreamDestroy(gpuStream_t) { return gpuSuccess; }
-gpuError_t gpuStreamSynchronize(gpuStream_t) { return gpuSuccess; }
+gpuError_t gpuStreamSynchronize(gpuStream_t) {
+  g_counts.synchronizations += 1;
+  return gpuSuccess;
+}
 gpuError_t gpuStreamWaitEvent(gpuStream_t, gpuEvent_t, unsigned) { return gpuSuccess; }
 
 gpuError_t gpuEventCreate(gpuEvent_t* event) { return gpuEventCreateWithFlags(event, 0); }
@@ -175,7 +188,10 @@ gpuError_t gpuEventRecord(gpuEvent_t event, gpuStream_t) {
   static_cast<Event*>(event)->at = std::chrono::steady_clock::now();
   return gpuSuccess;
 }
-gpuError_t gpuEventSynchronize(gpuEvent_t) { return gpuSuccess; }
+gpuError_t gpuEventSynchronize(gpuEvent_t) {
+  g_counts.synchronizations += 1;
+  return gpuSuccess;
+}
 gpuError_t gpuEventQuery(gpuEvent_t) { return gpuSuccess; }
 gpuError_t gpuEventElapsedTime(float* ms, gpuEvent_t start, gpuEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(static_cast<Event*>(end)->at - static_cast<Event*>(start)->at).count();
@@ -213,7 +229,18 @@ bool check_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes
     ok = it != g_shared_allowed.end() && shared_bytes <= size_t(it->second);
   }
   if (!ok) record(gpuErrorInvalidValue);
+  else g_counts.launches += 1;
   return ok;
+}
+
+ApiCounts api_counts() {
+  ApiCounts c;
+  c.launches = g_counts.launches;
+  c.copies_to_device = g_counts.copies_to_device;
+  c.copies_to_host = g_counts.copies_to_host;
+  c.copies_on_device = g_counts.copies_on_device;
+  c.synchronizations = g_counts.synchronizations;
+  return c;
 }
 
 bool range_on_device(const void* p, size_t bytes) { return inside_allocation(p, bytes); }

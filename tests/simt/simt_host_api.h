@@ -82,6 +82,18 @@ inline int gpu_device_max_shared_per_block(int) { return kSimtMaxSharedBytes; }
 bool gpu_pointer_on_device(const void* p, int* device);
 
 namespace zaya::simt {
+// What the backend's host code asked of the runtime since the process began: kernels launched,
+// copies by direction, and the waits that hold the host until the stream is done (stream and
+// event synchronisations; a copy to host memory also waits for the stream on a GPU). Tests
+// count them across a stretch of work (a decode step) as the GPU would pay them.
+struct ApiCounts {
+  int64_t launches = 0;
+  int64_t copies_to_device = 0;
+  int64_t copies_to_host = 0;
+  int64_t copies_on_device = 0;
+  int64_t synchronizations = 0;
+};
+ApiCounts api_counts();
 // Bytes held in emulated device allocations now (simt_leak_check.cpp: none once every backend
 // is gone).
 size_t device_bytes_in_use();

@@ -191,8 +191,10 @@ std::string CudaBackend::diagnostics() const {
          " GEMM plans built in " + std::to_string(gemm_->plan_seconds()) + " s of host time, " +
          std::to_string(gemm_->ragged_fallbacks()) + " ragged-plan and " +
          std::to_string(gemm_->epilogue_fallbacks()) + " bias-epilogue fallbacks, MoE experts " +
-         (options_.moe_device_grouped && options_.bf16_matmul ? "as device-grouped GEMMs"
-                                                              : "per expert from host offsets") +
+         (options_.moe_device_grouped && options_.bf16_matmul ? std::string("as device-grouped GEMMs")
+          : options_.bf16_matmul ? "per expert from host offsets (calls of up to " +
+                                       std::to_string(kGroupedGemvMaxRows) + " tokens as device GEMVs)"
+                                 : std::string("per expert from host offsets")) +
          (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32") + ", Newton-Schulz " +
          (newton_schulz_bf16_iterates() ? "bf16 with bf16 iterates (" + std::to_string(bf16_out_fallbacks_) +
                                               " GEMMs the fp32 way)"

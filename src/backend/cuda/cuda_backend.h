@@ -178,6 +178,7 @@ class CudaBackend final : public Backend {
   // Whether the grouped GEMMs take their bf16 WMMA path (CUDA, sm_80 and newer, not asked for the
   // portable kernels; decided once at start).
   bool wmma() const { return wmma_; }
+  int warp_size() const { return warp_size_; }  // the device's
   // Whether the mma.sync kernels (the flash attention, the pipelined grouped GEMMs) may run:
   // wmma() holds, one of them is asked for, and the start-up check of their primitives found them
   // agreeing with plain products on this device (check_mma_primitives).

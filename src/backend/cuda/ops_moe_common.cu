@@ -140,11 +140,19 @@ ExpertGemms::ExpertGemms(CudaBackend& be, const int32_t* expert, int64_t N, int6
     : be_(be),
       E_(E),
       grouped_(be.moe_device_grouped() && be.bf16_matmul()),
-      plan_(gpu_plan_moe(be, expert, N, E, /*to_host=*/!grouped_)),
-      rows_(grouped_ ? N : plan_.routed) {}
+      few_rows_(!grouped_ && be.bf16_matmul() && N <= kGroupedGemvMaxRows),
+      plan_(gpu_plan_moe(be, expert, N, E, /*to_host=*/!device_offsets())),
+      rows_(device_offsets() ? N : plan_.routed) {}
 
 void ExpertGemms::by_rows(int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& W, int64_t stride_w,
                           float beta, float* C, int64_t ldc) const {
+  if (few_rows_) {
+    ZAYA_CHECK(A.type == GemmType::BF16 && W.type == GemmType::BF16 && !A.trans, "moe: few-rows operands");
+    grouped_gemv_rows(be_.stream(), be_.warp_size(), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f,
+                      static_cast<const bf16_t*>(A.ptr), A.ld, static_cast<const bf16_t*>(W.ptr), W.ld, W.trans,
+                      stride_w, beta, C, ldc);
+    return;
+  }
   if (grouped_) {
     ZAYA_CHECK(A.type == GemmType::BF16 && W.type == GemmType::BF16 && !A.trans, "moe: grouped operands");
     grouped_gemm_rows(be_.stream(), grouped_cores(be_), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f,
@@ -165,7 +173,7 @@ void ExpertGemms::by_rows(int64_t N, int64_t K, const GemmOperand& A, const Gemm
 void ExpertGemms::weight_grads(int64_t M, int64_t N, const GemmOperand& A, const GemmOperand& B, float* C,
                                int64_t ldc, int64_t stride_c) const {
   ZAYA_CHECK(!A.trans && !B.trans, "moe: weight gradient operands are stored by rows");
-  if (grouped_) {
+  if (grouped_ || few_rows_) {
     ZAYA_CHECK(A.type == GemmType::BF16 && B.type == GemmType::BF16, "moe: grouped operands");
     grouped_gemm_weights(be_.stream(), grouped_cores(be_), plan_.offsets_dev.i(), E_, M, N, 1.0f,
                          static_cast<const bf16_t*>(A.ptr), A.ld, static_cast<const bf16_t*>(B.ptr), B.ld, 1.0f, C,

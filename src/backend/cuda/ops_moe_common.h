@@ -41,21 +41,28 @@ inline GemmOperand operand_rows(GemmOperand o, int64_t rows) {
 }
 
 // The experts' GEMMs of one MoE call over the plan's grouped rows. Operands come from
-// CudaBackend::operand (bf16 under the bf16 policy). Device-grouped (one launch per product,
-// no host offsets) when the backend asks for it, the operands are bf16 and the build has the
-// grouped kernels; otherwise one ragged-plan BLASLt GEMM per expert with rows.
+// CudaBackend::operand (bf16 under the bf16 policy). Three forms:
+//   device-grouped  (asked for, bf16 policy): one grouped-GEMM launch per product from the
+//                   device offsets;
+//   few rows        (bf16 policy, at most kGroupedGemvMaxRows tokens: decode): the products as
+//                   device GEMVs from the device offsets (grouped_gemv_rows), the weight
+//                   gradients as grouped GEMMs;
+//   per expert      (otherwise): the offsets copied to the host (one synchronisation), then one
+//                   ragged-plan BLASLt GEMM per expert with rows.
+// The first two never copy the plan to the host.
 class ExpertGemms {
  public:
   // Builds the routing plan of expert[N] (classes 0..E, E = skip).
   ExpertGemms(CudaBackend& be, const int32_t* expert, int64_t N, int64_t E);
   const GpuMoePlan& plan() const { return plan_; }
-  bool grouped() const { return grouped_; }
+  // Whether the offsets stay on the device (device-grouped or few rows).
+  bool device_offsets() const { return grouped_ || few_rows_; }
   // Rows of the grouped-row buffers: the routed count (host offsets), or N (device offsets:
   // rows past the routed ones are not computed and must not be read).
   int64_t rows() const { return rows_; }
-  // Device-grouped: the routed count on the device (the grouped rows that are computed); else
-  // nullptr (all rows() are).
-  const int32_t* routed_rows_dev() const { return grouped_ ? plan_.routed_dev(E_) : nullptr; }
+  // With device offsets: the routed count on the device (the grouped rows that are computed);
+  // else nullptr (all rows() are).
+  const int32_t* routed_rows_dev() const { return device_offsets() ? plan_.routed_dev(E_) : nullptr; }
   // C[r, :] = A[r, :] op(W_e) + beta * C[r, :] for the rows r of every expert e. A: [rows, K]
   // as stored; W_e = W + e * stride_w elements, its logical [K, N] stored [N, K] (W.trans) or
   // [K, N]; C fp32 with row stride ldc.
@@ -69,7 +76,8 @@ class ExpertGemms {
  private:
   CudaBackend& be_;
   int64_t E_;
-  bool grouped_;
+  bool grouped_;    // device-grouped GEMMs (asked for)
+  bool few_rows_;   // device GEMVs for at most kGroupedGemvMaxRows tokens (not grouped_)
   GpuMoePlan plan_;
   int64_t rows_;
 };
