@@ -15,7 +15,7 @@
 #          the LM head in exact fp32, with TF32 Newton-Schulz, with the tensor-core flash
 #          attention, with bf16 Newton-Schulz iterates, and with the three opt-in kernels
 #          together), its transformers peer, bench_decode (batch 1, 16; again
-#          with device-grouped MoE GEMMs)
+#          with device-grouped MoE GEMMs, and with per-expert GEMMs instead of the few-rows GEMVs)
 #   accum  the same step with 4 micro-batches per optimizer step (gradient accumulation), zaya
 #          and its transformers peer
 #   decode_long  bench_decode at batch 1 after an 8,192-token prompt, the decode attention's keys
@@ -224,6 +224,11 @@ step_bench() {
     ZAYA_MOE_DEVICE_GROUPED=1 "$BIN/bench_decode" --backend cuda --config $cfg --batch $b --prompt 128 --tokens 64 \
       --rounds 3 > "$LOGS/bench_decode_grouped_b$b.json" 2> "$LOGS/bench_decode_grouped_b$b.log" &&
       tail -1 "$LOGS/bench_decode_grouped_b$b.log" || tail -3 "$LOGS/bench_decode_grouped_b$b.log"
+    # Per-expert GEMMs (the offsets copied to the host at each MoE layer) against the default
+    # device GEMVs of calls of up to 16 tokens.
+    ZAYA_MOE_PER_EXPERT=1 "$BIN/bench_decode" --backend cuda --config $cfg --batch $b --prompt 128 --tokens 64 \
+      --rounds 3 > "$LOGS/bench_decode_per_expert_b$b.json" 2> "$LOGS/bench_decode_per_expert_b$b.log" &&
+      echo "per expert: $(tail -1 "$LOGS/bench_decode_per_expert_b$b.log")" || tail -3 "$LOGS/bench_decode_per_expert_b$b.log"
   done
 }
 step_decode_long() {

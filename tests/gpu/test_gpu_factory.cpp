@@ -81,6 +81,18 @@ TEST(GpuFactory, AttentionKeySplitsFromTheEnvironment) {
   else unsetenv("ZAYA_ATTN_KEY_SPLITS");
 }
 
+// ZAYA_MOE_PER_EXPERT=1 turns the few-rows GEMVs of decode's MoE off; they are on otherwise.
+TEST(GpuFactory, MoePerExpertFromTheEnvironment) {
+  const char* before = std::getenv("ZAYA_MOE_PER_EXPERT");
+  const std::string saved = before ? before : "";
+  unsetenv("ZAYA_MOE_PER_EXPERT");
+  EXPECT_TRUE(cuda_backend_options_for("cuda", 0, 1).moe_few_rows_gemv);
+  setenv("ZAYA_MOE_PER_EXPERT", "1", 1);
+  EXPECT_FALSE(cuda_backend_options_for("cuda", 0, 1).moe_few_rows_gemv);
+  if (before) setenv("ZAYA_MOE_PER_EXPERT", saved.c_str(), 1);
+  else unsetenv("ZAYA_MOE_PER_EXPERT");
+}
+
 // The tensor-core primitives of gpu_mma.h (mma.sync, ldmatrix, cp.async, bf16x2 rounding) agree
 // with plain products on this device, for fresh inputs each run, and the backend's own start-up
 // check (run when a path that uses them is asked for) passed, so its diagnostics say they may run. When the flash attention or

@@ -6,6 +6,9 @@
 #include <cstring>
 
 #include "gpu_test_support.h"
+#if defined(ZAYA_SIMT)
+#include "simt_host_api.h"  // the emulated runtime's counts
+#endif
 
 namespace zaya {
 namespace {
@@ -290,8 +293,8 @@ TEST_P(GpuMoe, WideShapesAndEdgeRoutings) {
 // run as device GEMVs from the device offsets (no host round trip; the weight gradients as
 // grouped GEMMs): one token, a few with skipped ones and experts left empty, 16 tokens over 300
 // experts (the row's expert found among many offsets), widths whose K is a multiple of 8 (the
-// 16-byte loads; once past a warp's 256 elements) and not (36, 20), and 17 tokens, the first
-// count past the few-rows form.
+// 16-byte loads; once past a warp's 256 or 512 elements) and not (36, 20), and 17 tokens, the
+// first count past the few-rows form; in the host emulation, that the form engages.
 TEST_P(GpuMoe, FewTokensAsDecodeRunsThem) {
   for (int64_t N : {int64_t(1), int64_t(5), int64_t(16), int64_t(17)}) {
     auto expert = rnd_ints(size_t(N), 9);  // 8 experts and the skip class
@@ -300,7 +303,26 @@ TEST_P(GpuMoe, FewTokensAsDecodeRunsThem) {
     check(36, 20, 8, false, expert);
   }
   check(32, 24, 300, true, rnd_ints(16, 301));
-  check(320, 264, 8, false, rnd_ints(5, 9));  // K past one pass of a warp's 16-byte loads (256)
+  check(528, 264, 8, false, rnd_ints(5, 9));  // K past one pass of a warp's 16-byte loads (512 at 64 lanes)
+#if defined(ZAYA_SIMT)
+  // The form taken, from the emulated runtime's copies to the host: none for 16 tokens under the
+  // bf16 policy (the plan stays on the device), one for 17 (the per-expert GEMMs' offsets).
+  const GemmMode& mode = GetParam();
+  for (int64_t N : {int64_t(16), int64_t(17)}) {
+    const int64_t D = 16, I = 8, E = 4;
+    auto expert = rnd_ints(size_t(N), int32_t(E + 1));
+    DevBuf gx(*gpu, rnd(size_t(N * D))), ge(*gpu, expert), gw(*gpu, rnd_positive(size_t(N), 0.05, 1.0)),
+        ggu(*gpu, rnd(size_t(E * 2 * I * D))), gdn(*gpu, rnd(size_t(E * D * I))), gout(*gpu, N * D);
+    MoeArgs g;
+    g.x = gx.f(); g.expert = ge.i(); g.weight = gw.f(); g.gate_up = ggu.f(); g.down = gdn.f(); g.out = gout.f();
+    g.N = N; g.D = D; g.I = I; g.E = E; g.skip_identity = false;
+    const int64_t before = simt::api_counts().copies_to_host;
+    gpu->moe(g);
+    const int64_t copies = simt::api_counts().copies_to_host - before;
+    const bool device_plan = mode.moe_grouped || (mode.bf16 && N <= 16);
+    EXPECT_EQ(copies, device_plan ? 0 : 1) << mode.name << " N=" << N << ": copies to the host in the MoE forward";
+  }
+#endif
 }
 
 // The same inputs twice give bitwise the same outputs and gradients: the routing plan is

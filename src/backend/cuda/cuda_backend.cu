@@ -192,7 +192,7 @@ std::string CudaBackend::diagnostics() const {
          std::to_string(gemm_->ragged_fallbacks()) + " ragged-plan and " +
          std::to_string(gemm_->epilogue_fallbacks()) + " bias-epilogue fallbacks, MoE experts " +
          (options_.moe_device_grouped && options_.bf16_matmul ? std::string("as device-grouped GEMMs")
-          : options_.bf16_matmul ? "per expert from host offsets (calls of up to " +
+          : options_.bf16_matmul && options_.moe_few_rows_gemv ? "per expert from host offsets (calls of up to " +
                                        std::to_string(kGroupedGemvMaxRows) + " tokens as device GEMVs)"
                                  : std::string("per expert from host offsets")) +
          (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32") + ", Newton-Schulz " +

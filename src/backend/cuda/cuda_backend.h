@@ -171,6 +171,7 @@ class CudaBackend final : public Backend {
   bool lm_head_tf32x3() const;
   bool bf16_matmul() const { return options_.bf16_matmul; }
   bool moe_device_grouped() const { return options_.moe_device_grouped; }
+  bool moe_few_rows_gemv() const { return options_.moe_few_rows_gemv; }
   // Whether Newton-Schulz takes bf16 GEMM operands (asked for, under the bf16 policy), and
   // whether its iterates are bf16 as well (asked for, with bf16 operands).
   bool newton_schulz_bf16() const { return options_.newton_schulz_bf16 && options_.bf16_matmul; }
@@ -214,7 +215,7 @@ class CudaBackend final : public Backend {
   bool wmma_ = false;   // see wmma()
   void check_mma_sync_at_start();       // sets mma_sync_ok_ and mma_check_ (cuda_backend.cu)
   bool mma_sync_ok_ = false;            // see mma_sync()
-  std::string mma_check_ = "not checked (no kernel that uses them asked for)";  // for diagnostics()
+  std::string mma_check_ = "not checked (no kernel that uses them asked for, or none here)";  // diagnostics()
   int64_t max_shared_per_block_ = 0;  // the device's opt-in shared memory per block (CUDA)
   int64_t multiprocessors_ = 0;       // the device's (sizes the attention forward's key splits)
   double peak_gflops_ = 0;  // matmul_peak_gflops(), measured once

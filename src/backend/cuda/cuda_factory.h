@@ -24,6 +24,11 @@ struct CudaBackendOptions {
   // on an H100 the grouped kernels pass their tests but are slower (docs/benchmarks.md);
   // make_backend turns it on when the environment sets ZAYA_MOE_DEVICE_GROUPED=1.
   bool moe_device_grouped = false;
+  // true (with bf16_matmul, not moe_device_grouped): MoE calls of at most kGroupedGemvMaxRows
+  // (16) tokens, as decode makes them, run their experts' products as device GEMVs from the
+  // device offsets (gpu_grouped_gemv.cu), with no host round trip. false: the per-expert GEMMs
+  // at every size; make_backend sets it when the environment has ZAYA_MOE_PER_EXPERT=1.
+  bool moe_few_rows_gemv = true;
   // true (with bf16_matmul and a BLASLt engine): the training and evaluation LM head
   // (lm_head_loss) multiplies its fp32 operands as three TF32 tensor-core GEMMs each
   // (tf32_split.h: fp32 accuracy, spec A.11), over vocabulary slices. false: exact fp32 GEMMs
@@ -73,7 +78,7 @@ struct CudaBackendOptions {
 // The options make_backend gives the GPU backend it names ("cuda": bf16 GEMMs; "cuda-fp32":
 // every GEMM in fp32, for exact comparisons with the CPU) on GPU `device` mod `visible_gpus` (more
 // ranks than GPUs on a node share them: the host-staged MPI path allows it, NCCL does not), with
-// the environment's opt-in switches (NAME=1): ZAYA_MOE_DEVICE_GROUPED, ZAYA_LM_HEAD_EXACT,
+// the environment's switches (NAME=1): ZAYA_MOE_DEVICE_GROUPED, ZAYA_MOE_PER_EXPERT, ZAYA_LM_HEAD_EXACT,
 // ZAYA_NS_TF32, ZAYA_NS_BF16_ITERATES, ZAYA_ATTN_FLASH; and ZAYA_ATTN_KEY_SPLITS=N (0 to 64; anything
 // else fails naming the variable). cuda_options.cpp (every build).
 CudaBackendOptions cuda_backend_options_for(const std::string& name, int device, int visible_gpus);

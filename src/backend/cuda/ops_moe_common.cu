@@ -131,16 +131,19 @@ void gpu_swiglu(gpuStream_t s, const float* hid, float* act, int64_t rows, int64
   GPU_LAUNCH_CHECK();
 }
 
-// The grouped GEMMs' cores on this backend's device (gpu_grouped_gemm.h).
-static GroupedCores grouped_cores(const CudaBackend& be) {
-  return be.mma_sync() ? GroupedCores::mma_sync : be.wmma() ? GroupedCores::wmma : GroupedCores::fma;
+// The grouped GEMMs' cores on this backend's device (gpu_grouped_gemm.h): the pipelined mma.sync
+// kernels only in device-grouped mode, where they were asked for (the few-rows weight gradients
+// keep WMMA even when the flash attention's check turned mma.sync on).
+static GroupedCores grouped_cores(const CudaBackend& be, bool device_grouped) {
+  if (be.mma_sync() && device_grouped) return GroupedCores::mma_sync;
+  return be.wmma() ? GroupedCores::wmma : GroupedCores::fma;
 }
 
 ExpertGemms::ExpertGemms(CudaBackend& be, const int32_t* expert, int64_t N, int64_t E)
     : be_(be),
       E_(E),
       grouped_(be.moe_device_grouped() && be.bf16_matmul()),
-      few_rows_(!grouped_ && be.bf16_matmul() && N <= kGroupedGemvMaxRows),
+      few_rows_(!grouped_ && be.bf16_matmul() && be.moe_few_rows_gemv() && N <= kGroupedGemvMaxRows),
       plan_(gpu_plan_moe(be, expert, N, E, /*to_host=*/!device_offsets())),
       rows_(device_offsets() ? N : plan_.routed) {}
 
@@ -155,7 +158,7 @@ void ExpertGemms::by_rows(int64_t N, int64_t K, const GemmOperand& A, const Gemm
   }
   if (grouped_) {
     ZAYA_CHECK(A.type == GemmType::BF16 && W.type == GemmType::BF16 && !A.trans, "moe: grouped operands");
-    grouped_gemm_rows(be_.stream(), grouped_cores(be_), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f,
+    grouped_gemm_rows(be_.stream(), grouped_cores(be_, grouped_), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f,
                       static_cast<const bf16_t*>(A.ptr), A.ld, static_cast<const bf16_t*>(W.ptr), W.ld, W.trans,
                       stride_w, beta, C, ldc);
     return;
@@ -175,7 +178,7 @@ void ExpertGemms::weight_grads(int64_t M, int64_t N, const GemmOperand& A, const
   ZAYA_CHECK(!A.trans && !B.trans, "moe: weight gradient operands are stored by rows");
   if (grouped_ || few_rows_) {
     ZAYA_CHECK(A.type == GemmType::BF16 && B.type == GemmType::BF16, "moe: grouped operands");
-    grouped_gemm_weights(be_.stream(), grouped_cores(be_), plan_.offsets_dev.i(), E_, M, N, 1.0f,
+    grouped_gemm_weights(be_.stream(), grouped_cores(be_, grouped_), plan_.offsets_dev.i(), E_, M, N, 1.0f,
                          static_cast<const bf16_t*>(A.ptr), A.ld, static_cast<const bf16_t*>(B.ptr), B.ld, 1.0f, C,
                          ldc, stride_c);
     return;

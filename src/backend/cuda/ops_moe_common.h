@@ -44,7 +44,8 @@ inline GemmOperand operand_rows(GemmOperand o, int64_t rows) {
 // CudaBackend::operand (bf16 under the bf16 policy). Three forms:
 //   device-grouped  (asked for, bf16 policy): one grouped-GEMM launch per product from the
 //                   device offsets;
-//   few rows        (bf16 policy, at most kGroupedGemvMaxRows tokens: decode): the products as
+//   few rows        (bf16 policy, at most kGroupedGemvMaxRows tokens: decode; unless
+//                   CudaBackendOptions::moe_few_rows_gemv is off): the products as
 //                   device GEMVs from the device offsets (grouped_gemv_rows), the weight
 //                   gradients as grouped GEMMs;
 //   per expert      (otherwise): the offsets copied to the host (one synchronisation), then one
