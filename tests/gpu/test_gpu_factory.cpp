@@ -95,8 +95,9 @@ TEST(GpuFactory, MoePerExpertFromTheEnvironment) {
 
 // The tensor-core primitives of gpu_mma.h (mma.sync, ldmatrix, cp.async, bf16x2 rounding) agree
 // with plain products on this device, for fresh inputs each run, and the backend's own start-up
-// check (run when a path that uses them is asked for) passed, so its diagnostics say they may run. When the flash attention or
-// the pipelined grouped GEMMs fail on a new GPU, this names the primitive to look at first.
+// check (run when a path that uses them is asked for) passed, so its diagnostics say they may
+// run. When the flash attention or the pipelined grouped GEMMs fail on a new GPU, this names the
+// primitive to look at first.
 TEST(GpuMma, PrimitivesAgreeWithPlainProducts) {
   if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
   if (!cuda_tensor_core_kernels_built()) GTEST_SKIP() << "skipped: this build has no mma.sync kernels";

@@ -197,9 +197,10 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kAttnGemmMinQueries = 64;
   void attention_gemm(const AttentionArgs& a);
   // The tensor-core flash attention (ops_attention_flash_tc.cu, ops_attention_flash_tc_backward.cu):
-  // whether it is on (asked for, bf16 policy, CUDA sm_80+, mma_sync()) and whether it serves `a` (head_dim 64
-  // or 128, every tensor 16-byte aligned, and the shared memory of the forward and backward
-  // kernels within the device's per-block limit; `more` names the backward's extra tensors).
+  // whether it is on (asked for, bf16 policy, CUDA sm_80+, mma_sync()) and whether it serves `a`
+  // (head_dim 64 or 128, every tensor 16-byte aligned, and the shared memory of the forward and
+  // backward kernels within the device's per-block limit; `more` names the backward's extra
+  // tensors).
   bool attention_flash_tc_enabled() const;
   bool attention_flash_tc_applies(const AttentionArgs& a, std::initializer_list<const void*> more = {}) const;
   void attention_flash_tc(const AttentionArgs& a);

@@ -31,7 +31,8 @@ __device__ inline float dot_pair(uint32_t a, uint32_t b) {
          bf16_to_f32(bf16_t(a >> 16)) * bf16_to_f32(bf16_t(b >> 16));
 }
 
-// grid (column tiles of the block's warps, rows); vec8: K, lda, ldb and stride_b multiples of 8
+// grid (column tiles of the block's warps, rows; gpu_blocks' cap on the tiles is far past any
+// model width); vec8: K, lda, ldb and stride_b multiples of 8
 // and A, B 16-byte aligned, so each lane reads 8 elements at once.
 __global__ void k_gemv_rows_bt(const int32_t* offsets, int64_t E, int64_t N, int64_t K, float alpha,
                                const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, int64_t stride_b,
@@ -75,8 +76,6 @@ __global__ void k_gemv_rows_bn(const int32_t* offsets, int64_t E, int64_t N, int
   *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
 }
 
-int64_t tiles_of(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
-
 }  // namespace
 
 void grouped_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t max_rows, int64_t N,
@@ -90,10 +89,10 @@ void grouped_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int
     const int warps = kGpuThreads / warp_size;
     const bool vec8 = K % 8 == 0 && lda % 8 == 0 && ldb % 8 == 0 && stride_b % 8 == 0 && gpu_aligned(A) &&
                       gpu_aligned(B);
-    gpu_launch(k_gemv_rows_bt, dim3(unsigned(tiles_of(N, warps)), unsigned(max_rows)), kGpuThreads, 0, s, offsets,
+    gpu_launch(k_gemv_rows_bt, dim3(gpu_blocks(N, warps), unsigned(max_rows)), kGpuThreads, 0, s, offsets,
                E, N, K, alpha, A, lda, B, ldb, stride_b, beta, C, ldc, vec8 ? 1 : 0);
   } else {
-    gpu_launch(k_gemv_rows_bn, dim3(unsigned(tiles_of(N, kGpuThreads)), unsigned(max_rows)), kGpuThreads, 0, s,
+    gpu_launch(k_gemv_rows_bn, dim3(gpu_blocks(N), unsigned(max_rows)), kGpuThreads, 0, s,
                offsets, E, N, K, alpha, A, lda, B, ldb, stride_b, beta, C, ldc);
   }
   GPU_LAUNCH_CHECK();

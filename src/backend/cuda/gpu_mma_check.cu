@@ -11,7 +11,8 @@
 //   pack         pack_bf16x2 (cvt.rn.bf16x2)            round to nearest even, as f32_to_bf16
 // The backend runs it once at start on sm_80 and newer when the flash attention or the
 // device-grouped MoE is asked for (CudaBackend::CudaBackend), and keeps both of their mma.sync
-// kernels off when it fails; tests/gpu runs it with fresh inputs. In a build without the mma.sync kernels (HIP, 64-lane emulation) it does not run.
+// kernels off when it fails; tests/gpu runs it with fresh inputs. In a build without the
+// mma.sync kernels (HIP, 64-lane emulation) it does not run.
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -59,11 +60,6 @@ __device__ inline void store_c(float* out, const float (&d)[4], int lane) {
   out[g * 8 + 2 * q + 1] = d[1];
   out[(g + 8) * 8 + 2 * q] = d[2];
   out[(g + 8) * 8 + 2 * q + 1] = d[3];
-}
-
-__global__ void k_mma_check_inputs(const float* in, bf16_t* out, int n) {
-  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x))
-    out[i] = f32_to_bf16(in[i]);
 }
 
 // One warp. products: kProducts x [16][8]; copied: the 128 values cp.async wrote; packed: kPairs
@@ -158,7 +154,8 @@ std::vector<float> pack_inputs(Rng& rng) {
   std::vector<float> v = {1.0f + 0x1p-8f,  1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 1.0f + 0x1p-8f + 0x1p-20f,
                           0x1p-130f,       -0x1.02p-127f,       3.4028235e38f,     -0.0f,
                           INFINITY,        -INFINITY,           NAN,               2.5f};
-  while (v.size() < size_t(2 * kPairs)) v.push_back(float(rng.normal() * std::ldexp(1.0, int(rng.next_u64() % 40) - 20)));
+  while (v.size() < size_t(2 * kPairs))
+    v.push_back(float(rng.normal() * std::ldexp(1.0, int(rng.next_u64() % 40) - 20)));
   return v;
 }
 
@@ -185,8 +182,7 @@ std::vector<std::string> CudaBackend::check_mma_primitives(uint64_t seed) {
       packed_d(this, kPairs * 4), packed_want_d(this, kPairs * 4);
   GPU_CHECK(gpuMemsetAsync(products_d.f(), 0xff, kProducts * 128 * 4, stream_));  // NaN until written
   GPU_CHECK(gpuMemsetAsync(copied_d.f(), 0xff, 128 * 4, stream_));
-  gpu_launch(k_mma_check_inputs, 1, kGpuThreads, 0, stream_, tiles_d.f(), in_d.h(), kInputs);
-  GPU_LAUNCH_CHECK();
+  gpu_to_bf16(stream_, tiles_d.f(), 1, kInputs, kInputs, in_d.h());
   gpu_launch(k_mma_check, 1, warp_size_, kSharedBytes, stream_, in_d.h(), c_d.f(), pack_d.f(), products_d.f(),
              copied_d.f(), reinterpret_cast<uint32_t*>(packed_d.i()), reinterpret_cast<uint32_t*>(packed_want_d.i()));
   GPU_LAUNCH_CHECK();
@@ -197,7 +193,9 @@ std::vector<std::string> CudaBackend::check_mma_primitives(uint64_t seed) {
   to_host(packed.data(), packed_d.i(), int64_t(packed.size()) * 4);
   to_host(packed_want.data(), packed_want_d.i(), int64_t(packed_want.size()) * 4);
 
-  auto at = [&tiles](int base, int ld) { return [&tiles, base, ld](int r, int col) { return tiles[size_t(base + r * ld + col)]; }; };
+  auto at = [&tiles](int base, int ld) {  // element (r, col) of the tile at `base`, row stride ld
+    return [&tiles, base, ld](int r, int col) { return tiles[size_t(base + r * ld + col)]; };
+  };
   const auto A = at(kA, 16);
   const auto Bt = at(kBt, 16);
   const auto Bkn = at(kBkn, 8);
