@@ -6,8 +6,10 @@
 //   mma          load_a + load_b + mma_16816            D = C + A B      (B held as [n][k])
 //   b_trans      load_a + load_b_trans (ldmatrix)       D = C + A B      (B held as [k][n])
 //   a_trans      load_a_trans (ldmatrix) + load_b       D = C + A B      (A held as [k][m])
-//   chain        mma, c_to_a, mma_rows                  D = C + (A B1) V (a product fed on in registers)
-//   cp_async     cp_async16_or_zero, commit, wait       16-byte rows copied, the invalid ones zeroed
+//   chain        mma, c_to_a, mma_rows<2>               D = C + (A B1) V (a product fed on in registers,
+//                                                       V two column blocks wide)
+//   cp_async     cp_async16_or_zero, commit, wait<1>,   two groups of 16-byte rows, the invalid ones
+//                wait<0>                                zeroed; the older group read after wait<1>
 //   pack         pack_bf16x2 (cvt.rn.bf16x2)            round to nearest even, as f32_to_bf16
 // The backend runs it once at start on sm_80 and newer when the flash attention or the
 // device-grouped MoE is asked for (CudaBackend::CudaBackend), and keeps both of their mma.sync
@@ -35,14 +37,16 @@ constexpr int kBt = 256;     // B   as [8][16], [n][k]
 constexpr int kBkn = 384;    // B   as [16][8], [k][n]
 constexpr int kAt = 512;     // A   as [16][16], [k][m]
 constexpr int kB1t = 768;    // B1  as [16][16], [n][k] (the chain's first product: 16 columns)
-constexpr int kV = 1024;     // V   [16][8], [k][n] (the chain's second product)
-constexpr int kTiles = 1152;  // the tiles staged to shared memory
+constexpr int kV = 1024;     // V   [16][16], [k][n] (the chain's second product: two column blocks)
+constexpr int kTiles = 1280;  // the tiles staged to shared memory
 constexpr int kCopySrc = kTiles;     // 16 rows of 8 bf16 in global memory, copied by cp.async
 constexpr int kInputs = kTiles + 128;
-constexpr int kCopyDst = kTiles;     // where they land in shared memory
-constexpr int kSharedBytes = (kTiles + 128) * 2;
+constexpr int kCopyDst = kTiles;           // where the first group lands in shared memory
+constexpr int kCopyDst2 = kTiles + 128;    // and the second
+constexpr int kSharedBytes = (kTiles + 256) * 2;
 constexpr int kPairs = 32;           // pack_bf16x2: one pair a lane
-constexpr int kProducts = 4;         // mma, b_trans, a_trans, chain: [16][8] fp32 each
+constexpr int kProducts = 5;         // mma, b_trans, a_trans, chain (two): [16][8] fp32 each
+constexpr int kCopied = 256;         // the two groups' rows as read back
 
 #if defined(ZAYA_GPU_MMA_SYNC)
 
@@ -99,17 +103,25 @@ __global__ void k_mma_check(const bf16_t* in, const float* c, const float* pack_
   }
   uint32_t a2[4];
   mma::c_to_a<2>(a2, prod, 0);
-  float acc[1][4];
+  float acc[2][4];
   load_c(acc[0], c, lane);
-  mma::mma_rows<1>(acc, a2, s + kV, 8, 0, lane);
+  load_c(acc[1], c, lane);
+  mma::mma_rows<2>(acc, a2, s + kV, 16, 0, lane);
   store_c(products + 384, acc[0], lane);
+  store_c(products + 512, acc[1], lane);
 
-  if (lane < 16)  // cp_async: even rows copied, odd rows zero-filled
-    mma::cp_async16_or_zero(s + kCopyDst + 8 * lane, in + kCopySrc + 8 * lane, lane % 2 == 0);
+  // cp_async: two groups from the same rows; the first copies the even rows and zero-fills the
+  // odd ones, the second the other way round. wait<1> must have completed the first.
+  if (lane < 16) mma::cp_async16_or_zero(s + kCopyDst + 8 * lane, in + kCopySrc + 8 * lane, lane % 2 == 0);
   mma::cp_async_commit();
-  mma::cp_async_wait<0>();
+  if (lane < 16) mma::cp_async16_or_zero(s + kCopyDst2 + 8 * lane, in + kCopySrc + 8 * lane, lane % 2 == 1);
+  mma::cp_async_commit();
+  mma::cp_async_wait<1>();
   __syncthreads();
   for (int i = lane; i < 128; i += GPU_WARP_SIZE) copied[i] = bf16_to_f32(s[kCopyDst + i]);
+  mma::cp_async_wait<0>();
+  __syncthreads();
+  for (int i = lane; i < 128; i += GPU_WARP_SIZE) copied[128 + i] = bf16_to_f32(s[kCopyDst2 + i]);
 
   if (lane < kPairs) {
     const float lo = pack_in[2 * lane], hi = pack_in[2 * lane + 1];
@@ -178,15 +190,15 @@ std::vector<std::string> CudaBackend::check_mma_primitives(uint64_t seed) {
   DeviceBuffer tiles_d = upload(tiles.data(), int64_t(tiles.size()) * 4);
   DeviceBuffer c_d = upload(c.data(), int64_t(c.size()) * 4);
   DeviceBuffer pack_d = upload(pack_in.data(), int64_t(pack_in.size()) * 4);
-  DeviceBuffer in_d(this, kInputs * 2), products_d(this, kProducts * 128 * 4), copied_d(this, 128 * 4),
+  DeviceBuffer in_d(this, kInputs * 2), products_d(this, kProducts * 128 * 4), copied_d(this, kCopied * 4),
       packed_d(this, kPairs * 4), packed_want_d(this, kPairs * 4);
   GPU_CHECK(gpuMemsetAsync(products_d.f(), 0xff, kProducts * 128 * 4, stream_));  // NaN until written
-  GPU_CHECK(gpuMemsetAsync(copied_d.f(), 0xff, 128 * 4, stream_));
+  GPU_CHECK(gpuMemsetAsync(copied_d.f(), 0xff, kCopied * 4, stream_));
   gpu_to_bf16(stream_, tiles_d.f(), 1, kInputs, kInputs, in_d.h());
   gpu_launch(k_mma_check, 1, warp_size_, kSharedBytes, stream_, in_d.h(), c_d.f(), pack_d.f(), products_d.f(),
              copied_d.f(), reinterpret_cast<uint32_t*>(packed_d.i()), reinterpret_cast<uint32_t*>(packed_want_d.i()));
   GPU_LAUNCH_CHECK();
-  std::vector<float> products(kProducts * 128), copied(128);
+  std::vector<float> products(kProducts * 128), copied(kCopied);
   std::vector<uint32_t> packed(kPairs), packed_want(kPairs);
   to_host(products.data(), products_d.f(), int64_t(products.size()) * 4);
   to_host(copied.data(), copied_d.f(), int64_t(copied.size()) * 4);
@@ -201,7 +213,7 @@ std::vector<std::string> CudaBackend::check_mma_primitives(uint64_t seed) {
   const auto Bkn = at(kBkn, 8);
   const auto At = at(kAt, 16);
   const auto B1t = at(kB1t, 16);
-  const auto V = at(kV, 8);
+  const auto V = at(kV, 16);
   std::vector<float> s(256);  // the chain's A B1, [16][16]: entries within 144, exact in bf16
   for (int m = 0; m < 16; ++m)
     for (int n = 0; n < 16; ++n) {
@@ -209,6 +221,7 @@ std::vector<std::string> CudaBackend::check_mma_primitives(uint64_t seed) {
       for (int k = 0; k < 16; ++k) sum += A(m, k) * B1t(n, k);
       s[size_t(m * 16 + n)] = sum;
     }
+  const auto S = [&s](int m, int k) { return s[size_t(m * 16 + k)]; };
   auto part = [&products](int i) {
     return std::vector<float>(products.begin() + i * 128, products.begin() + (i + 1) * 128);
   };
@@ -218,12 +231,18 @@ std::vector<std::string> CudaBackend::check_mma_primitives(uint64_t seed) {
       compare("ldmatrix.x2.trans (load_b_trans)", part(1), plain_product(c, A, Bkn), 8),
       compare("ldmatrix.x4.trans (load_a_trans)", part(2),
               plain_product(c, [&](int m, int k) { return At(k, m); }, [&](int k, int n) { return Bt(n, k); }), 8),
-      compare("c_to_a + mma_rows (a product fed on in registers)", part(3),
-              plain_product(c, [&](int m, int k) { return s[size_t(m * 16 + k)]; }, V), 8)};
+      compare("c_to_a + mma_rows<2> (a product fed on in registers), column block 0", part(3),
+              plain_product(c, S, V), 8),
+      compare("c_to_a + mma_rows<2> (a product fed on in registers), column block 1", part(4),
+              plain_product(c, S, [&](int k, int n) { return V(k, n + 8); }), 8)};
 
-  std::vector<float> copied_want(128);
-  for (int i = 0; i < 128; ++i) copied_want[size_t(i)] = (i / 8) % 2 == 0 ? tiles[size_t(kCopySrc + i)] : 0.0f;
-  found.push_back(compare("cp.async (cp_async16_or_zero, commit, wait)", copied, copied_want, 8));
+  std::vector<float> copied_want(kCopied);
+  for (int i = 0; i < 128; ++i) {
+    const bool even_row = (i / 8) % 2 == 0;
+    copied_want[size_t(i)] = even_row ? tiles[size_t(kCopySrc + i)] : 0.0f;
+    copied_want[size_t(128 + i)] = even_row ? 0.0f : tiles[size_t(kCopySrc + i)];
+  }
+  found.push_back(compare("cp.async (cp_async16_or_zero, commit, wait<1>, wait<0>)", copied, copied_want, 8));
 
   auto is_nan = [](uint16_t h) { return (h & 0x7fffu) > 0x7f80u; };
   int wrong_pairs = 0;
