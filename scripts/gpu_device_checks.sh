@@ -229,6 +229,14 @@ step_bench() {
     ZAYA_MOE_PER_EXPERT=1 "$BIN/bench_decode" --backend cuda --config $cfg --batch $b --prompt 128 --tokens 64 \
       --rounds 3 > "$LOGS/bench_decode_per_expert_b$b.json" 2> "$LOGS/bench_decode_per_expert_b$b.log" &&
       echo "per expert: $(tail -1 "$LOGS/bench_decode_per_expert_b$b.log")" || tail -3 "$LOGS/bench_decode_per_expert_b$b.log"
+    # Batch 1: the dense linears as BLASLt GEMMs (x converted to bf16 first) against the default
+    # few-rows GEMVs of up to 4 rows (gpu_gemv.h).
+    if [[ $b == 1 ]]; then
+      ZAYA_LINEAR_GEMM=1 "$BIN/bench_decode" --backend cuda --config $cfg --batch $b --prompt 128 --tokens 64 \
+        --rounds 3 > "$LOGS/bench_decode_linear_gemm_b$b.json" 2> "$LOGS/bench_decode_linear_gemm_b$b.log" &&
+        echo "linear GEMMs: $(tail -1 "$LOGS/bench_decode_linear_gemm_b$b.log")" ||
+        tail -3 "$LOGS/bench_decode_linear_gemm_b$b.log"
+    fi
   done
 }
 step_decode_long() {

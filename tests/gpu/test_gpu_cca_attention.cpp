@@ -46,7 +46,8 @@ std::vector<int32_t> segments(int64_t B, int64_t T, const std::vector<std::vecto
 
 // T = 1 and 13: the forward's one-kernel grouped stage (decode-sized chunks, below
 // kConvGemmMinTokens = 64 of src/backend/cuda/ops_cca_common.h; T = 1 is shorter than the
-// carried state); T = 150: its GEMM path. The backward always runs the GEMMs, twice, which must
+// carried state, and its 2 rows read the weights as stored, 26 rows the transposed copy);
+// T = 150: its GEMM path. The backward always runs the GEMMs, twice, which must
 // agree bitwise. The conv stays fp32 under every GEMM mode (bf16 policy, fp32, the tiled engine
 // that HIP without hipBLASLt uses), so every mode is held to the fp32 tolerance.
 TEST_F(GpuCca, Conv) {
@@ -115,8 +116,10 @@ TEST_F(GpuCca, Conv) {
   }
 }
 
+// N = 5: the forward computes the rotation in place (a decode-sized call); N = 23: from the
+// RoPE table.
 TEST_F(GpuCca, QkNormRopeAndBackward) {
-  const int64_t N = 23;
+  for (int64_t N : {int64_t(5), int64_t(23)})
   for (int64_t dh : {16, 64, 128})
     for (int64_t Hq : {4, 8}) {
       const int64_t Hkv = 2, C = (Hq + Hkv) * dh;
@@ -133,8 +136,8 @@ TEST_F(GpuCca, QkNormRopeAndBackward) {
         CcaQkArgs g = a;
         g.z = gz.f(); g.u = gu.f(); g.temp = gt.f(); g.q = gq.f(); g.k = gk.f();
         gpu->cca_qk(g);
-        const std::string what = "cca_qk dh " + std::to_string(dh) + " Hq " + std::to_string(Hq) + " rotary " +
-                                 std::to_string(rotary);
+        const std::string what = "cca_qk N " + std::to_string(N) + " dh " + std::to_string(dh) + " Hq " +
+                                 std::to_string(Hq) + " rotary " + std::to_string(rotary);
         expect_close(gq.get(), q, kTolF32, what + " q");
         expect_close(gk.get(), k, kTolF32, what + " k");
 

@@ -93,6 +93,18 @@ TEST(GpuFactory, MoePerExpertFromTheEnvironment) {
   else unsetenv("ZAYA_MOE_PER_EXPERT");
 }
 
+// ZAYA_LINEAR_GEMM=1 turns the few-rows GEMV of decode's dense linears off; it is on otherwise.
+TEST(GpuFactory, LinearGemmFromTheEnvironment) {
+  const char* before = std::getenv("ZAYA_LINEAR_GEMM");
+  const std::string saved = before ? before : "";
+  unsetenv("ZAYA_LINEAR_GEMM");
+  EXPECT_TRUE(cuda_backend_options_for("cuda", 0, 1).linear_few_rows_gemv);
+  setenv("ZAYA_LINEAR_GEMM", "1", 1);
+  EXPECT_FALSE(cuda_backend_options_for("cuda", 0, 1).linear_few_rows_gemv);
+  if (before) setenv("ZAYA_LINEAR_GEMM", saved.c_str(), 1);
+  else unsetenv("ZAYA_LINEAR_GEMM");
+}
+
 // The tensor-core primitives of gpu_mma.h (mma.sync, ldmatrix, cp.async, bf16x2 rounding) agree
 // with plain products on this device, for fresh inputs each run, and the backend's own start-up
 // check (run when a path that uses them is asked for) passed, so its diagnostics say they may

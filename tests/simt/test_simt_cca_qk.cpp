@@ -1,6 +1,6 @@
 // The CCA projection tail's forward kernels (src/backend/cuda/ops_cca_qk_kernels.h: the RoPE
 // table, and one warp per (token, head) for the mean paths, QK-norm, key temperature and partial
-// RoPE), run on the CPU by the host GPU emulation against the CPU backend's cca_qk at the fp32
+// RoPE from the table or computed in place), run on the CPU by the host GPU emulation against the CPU backend's cca_qk at the fp32
 // tolerance (max|got - cpu| / max|cpu| < 1e-4). Built with 32-lane warps (zaya_simt_tests) and
 // with 64-lane warps (zaya_simt_wave64_tests), where the lanes stride over the head's dims 64 at
 // a time and the sum of squares crosses 64 lanes. The launches repeat CudaBackend::cca_qk's.
@@ -47,14 +47,30 @@ void check_case(const Case& c, uint64_t seed) {
     simt::launch(dim3(gpu_blocks(c.N * half)), dim3(kGpuThreads), 0, [&] {
       cca_qk_fwd::k_rope_table(positions.data(), c.N, half, c.rotary_dim, a.theta, cs.data(), sn.data());
     });
+  cca_qk_fwd::RopeSource table;
+  table.cs = cs.data();
+  table.sn = sn.data();
   simt::launch(dim3(gpu_warp_blocks(c.N * (c.Hq + c.Hkv), GPU_WARP_SIZE)), dim3(kGpuThreads), 0, [&] {
-    cca_qk_fwd::k_cca_qk(z.data(), u.data(), temp.data(), cs.data(), sn.data(), gq.data(), gk.data(), c.N, c.Hq, c.Hkv,
-                         c.dh, half);
+    cca_qk_fwd::k_cca_qk(z.data(), u.data(), temp.data(), table, gq.data(), gk.data(), c.N, c.Hq, c.Hkv, c.dh, half);
   });
   const double eq = test::max_rel_err(gq.data(), q.data(), q.size());
   const double ek = test::max_rel_err(gk.data(), k.data(), k.size());
   EXPECT_LT(eq, kTol) << what << " q: max rel err " << eq;
   EXPECT_LT(ek, kTol) << what << " k: max rel err " << ek;
+
+  // The rotation computed in place from the positions (as cca_qk does for a few tokens): the same
+  // entries as the table's, so bitwise the same outputs.
+  cca_qk_fwd::RopeSource in_place;
+  in_place.positions = positions.data();
+  in_place.rotary_dim = c.rotary_dim;
+  in_place.theta = a.theta;
+  std::vector<float> iq(q.size(), NAN), ik(k.size(), NAN);
+  simt::launch(dim3(gpu_warp_blocks(c.N * (c.Hq + c.Hkv), GPU_WARP_SIZE)), dim3(kGpuThreads), 0, [&] {
+    cca_qk_fwd::k_cca_qk(z.data(), u.data(), temp.data(), in_place, iq.data(), ik.data(), c.N, c.Hq, c.Hkv, c.dh,
+                         half);
+  });
+  for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(iq[i], gq[i]) << what << " q in place, element " << i;
+  for (size_t i = 0; i < k.size(); ++i) ASSERT_EQ(ik[i], gk[i]) << what << " k in place, element " << i;
 }
 
 // Head dims 32 to 128 with full, partial and no rotation, GQA 2:1 and 4:1 (the key's mean path

@@ -3,6 +3,7 @@
 // the factory. Passed on an H100.
 #include "backend/cuda/cuda_backend.h"
 
+#include "backend/cuda/gpu_gemv.h"
 #include "backend/cuda/gpu_grouped_gemm.h"
 #include "core/log.h"
 
@@ -195,6 +196,9 @@ std::string CudaBackend::diagnostics() const {
           : options_.bf16_matmul && options_.moe_few_rows_gemv ? "per expert from host offsets (calls of up to " +
                                        std::to_string(kGroupedGemvMaxRows) + " tokens as device GEMVs)"
                                  : std::string("per expert from host offsets")) +
+         (options_.bf16_matmul && options_.linear_few_rows_gemv
+              ? ", dense linears of up to " + std::to_string(kLinearGemvMaxRows) + " rows as device GEMVs"
+              : std::string()) +
          (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32") + ", Newton-Schulz " +
          (newton_schulz_bf16_iterates() ? "bf16 with bf16 iterates (" + std::to_string(bf16_out_fallbacks_) +
                                               " GEMMs the fp32 way)"

@@ -29,6 +29,12 @@ struct CudaBackendOptions {
   // device offsets (gpu_grouped_gemv.cu), with no host round trip. false: the per-expert GEMMs
   // at every size; make_backend sets it when the environment has ZAYA_MOE_PER_EXPERT=1.
   bool moe_few_rows_gemv = true;
+  // true (with bf16_matmul): dense linears of at most kLinearGemvMaxRows (4) token rows, as
+  // decode makes them, run as one kernel on the fp32 activations and the weight's bf16 copy
+  // (gpu_gemv.h), with the bias added in it: no conversion of the activations and no bias pass.
+  // false: BLASLt GEMMs at every size; make_backend sets it when the environment has
+  // ZAYA_LINEAR_GEMM=1.
+  bool linear_few_rows_gemv = true;
   // true (with bf16_matmul and a BLASLt engine): the training and evaluation LM head
   // (lm_head_loss) multiplies its fp32 operands as three TF32 tensor-core GEMMs each
   // (tf32_split.h: fp32 accuracy, spec A.11), over vocabulary slices. false: exact fp32 GEMMs

@@ -22,6 +22,7 @@ CudaBackendOptions cuda_backend_options_for(const std::string& name, int device,
   o.bf16_matmul = name == "cuda";  // cuda-fp32: every GEMM in fp32 (exact comparisons with the CPU)
   o.moe_device_grouped = switched_on("ZAYA_MOE_DEVICE_GROUPED");
   o.moe_few_rows_gemv = !switched_on("ZAYA_MOE_PER_EXPERT");  // decode's MoE as per-expert GEMMs too
+  o.linear_few_rows_gemv = !switched_on("ZAYA_LINEAR_GEMM");   // decode's dense linears as GEMMs too
   o.lm_head_tf32x3 = !switched_on("ZAYA_LM_HEAD_EXACT");                 // the LM head in exact fp32 GEMMs
   o.newton_schulz_bf16 = !switched_on("ZAYA_NS_TF32");                   // Newton-Schulz on TF32 operands
   o.newton_schulz_bf16_iterates = switched_on("ZAYA_NS_BF16_ITERATES");  // Newton-Schulz's iterates in bf16

@@ -98,6 +98,32 @@ __device__ inline double warp_sum(double v) {
   return v;
 }
 
+// An activation element as fp32, whether stored as bf16 or as fp32 (the GEMV kernels take both).
+__device__ inline float as_f32(bf16_t v) { return bf16_to_f32(v); }
+__device__ inline float as_f32(float v) { return v; }
+
+// sum_i a[i] w[i] over eight elements: w eight bf16 already loaded (one 16-byte load), a read
+// here from a 16-byte-aligned address, bf16 (one 16-byte load) or fp32 (two).
+__device__ inline float dot8(const float* a, uint4 w) {
+  const float4 lo = *reinterpret_cast<const float4*>(a), hi = *reinterpret_cast<const float4*>(a + 4);
+  const uint32_t p[4] = {w.x, w.y, w.z, w.w};
+  return lo.x * bf16_to_f32(bf16_t(p[0] & 0xffffu)) + lo.y * bf16_to_f32(bf16_t(p[0] >> 16)) +
+         lo.z * bf16_to_f32(bf16_t(p[1] & 0xffffu)) + lo.w * bf16_to_f32(bf16_t(p[1] >> 16)) +
+         hi.x * bf16_to_f32(bf16_t(p[2] & 0xffffu)) + hi.y * bf16_to_f32(bf16_t(p[2] >> 16)) +
+         hi.z * bf16_to_f32(bf16_t(p[3] & 0xffffu)) + hi.w * bf16_to_f32(bf16_t(p[3] >> 16));
+}
+
+__device__ inline float dot8(const bf16_t* a, uint4 w) {
+  const uint4 v = *reinterpret_cast<const uint4*>(a);
+  const uint32_t av[4] = {v.x, v.y, v.z, v.w}, wv[4] = {w.x, w.y, w.z, w.w};
+  float sum = 0.0f;
+#pragma unroll
+  for (int p = 0; p < 4; ++p)
+    sum += bf16_to_f32(bf16_t(av[p] & 0xffffu)) * bf16_to_f32(bf16_t(wv[p] & 0xffffu)) +
+           bf16_to_f32(bf16_t(av[p] >> 16)) * bf16_to_f32(bf16_t(wv[p] >> 16));
+  return sum;
+}
+
 // Launch size for kernels with one warp per item (kGpuThreads per block).
 inline unsigned gpu_warp_blocks(int64_t items, int warp_size) {
   return gpu_blocks(items * warp_size);

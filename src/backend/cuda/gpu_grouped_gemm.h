@@ -64,9 +64,13 @@ bool grouped_gemm_weights_mma(gpuStream_t s, const int32_t* offsets, int64_t E, 
 // grouped rows (a decode step's tokens), as one dot product per (row, column) straight from the
 // row's expert (found in the device offsets): memory-bound, with no tile padding. Rows past the
 // routed ones (offsets[E]) are left as they are. warp_size: the device's (the launch's warps).
+// A is bf16, or fp32 as stored (the forward's activations, with no conversion pass first).
 constexpr int64_t kGroupedGemvMaxRows = 16;
 void grouped_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t max_rows, int64_t N,
                        int64_t K, float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb,
+                       bool b_trans, int64_t stride_b, float beta, float* C, int64_t ldc);
+void grouped_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t max_rows, int64_t N,
+                       int64_t K, float alpha, const float* A, int64_t lda, const bf16_t* B, int64_t ldb,
                        bool b_trans, int64_t stride_b, float beta, float* C, int64_t ldc);
 
 // The virtual architecture (e.g. 90 for compute_90) the grouped kernels were compiled for on

@@ -26,32 +26,26 @@ __device__ inline int64_t expert_of_row(const int32_t* offsets, int64_t E, int64
   return lo;
 }
 
-__device__ inline float dot_pair(uint32_t a, uint32_t b) {
-  return bf16_to_f32(bf16_t(a & 0xffffu)) * bf16_to_f32(bf16_t(b & 0xffffu)) +
-         bf16_to_f32(bf16_t(a >> 16)) * bf16_to_f32(bf16_t(b >> 16));
-}
-
 // grid (column tiles of the block's warps, rows; gpu_blocks' cap on the tiles is far past any
 // model width); vec8: K, lda, ldb and stride_b multiples of 8
-// and A, B 16-byte aligned, so each lane reads 8 elements at once.
+// and A, B 16-byte aligned, so each lane reads 8 elements at once. A: bf16, or fp32 as stored.
+template <typename TA>
 __global__ void k_gemv_rows_bt(const int32_t* offsets, int64_t E, int64_t N, int64_t K, float alpha,
-                               const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, int64_t stride_b,
+                               const TA* A, int64_t lda, const bf16_t* B, int64_t ldb, int64_t stride_b,
                                float beta, float* C, int64_t ldc, int vec8) {
   const int64_t r = blockIdx.y;
   if (r >= offsets[E]) return;  // a skip-class row, or past the routed ones
   const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warps = int(blockDim.x) / GPU_WARP_SIZE;
   const int64_t n = int64_t(blockIdx.x) * warps + int(threadIdx.x) / GPU_WARP_SIZE;
   if (n >= N) return;
-  const bf16_t* a = A + r * lda;
+  const TA* a = A + r * lda;
   const bf16_t* b = B + expert_of_row(offsets, E, r) * stride_b + n * ldb;
   float acc = 0.0f;
   if (vec8) {
-    for (int64_t k = int64_t(lane) * 8; k < K; k += int64_t(GPU_WARP_SIZE) * 8) {
-      const uint4 av = *reinterpret_cast<const uint4*>(a + k), bv = *reinterpret_cast<const uint4*>(b + k);
-      acc += dot_pair(av.x, bv.x) + dot_pair(av.y, bv.y) + dot_pair(av.z, bv.z) + dot_pair(av.w, bv.w);
-    }
+    for (int64_t k = int64_t(lane) * 8; k < K; k += int64_t(GPU_WARP_SIZE) * 8)
+      acc += dot8(a + k, *reinterpret_cast<const uint4*>(b + k));
   } else {
-    for (int64_t k = lane; k < K; k += GPU_WARP_SIZE) acc += bf16_to_f32(a[k]) * bf16_to_f32(b[k]);
+    for (int64_t k = lane; k < K; k += GPU_WARP_SIZE) acc += as_f32(a[k]) * bf16_to_f32(b[k]);
   }
   acc = warp_sum(acc);
   if (lane == 0) {
@@ -61,26 +55,26 @@ __global__ void k_gemv_rows_bt(const int32_t* offsets, int64_t E, int64_t N, int
 }
 
 // grid (column tiles of blockDim.x, rows).
+template <typename TA>
 __global__ void k_gemv_rows_bn(const int32_t* offsets, int64_t E, int64_t N, int64_t K, float alpha,
-                               const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, int64_t stride_b,
+                               const TA* A, int64_t lda, const bf16_t* B, int64_t ldb, int64_t stride_b,
                                float beta, float* C, int64_t ldc) {
   const int64_t r = blockIdx.y;
   if (r >= offsets[E]) return;
   const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= N) return;
-  const bf16_t* a = A + r * lda;
+  const TA* a = A + r * lda;
   const bf16_t* b = B + expert_of_row(offsets, E, r) * stride_b + n;
   float acc = 0.0f;
-  for (int64_t k = 0; k < K; ++k) acc += bf16_to_f32(a[k]) * bf16_to_f32(b[k * ldb]);
+  for (int64_t k = 0; k < K; ++k) acc += as_f32(a[k]) * bf16_to_f32(b[k * ldb]);
   float* c = C + r * ldc + n;
   *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
 }
 
-}  // namespace
-
-void grouped_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t max_rows, int64_t N,
-                       int64_t K, float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb,
-                       bool b_trans, int64_t stride_b, float beta, float* C, int64_t ldc) {
+template <typename TA>
+void launch_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t max_rows, int64_t N,
+                      int64_t K, float alpha, const TA* A, int64_t lda, const bf16_t* B, int64_t ldb, bool b_trans,
+                      int64_t stride_b, float beta, float* C, int64_t ldc) {
   if (E <= 0 || max_rows <= 0 || N <= 0) return;
   if (max_rows > kGroupedGemvMaxRows)
     fail("cuda", "grouped_gemv_rows: " + std::to_string(max_rows) + " rows, more than the few-rows kind's " +
@@ -89,13 +83,27 @@ void grouped_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int
     const int warps = kGpuThreads / warp_size;
     const bool vec8 = K % 8 == 0 && lda % 8 == 0 && ldb % 8 == 0 && stride_b % 8 == 0 && gpu_aligned(A) &&
                       gpu_aligned(B);
-    gpu_launch(k_gemv_rows_bt, dim3(gpu_blocks(N, warps), unsigned(max_rows)), kGpuThreads, 0, s, offsets,
+    gpu_launch(k_gemv_rows_bt<TA>, dim3(gpu_blocks(N, warps), unsigned(max_rows)), kGpuThreads, 0, s, offsets,
                E, N, K, alpha, A, lda, B, ldb, stride_b, beta, C, ldc, vec8 ? 1 : 0);
   } else {
-    gpu_launch(k_gemv_rows_bn, dim3(gpu_blocks(N), unsigned(max_rows)), kGpuThreads, 0, s,
+    gpu_launch(k_gemv_rows_bn<TA>, dim3(gpu_blocks(N), unsigned(max_rows)), kGpuThreads, 0, s,
                offsets, E, N, K, alpha, A, lda, B, ldb, stride_b, beta, C, ldc);
   }
   GPU_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void grouped_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t max_rows, int64_t N,
+                       int64_t K, float alpha, const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb,
+                       bool b_trans, int64_t stride_b, float beta, float* C, int64_t ldc) {
+  launch_gemv_rows(s, warp_size, offsets, E, max_rows, N, K, alpha, A, lda, B, ldb, b_trans, stride_b, beta, C, ldc);
+}
+
+void grouped_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t max_rows, int64_t N,
+                       int64_t K, float alpha, const float* A, int64_t lda, const bf16_t* B, int64_t ldb,
+                       bool b_trans, int64_t stride_b, float beta, float* C, int64_t ldc) {
+  launch_gemv_rows(s, warp_size, offsets, E, max_rows, N, K, alpha, A, lda, B, ldb, b_trans, stride_b, beta, C, ldc);
 }
 
 }  // namespace zaya

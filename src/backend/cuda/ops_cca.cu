@@ -27,30 +27,43 @@ __global__ void k_grouped_w_transpose(const float* w_grp, float* w_t, int64_t C,
   }
 }
 
-// z[b, t, c] = b_grp[c] + sum_{ci, j} w[c, ci, j] y[b, t + j, group(c) + ci], with the weights
-// in k_grouped_w_transpose's layout (same terms in the same order as before the transpose).
-__global__ void k_conv_grouped(const float* y, const float* w_t, const float* b_grp, float* z, int64_t B, int64_t T,
-                               int64_t C, int64_t G, int64_t t1) {
+// z[b, t, c] = b_grp[c] + sum_{ci, j} w[c, ci, j] y[b, t + j, group(c) + ci], with w[c, ci, j]
+// at w[c * w_c + ci * w_ci + j * w_j]: k_grouped_w_transpose's layout (w_c = 1) or the stored
+// [C, G, t1] one (w_j = 1). The same terms in the same order either way.
+__global__ void k_conv_grouped(const float* y, const float* w, int64_t w_c, int64_t w_ci, int64_t w_j,
+                               const float* b_grp, float* z, int64_t B, int64_t T, int64_t C, int64_t G, int64_t t1) {
   const int64_t Ly = T + t1 - 1;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * T * C; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t c = i % C, t = (i / C) % T, b = i / (C * T);
     const float* yg = y + (b * Ly + t) * C + (c / G) * G;
+    const float* wc = w + c * w_c;
     float acc = b_grp[c];
     for (int64_t ci = 0; ci < G; ++ci)
-      for (int64_t j = 0; j < t1; ++j) acc += w_t[(ci * t1 + j) * C + c] * yg[j * C + ci];
+      for (int64_t j = 0; j < t1; ++j) acc += wc[ci * w_ci + j * w_j] * yg[j * C + ci];
     z[i] = acc;
   }
 }
 
+// Token rows up to which the grouped stage reads the weights as stored: each row's threads then
+// read them strided, as the transpose itself would, so for a few rows (decode) the transpose's
+// launch and pass buy nothing.
+constexpr int64_t kConvStoredWeightsMaxRows = 16;
+
 // The grouped stage in one kernel (short chunks: decode), into a.z.
 void conv_grouped_direct(CudaBackend& be, const float* y, const CcaConvArgs& a) {
-  const int64_t B = a.B, T = a.T, C = a.C;
-  DeviceBuffer w_t(&be, C * a.group * a.t1 * 4);
-  gpu_launch(k_grouped_w_transpose, gpu_blocks(C * a.group * a.t1), kGpuThreads, 0, be.stream(), a.w_grp,
-             w_t.f(), C, a.group, a.t1);
+  const int64_t B = a.B, T = a.T, C = a.C, G = a.group, t1 = a.t1;
+  if (B * T <= kConvStoredWeightsMaxRows) {
+    gpu_launch(k_conv_grouped, gpu_blocks(B * T * C), kGpuThreads, 0, be.stream(), y, a.w_grp, G * t1, t1,
+               int64_t(1), a.b_grp, a.z, B, T, C, G, t1);
+    GPU_LAUNCH_CHECK();
+    return;
+  }
+  DeviceBuffer w_t(&be, C * G * t1 * 4);
+  gpu_launch(k_grouped_w_transpose, gpu_blocks(C * G * t1), kGpuThreads, 0, be.stream(), a.w_grp, w_t.f(), C, G,
+             t1);
   GPU_LAUNCH_CHECK();
-  gpu_launch(k_conv_grouped, gpu_blocks(B * T * C), kGpuThreads, 0, be.stream(), y, w_t.f(), a.b_grp, a.z, B,
-             T, C, a.group, a.t1);
+  gpu_launch(k_conv_grouped, gpu_blocks(B * T * C), kGpuThreads, 0, be.stream(), y, w_t.f(), int64_t(1), t1 * C, C,
+             a.b_grp, a.z, B, T, C, G, t1);
   GPU_LAUNCH_CHECK();
 }
 
@@ -143,14 +156,27 @@ void launch_rope_table(gpuStream_t s, const int64_t* positions, int64_t N, int64
   GPU_LAUNCH_CHECK();
 }
 
+// Tokens up to which cca_qk computes the rotation in place rather than building the table.
+constexpr int64_t kRopeInPlaceMaxTokens = 16;
+
 void CudaBackend::cca_qk(const CcaQkArgs& a) {
   const int64_t N = a.N, half = a.rotary_dim / 2;
   if (N == 0) return;
   DeviceBuffer pos = upload(a.positions, N * 8);
-  DeviceBuffer cs(this, (half > 0 ? N * half : 1) * 4), sn(this, (half > 0 ? N * half : 1) * 4);
-  if (half > 0) launch_rope_table(stream_, pos.l(), N, half, a.rotary_dim, a.theta, cs.f(), sn.f());
+  RopeSource rope;
+  rope.positions = pos.l();
+  rope.rotary_dim = a.rotary_dim;
+  rope.theta = a.theta;
+  DeviceBuffer cs, sn;
+  if (half > 0 && N > kRopeInPlaceMaxTokens) {
+    cs = DeviceBuffer(this, N * half * 4);
+    sn = DeviceBuffer(this, N * half * 4);
+    launch_rope_table(stream_, pos.l(), N, half, a.rotary_dim, a.theta, cs.f(), sn.f());
+    rope.cs = cs.f();
+    rope.sn = sn.f();
+  }
   gpu_launch(k_cca_qk, gpu_warp_blocks(N * (a.Hq + a.Hkv), warp_size_), kGpuThreads, 0, stream_, a.z, a.u,
-             a.temp, cs.f(), sn.f(), a.q, a.k, N, a.Hq, a.Hkv, a.dh, half);
+             a.temp, rope, a.q, a.k, N, a.Hq, a.Hkv, a.dh, half);
   GPU_LAUNCH_CHECK();
 }
 

@@ -3,6 +3,7 @@
 // softmax, router selection. Everything except the GEMM operands is fp32 (spec A.11). Passed
 // against the CPU backend on an H100.
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gpu_gemv.h"
 
 namespace zaya {
 
@@ -106,6 +107,11 @@ void CudaBackend::linear_impl(const float* x, const float* w, const float* bias,
   if (M == 0 || N == 0) return;
   if (ldy == 0) ldy = N;
   DeviceBuffer hx, hw;
+  if (bf16 && options_.linear_few_rows_gemv && M <= kLinearGemvMaxRows) {  // decode: gpu_gemv.h
+    const GemmOperand W = weight_operand(w, N, K, true, true, hw);
+    linear_gemv(stream_, warp_size_, M, N, K, x, static_cast<const bf16_t*>(W.ptr), W.ld, bias, accumulate, y, ldy);
+    return;
+  }
   const GemmOperand A = operand(x, M, K, K, false, bf16, hx);
   const GemmOperand B = weight_operand(w, N, K, true, bf16, hw);
   gemm_bias(M, N, K, 1.0f, A, B, accumulate ? 1.0f : 0.0f, y, ldy, bias);  // bias: the GEMM's epilogue

@@ -35,11 +35,12 @@ void CudaBackend::moe(const MoeArgs& a) {
   DeviceBuffer hx, hgu, hdn, hact;
   if (rows > 0) {
     gpu_gather_rows(stream_, a.x, plan.perm.i(), nullptr, rows, D, xs.f());
-    const GemmOperand xo = operand(xs.f(), rows, D, D, false, bf16, hx);
+    const bool bf16_rows = bf16 && !experts.few_rows();  // the few-rows GEMVs read fp32 rows as they are
+    const GemmOperand xo = operand(xs.f(), rows, D, D, false, bf16_rows, hx);
     const GemmOperand guo = weight_operand(a.gate_up, E * 2 * I, D, true, bf16, hgu);  // each expert [2I, D]
     const GemmOperand dno = weight_operand(a.down, E * D, I, true, bf16, hdn);         // each expert [D, I]
     gpu_moe_gate_up(*this, experts, I, D, xo, guo, hid.f(), act.f());
-    const GemmOperand ao = operand(act.f(), rows, I, I, false, bf16, hact);
+    const GemmOperand ao = operand(act.f(), rows, I, I, false, bf16_rows, hact);
     experts.by_rows(D, I, ao, dno, D * I, 0.0f, ys.f(), D);  // ys = act DN_e^T
   }
   gpu_launch(k_moe_scatter, gpu_blocks(N * D), kGpuThreads, 0, stream_, ys.f(), plan.perm.i(), a.weight, a.x,

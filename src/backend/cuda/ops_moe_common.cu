@@ -150,10 +150,14 @@ ExpertGemms::ExpertGemms(CudaBackend& be, const int32_t* expert, int64_t N, int6
 void ExpertGemms::by_rows(int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& W, int64_t stride_w,
                           float beta, float* C, int64_t ldc) const {
   if (few_rows_) {
-    ZAYA_CHECK(A.type == GemmType::BF16 && W.type == GemmType::BF16 && !A.trans, "moe: few-rows operands");
-    grouped_gemv_rows(be_.stream(), be_.warp_size(), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f,
-                      static_cast<const bf16_t*>(A.ptr), A.ld, static_cast<const bf16_t*>(W.ptr), W.ld, W.trans,
-                      stride_w, beta, C, ldc);
+    ZAYA_CHECK(W.type == GemmType::BF16 && !A.trans, "moe: few-rows operands");
+    const auto* w = static_cast<const bf16_t*>(W.ptr);
+    if (A.type == GemmType::F32)
+      grouped_gemv_rows(be_.stream(), be_.warp_size(), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f,
+                        static_cast<const float*>(A.ptr), A.ld, w, W.ld, W.trans, stride_w, beta, C, ldc);
+    else
+      grouped_gemv_rows(be_.stream(), be_.warp_size(), plan_.offsets_dev.i(), E_, rows_, N, K, 1.0f,
+                        static_cast<const bf16_t*>(A.ptr), A.ld, w, W.ld, W.trans, stride_w, beta, C, ldc);
     return;
   }
   if (grouped_) {

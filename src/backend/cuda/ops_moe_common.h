@@ -58,6 +58,9 @@ class ExpertGemms {
   const GpuMoePlan& plan() const { return plan_; }
   // Whether the offsets stay on the device (device-grouped or few rows).
   bool device_offsets() const { return grouped_ || few_rows_; }
+  // Whether by_rows runs as device GEMVs (few rows), which read an fp32 A as stored: the
+  // forward then passes its activations unconverted.
+  bool few_rows() const { return few_rows_; }
   // Rows of the grouped-row buffers: the routed count (host offsets), or N (device offsets:
   // rows past the routed ones are not computed and must not be read).
   int64_t rows() const { return rows_; }
@@ -65,8 +68,9 @@ class ExpertGemms {
   // else nullptr (all rows() are).
   const int32_t* routed_rows_dev() const { return device_offsets() ? plan_.routed_dev(E_) : nullptr; }
   // C[r, :] = A[r, :] op(W_e) + beta * C[r, :] for the rows r of every expert e. A: [rows, K]
-  // as stored; W_e = W + e * stride_w elements, its logical [K, N] stored [N, K] (W.trans) or
-  // [K, N]; C fp32 with row stride ldc.
+  // as stored (bf16 under the bf16 policy; fp32 too in the few-rows form); W_e = W + e *
+  // stride_w elements, its logical [K, N] stored [N, K] (W.trans) or [K, N]; C fp32 with row
+  // stride ldc.
   void by_rows(int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& W, int64_t stride_w, float beta,
                float* C, int64_t ldc) const;
   // C_e += A_e^T B_e for every expert e over its rows: A [rows, M], B [rows, N] as stored
