@@ -189,6 +189,47 @@ TEST_F(GpuCca, ValuesAndCacheWrite) {
   expect_close(gcache.get(), cache, kTolF32, "cache_write");
 }
 
+// The backend keeps device copies of recent position arrays and hands them out again while the
+// same bytes come back (CudaBackend::upload_reused): a host array changed in place must be
+// uploaded again, and contents that went out of the kept few and come back must still be right.
+// cache_write's offsets and cca_qk's positions (the rotation in place and the table), each call
+// against the CPU's.
+TEST_F(GpuCca, ReusedPositionUploadsFollowTheHostBytes) {
+  const int64_t B = 3, T = 2, S = 16, W = 8;
+  const std::vector<std::vector<int64_t>> offsets = {{0, 3, 7}, {5, 3, 7}, {1, 1, 1}, {2, 9, 4},
+                                                     {6, 0, 11}, {3, 12, 2}, {0, 3, 7}, {5, 3, 7}};
+  std::vector<int64_t> pos0(3);  // one host array, rewritten in place
+  for (size_t round = 0; round < offsets.size(); ++round) {
+    pos0 = offsets[round];
+    auto src = rnd(size_t(B * T * W)), cache0 = rnd(size_t(B * S * W));
+    std::vector<float> cache = cache0;
+    cpu.cache_write(src.data(), cache.data(), pos0.data(), B, T, S, W);
+    DevBuf gsrc(*gpu, src), gcache(*gpu, cache0);
+    gpu->cache_write(gsrc.f(), gcache.f(), pos0.data(), B, T, S, W);
+    expect_close(gcache.get(), cache, kTolF32, "cache_write round " + std::to_string(round));
+  }
+  const int64_t Hq = 4, Hkv = 2, dh = 16, C = (Hq + Hkv) * dh;
+  for (int64_t N : {int64_t(3), int64_t(20)}) {  // the rotation in place, and from the table
+    std::vector<int64_t> positions(static_cast<size_t>(N));
+    for (int round = 0; round < 7; ++round) {
+      for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = (round % 5) * 100 + n;  // round 5 repeats round 0
+      auto z = rnd(size_t(N * C)), u = rnd(size_t(N * C)), temp = rnd_positive(size_t(Hkv), 0.5, 2.0);
+      std::vector<float> q(size_t(N * Hq * dh)), k(size_t(N * Hkv * dh));
+      CcaQkArgs a;
+      a.z = z.data(); a.u = u.data(); a.temp = temp.data(); a.positions = positions.data(); a.q = q.data();
+      a.k = k.data(); a.N = N; a.Hq = Hq; a.Hkv = Hkv; a.dh = dh; a.rotary_dim = dh; a.theta = 1e4;
+      cpu.cca_qk(a);
+      DevBuf gz(*gpu, z), gu(*gpu, u), gt(*gpu, temp), gq(*gpu, N * Hq * dh), gk(*gpu, N * Hkv * dh);
+      CcaQkArgs g = a;
+      g.z = gz.f(); g.u = gu.f(); g.temp = gt.f(); g.q = gq.f(); g.k = gk.f();
+      gpu->cca_qk(g);
+      const std::string what = "cca_qk N " + std::to_string(N) + " round " + std::to_string(round);
+      expect_close(gq.get(), q, kTolF32, what + " q");
+      expect_close(gk.get(), k, kTolF32, what + " k");
+    }
+  }
+}
+
 struct AttnCase {
   int64_t B, T, S, Hq, Hkv, dh, window;
   std::vector<int64_t> pos0;

@@ -110,6 +110,7 @@ CudaBackend::~CudaBackend() {
     shadows_.clear();
     shadow_keys_.clear();
   }
+  upload_cache_.clear();
   if (stream_) (void)gpuStreamSynchronize(stream_);
   gemm_.reset();
   for (auto& kv : live_) (void)gpuFree(kv.first);
@@ -213,7 +214,8 @@ std::string CudaBackend::diagnostics() const {
          " on " + std::to_string(multiprocessors_) + " multiprocessors, " +
          std::to_string(shadows_built_) + " bf16 weight shadows built (" + std::to_string(shadows_.size()) +
          " held, " + std::to_string(shadow_bytes_) + " bytes; " + std::to_string(shadows_declined_) +
-         " declined over the budget)";
+         " declined over the budget), " + std::to_string(uploads_reused_) + " position uploads reused (" +
+         std::to_string(uploads_cached_) + " made)";
 }
 
 void CudaBackend::synchronize() { GPU_CHECK(gpuStreamSynchronize(stream_)); }
@@ -225,6 +227,35 @@ DeviceBuffer CudaBackend::upload(const void* host, int64_t bytes) {
   synchronize();  // HIP's pageable async copies: do not rely on staging semantics
 #endif
   return b;
+}
+
+const void* CudaBackend::upload_reused(const void* host, int64_t bytes, DeviceBuffer& holder) {
+  if (bytes <= 0 || bytes > kUploadCacheMaxBytes) {
+    holder = upload(host, bytes);
+    return holder.f();
+  }
+  const auto* h = static_cast<const unsigned char*>(host);
+  ++upload_clock_;
+  ReusedUpload* slot = nullptr;
+  for (ReusedUpload& u : upload_cache_) {
+    if (int64_t(u.bytes.size()) == bytes && std::equal(u.bytes.begin(), u.bytes.end(), h)) {
+      u.last_used = upload_clock_;
+      ++uploads_reused_;
+      return u.device.f();
+    }
+    if (slot == nullptr || u.last_used < slot->last_used) slot = &u;
+  }
+  if (int(upload_cache_.size()) < kUploadCacheSlots) {
+    upload_cache_.emplace_back();
+    slot = &upload_cache_.back();
+  }
+  // The slot's old copy may still be read by kernels already enqueued: the new bytes go into a
+  // fresh buffer (the old one returns to the pool, reused in stream order).
+  slot->bytes.assign(h, h + bytes);
+  slot->device = upload(host, bytes);
+  slot->last_used = upload_clock_;
+  ++uploads_cached_;
+  return slot->device.f();
 }
 
 void CudaBackend::copy(float* dst, const float* src, int64_t n) {

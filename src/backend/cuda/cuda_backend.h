@@ -1,7 +1,8 @@
 // The GPU backend class (CUDA or HIP through gpu_runtime.h). One stream; every op is enqueued
 // on it, so buffers returned to the caching pool can be reused by later ops without waits.
 // to_host synchronises. Host-memory arguments of the interface (positions, pos0, seg_start)
-// are uploaded per call. Op implementations are split by family across ops_*.cu, mirroring
+// are uploaded per call (positions and pos0 only when their bytes differ from a recent call's:
+// upload_reused). Op implementations are split by family across ops_*.cu, mirroring
 // backend/cpu. Checked against the CPU backend on an H100; what changed after that run is
 // listed in docs/gpu.md, "Not done yet".
 #pragma once
@@ -11,6 +12,7 @@
 #include <memory>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_factory.h"
@@ -126,6 +128,13 @@ class CudaBackend final : public Backend {
   void pool_put(void* p);
   // Copies a small host array to a fresh device buffer (safe to reuse the host array at once).
   DeviceBuffer upload(const void* host, int64_t bytes);
+  // The same for a small array that recurs from call to call (token positions, cache offsets):
+  // a device copy of these exact bytes is kept and handed out again while the same bytes come
+  // back, so a decode step uploads its positions once rather than once a layer (and on HIP,
+  // where an upload waits for the GPU, waits once). The device copy is read-only for the kernels
+  // and stays valid until kUploadCacheSlots other contents have been asked for since; `holder`
+  // receives a plain upload of arrays over kUploadCacheMaxBytes.
+  const void* upload_reused(const void* host, int64_t bytes, DeviceBuffer& holder);
   void synchronize();
   // A GEMM operand for a row-major [rows, cols] fp32 matrix (row stride ld): the matrix itself,
   // or (bf16 = true) a packed bf16 copy made in `holder`.
@@ -220,6 +229,17 @@ class CudaBackend final : public Backend {
   int64_t max_shared_per_block_ = 0;  // the device's opt-in shared memory per block (CUDA)
   int64_t multiprocessors_ = 0;       // the device's (sizes the attention forward's key splits)
   double peak_gflops_ = 0;  // matmul_peak_gflops(), measured once
+  // upload_reused's copies, least recently used first to go.
+  static constexpr int kUploadCacheSlots = 4;
+  static constexpr int64_t kUploadCacheMaxBytes = 64 << 10;
+  struct ReusedUpload {
+    std::vector<unsigned char> bytes;  // the host bytes the device copy holds
+    DeviceBuffer device;
+    uint64_t last_used = 0;
+  };
+  std::vector<ReusedUpload> upload_cache_;
+  uint64_t upload_clock_ = 0;
+  int64_t uploads_reused_ = 0, uploads_cached_ = 0;  // hits, misses (diagnostics)
   int64_t reserved_bytes_ = 0, peak_reserved_bytes_ = 0;  // device memory held by the pool
   gpuStream_t stream_ = nullptr;
   std::unique_ptr<GpuGemm> gemm_;

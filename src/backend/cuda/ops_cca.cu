@@ -67,34 +67,34 @@ void conv_grouped_direct(CudaBackend& be, const float* y, const CcaConvArgs& a) 
   GPU_LAUNCH_CHECK();
 }
 
-// new_state[b, p] = ext(b, T + p): written to a temporary, then copied over the state.
-__global__ void k_conv_new_state(const float* u, const float* state, float* out, int64_t B, int64_t T, int64_t C,
-                                 int64_t P) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * P * C; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t c = i % C, p = (i / C) % P, b = i / (C * P);
-    out[i] = conv_ext(u, state, b, T + p, c, T, C, P);
+// state[b, p] = ext(b, T + p) for p < P, in place: one thread per (b, c) takes p upwards, so
+// each entry it reads (row T + p > p of the old state, or u) is still the old one.
+__global__ void k_conv_new_state(const float* u, float* state, int64_t B, int64_t T, int64_t C, int64_t P) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * C; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i % C, b = i / C;
+    for (int64_t p = 0; p < P; ++p) state[(b * P + p) * C + c] = conv_ext(u, state, b, T + p, c, T, C, P);
   }
 }
 
-__global__ void k_cca_values(const float* v_cur, const float* v_del, const float* state, const int32_t* seg, float* v,
+// v = [v_cur | v_del one token late], and the delayed-value state moved on to the chunk's last
+// token: the element that reads a state entry (t = 0) is its only reader, so it writes the next
+// chunk's value there after reading (no second launch).
+__global__ void k_cca_values(const float* v_cur, const float* v_del, float* state, const int32_t* seg, float* v,
                              int64_t B, int64_t T, int64_t h) {
   const int64_t W = 2 * h;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * T * W; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = i % W, t = (i / W) % T, b = i / (W * T);
     if (j < h) {
       v[i] = v_cur[(b * T + t) * h + j];
-    } else if (seg && t > 0 && seg[b * T + t] == t) {
+    } else if (t == 0) {
+      const int64_t s = b * h + (j - h);
+      v[i] = state[s];
+      state[s] = v_del[(b * T + T - 1) * h + (j - h)];
+    } else if (seg && seg[b * T + t] == t) {
       v[i] = 0.0f;  // a document starts here
     } else {
-      v[i] = t == 0 ? state[b * h + (j - h)] : v_del[(b * T + t - 1) * h + (j - h)];
+      v[i] = v_del[(b * T + t - 1) * h + (j - h)];
     }
-  }
-}
-
-__global__ void k_values_state(const float* v_del, float* state, int64_t B, int64_t T, int64_t h) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * h; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = i / h, j = i % h;
-    state[i] = v_del[(b * T + T - 1) * h + j];
   }
 }
 
@@ -119,11 +119,8 @@ void CudaBackend::cca_conv_rows(const CcaConvArgs& a) {
     conv_grouped_direct(*this, y.f(), a);
   }
   if (a.state && P > 0) {
-    DeviceBuffer ns(this, B * P * C * 4);
-    gpu_launch(k_conv_new_state, gpu_blocks(B * P * C), kGpuThreads, 0, stream_, a.u, a.state, ns.f(), B, T,
-               C, P);
+    gpu_launch(k_conv_new_state, gpu_blocks(B * C), kGpuThreads, 0, stream_, a.u, a.state, B, T, C, P);
     GPU_LAUNCH_CHECK();
-    copy(a.state, ns.f(), B * P * C);
   }
 }
 
@@ -162,16 +159,17 @@ constexpr int64_t kRopeInPlaceMaxTokens = 16;
 void CudaBackend::cca_qk(const CcaQkArgs& a) {
   const int64_t N = a.N, half = a.rotary_dim / 2;
   if (N == 0) return;
-  DeviceBuffer pos = upload(a.positions, N * 8);
+  DeviceBuffer pos_holder;
+  const auto* pos = static_cast<const int64_t*>(upload_reused(a.positions, N * 8, pos_holder));
   RopeSource rope;
-  rope.positions = pos.l();
+  rope.positions = pos;
   rope.rotary_dim = a.rotary_dim;
   rope.theta = a.theta;
   DeviceBuffer cs, sn;
   if (half > 0 && N > kRopeInPlaceMaxTokens) {
     cs = DeviceBuffer(this, N * half * 4);
     sn = DeviceBuffer(this, N * half * 4);
-    launch_rope_table(stream_, pos.l(), N, half, a.rotary_dim, a.theta, cs.f(), sn.f());
+    launch_rope_table(stream_, pos, N, half, a.rotary_dim, a.theta, cs.f(), sn.f());
     rope.cs = cs.f();
     rope.sn = sn.f();
   }
@@ -187,16 +185,14 @@ void CudaBackend::cca_values(const CcaValueArgs& a) {
   gpu_launch(k_cca_values, gpu_blocks(a.B * a.T * 2 * a.half), kGpuThreads, 0, stream_, a.v_cur, a.v_del,
              a.v_state, a.seg_start ? seg.i() : nullptr, a.v, a.B, a.T, a.half);
   GPU_LAUNCH_CHECK();
-  gpu_launch(k_values_state, gpu_blocks(a.B * a.half), kGpuThreads, 0, stream_, a.v_del, a.v_state, a.B, a.T,
-             a.half);
-  GPU_LAUNCH_CHECK();
 }
 
 void CudaBackend::cache_write(const float* src, float* cache, const int64_t* pos0, int64_t B, int64_t T, int64_t S,
                               int64_t W) {
   if (src == cache || B * T * W == 0) return;  // training: the chunk is the whole cache
-  DeviceBuffer p = upload(pos0, B * 8);
-  gpu_launch(k_cache_write, gpu_blocks(B * T * W), kGpuThreads, 0, stream_, src, cache, p.l(), B, T, S, W);
+  DeviceBuffer holder;
+  const auto* p = static_cast<const int64_t*>(upload_reused(pos0, B * 8, holder));
+  gpu_launch(k_cache_write, gpu_blocks(B * T * W), kGpuThreads, 0, stream_, src, cache, p, B, T, S, W);
   GPU_LAUNCH_CHECK();
 }
 

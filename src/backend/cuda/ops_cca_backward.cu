@@ -196,10 +196,11 @@ void CudaBackend::cca_qk_backward(const CcaQkArgs& a, const float* dq, const flo
                                   float* dtemp) {
   const int64_t N = a.N, half = a.rotary_dim / 2;
   if (N == 0) return;
-  DeviceBuffer pos = upload(a.positions, N * 8);
+  DeviceBuffer pos_holder;
+  const auto* pos = static_cast<const int64_t*>(upload_reused(a.positions, N * 8, pos_holder));
   DeviceBuffer cs(this, (half > 0 ? N * half : 1) * 4), sn(this, (half > 0 ? N * half : 1) * 4);
   DeviceBuffer tok(this, N * a.Hkv * 8);
-  if (half > 0) launch_rope_table(stream_, pos.l(), N, half, a.rotary_dim, a.theta, cs.f(), sn.f());
+  if (half > 0) launch_rope_table(stream_, pos, N, half, a.rotary_dim, a.theta, cs.f(), sn.f());
   gpu_launch(k_cca_qk_backward, gpu_warp_blocks(N * a.Hkv, warp_size_), kGpuThreads, 0, stream_, a.z, a.u,
              a.temp, cs.f(), sn.f(), dq, dk, dz, du, tok.d(), N, a.Hq, a.Hkv, a.dh, half);
   GPU_LAUNCH_CHECK();

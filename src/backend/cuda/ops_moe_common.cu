@@ -1,8 +1,9 @@
 // The GPU MoE routing plan in three kernels over tiles of 256 tokens (per-tile class counts;
 // class offsets and each tile's start per class; a stable placement by rank within the tile),
-// row gathers, SwiGLU forward/backward and the experts' GEMMs (ExpertGemms). Integer-only plan, so it is deterministic. The
-// three-kernel plan replaced a one-block plan (one prefix sum per class per 1024 tokens). Passed
-// against the CPU backend on an H100.
+// or, for one tile's worth (decode), the same three steps in one block and one launch; row
+// gathers, SwiGLU forward/backward and the experts' GEMMs (ExpertGemms). Integer-only plan, so
+// it is deterministic. The three-kernel plan replaced a one-block plan (one prefix sum per class
+// per 1024 tokens). Passed against the CPU backend on an H100 (the one-launch plan came later).
 #include "backend/cuda/ops_moe_common.h"
 
 #include <algorithm>
@@ -69,6 +70,35 @@ __global__ void k_plan_place(const int32_t* expert, int64_t N, int64_t classes, 
   perm[starts[int64_t(blockIdx.x) * classes + c] + rank] = int32_t(n);
 }
 
+// The whole plan of at most kPlanTile tokens in one block (as k_plan_count, k_plan_offsets and
+// k_plan_place for a single tile, in one launch): the same offsets and the same perm.
+__global__ void k_plan_one_tile(const int32_t* expert, int64_t N, int64_t classes, int32_t* offsets, int32_t* perm) {
+  __shared__ int32_t start[kMaxClasses + 1];  // counts, then where each class's first token goes
+  __shared__ int32_t cls[kPlanTile];
+  for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) start[c] = 0;
+  const int64_t n = threadIdx.x;
+  const int32_t c = n < N ? expert[n] : -1;
+  cls[n] = c;
+  __syncthreads();
+  if (n < N) atomicAdd(&start[c], 1);  // integer: exact in any order
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t run = 0;
+    for (int64_t k = 0; k < classes; ++k) {
+      const int32_t count = start[k];
+      offsets[k] = run;
+      start[k] = run;
+      run += count;
+    }
+    offsets[classes] = run;
+  }
+  __syncthreads();
+  if (n >= N) return;
+  int32_t rank = 0;
+  for (int64_t j = 0; j < n; ++j) rank += cls[j] == c;
+  perm[start[c] + rank] = int32_t(n);
+}
+
 __global__ void k_gather(const float* src, const int32_t* perm, const float* row_scale, int64_t rows, int64_t D,
                          float* dst) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * D; i += int64_t(gridDim.x) * blockDim.x) {
@@ -96,19 +126,25 @@ GpuMoePlan gpu_plan_moe(CudaBackend& be, const int32_t* expert, int64_t N, int64
   plan.perm = DeviceBuffer(&be, (N > 0 ? N : 1) * 4);
   plan.offsets_dev = DeviceBuffer(&be, (classes + 1) * 4);
   const int64_t tiles = (N + kPlanTile - 1) / kPlanTile;
-  DeviceBuffer counts(&be, std::max<int64_t>(1, tiles * classes) * 4),
-      starts(&be, std::max<int64_t>(1, tiles * classes) * 4);
-  if (tiles > 0) {
-    gpu_launch(k_plan_count, unsigned(tiles), kPlanTile, 0, be.stream(), expert, N, classes, counts.i());
-    GPU_LAUNCH_CHECK();
-  }
-  gpu_launch(k_plan_offsets, 1, kPlanTile, 0, be.stream(), counts.i(), tiles, classes, starts.i(),
-             plan.offsets_dev.i());
-  GPU_LAUNCH_CHECK();
-  if (tiles > 0) {
-    gpu_launch(k_plan_place, unsigned(tiles), kPlanTile, 0, be.stream(), expert, N, classes, starts.i(),
+  if (tiles == 1) {  // decode and other small calls: one launch
+    gpu_launch(k_plan_one_tile, 1, kPlanTile, 0, be.stream(), expert, N, classes, plan.offsets_dev.i(),
                plan.perm.i());
     GPU_LAUNCH_CHECK();
+  } else {
+    DeviceBuffer counts(&be, std::max<int64_t>(1, tiles * classes) * 4),
+        starts(&be, std::max<int64_t>(1, tiles * classes) * 4);
+    if (tiles > 0) {
+      gpu_launch(k_plan_count, unsigned(tiles), kPlanTile, 0, be.stream(), expert, N, classes, counts.i());
+      GPU_LAUNCH_CHECK();
+    }
+    gpu_launch(k_plan_offsets, 1, kPlanTile, 0, be.stream(), counts.i(), tiles, classes, starts.i(),
+               plan.offsets_dev.i());
+    GPU_LAUNCH_CHECK();
+    if (tiles > 0) {
+      gpu_launch(k_plan_place, unsigned(tiles), kPlanTile, 0, be.stream(), expert, N, classes, starts.i(),
+                 plan.perm.i());
+      GPU_LAUNCH_CHECK();
+    }
   }
   if (to_host) {
     plan.offsets.resize(static_cast<size_t>(classes + 1));
