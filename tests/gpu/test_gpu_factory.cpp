@@ -81,28 +81,26 @@ TEST(GpuFactory, AttentionKeySplitsFromTheEnvironment) {
   else unsetenv("ZAYA_ATTN_KEY_SPLITS");
 }
 
+// `var`=1 in the environment turns `option` off, which is on otherwise; var is restored after.
+void expect_switch_turns_off(const char* var, bool CudaBackendOptions::*option) {
+  const char* before = std::getenv(var);
+  const std::string saved = before ? before : "";
+  unsetenv(var);
+  EXPECT_TRUE(cuda_backend_options_for("cuda", 0, 1).*option) << var << " unset";
+  setenv(var, "1", 1);
+  EXPECT_FALSE(cuda_backend_options_for("cuda", 0, 1).*option) << var << "=1";
+  if (before) setenv(var, saved.c_str(), 1);
+  else unsetenv(var);
+}
+
 // ZAYA_MOE_PER_EXPERT=1 turns the few-rows GEMVs of decode's MoE off; they are on otherwise.
 TEST(GpuFactory, MoePerExpertFromTheEnvironment) {
-  const char* before = std::getenv("ZAYA_MOE_PER_EXPERT");
-  const std::string saved = before ? before : "";
-  unsetenv("ZAYA_MOE_PER_EXPERT");
-  EXPECT_TRUE(cuda_backend_options_for("cuda", 0, 1).moe_few_rows_gemv);
-  setenv("ZAYA_MOE_PER_EXPERT", "1", 1);
-  EXPECT_FALSE(cuda_backend_options_for("cuda", 0, 1).moe_few_rows_gemv);
-  if (before) setenv("ZAYA_MOE_PER_EXPERT", saved.c_str(), 1);
-  else unsetenv("ZAYA_MOE_PER_EXPERT");
+  expect_switch_turns_off("ZAYA_MOE_PER_EXPERT", &CudaBackendOptions::moe_few_rows_gemv);
 }
 
 // ZAYA_LINEAR_GEMM=1 turns the few-rows GEMV of decode's dense linears off; it is on otherwise.
 TEST(GpuFactory, LinearGemmFromTheEnvironment) {
-  const char* before = std::getenv("ZAYA_LINEAR_GEMM");
-  const std::string saved = before ? before : "";
-  unsetenv("ZAYA_LINEAR_GEMM");
-  EXPECT_TRUE(cuda_backend_options_for("cuda", 0, 1).linear_few_rows_gemv);
-  setenv("ZAYA_LINEAR_GEMM", "1", 1);
-  EXPECT_FALSE(cuda_backend_options_for("cuda", 0, 1).linear_few_rows_gemv);
-  if (before) setenv("ZAYA_LINEAR_GEMM", saved.c_str(), 1);
-  else unsetenv("ZAYA_LINEAR_GEMM");
+  expect_switch_turns_off("ZAYA_LINEAR_GEMM", &CudaBackendOptions::linear_few_rows_gemv);
 }
 
 // The tensor-core primitives of gpu_mma.h (mma.sync, ldmatrix, cp.async, bf16x2 rounding) agree
