@@ -190,14 +190,14 @@ TEST_F(GpuCca, ValuesAndCacheWrite) {
 }
 
 // The backend keeps device copies of recent position arrays and hands them out again while the
-// same bytes come back (CudaBackend::upload_reused): a host array changed in place must be
-// uploaded again, and contents that went out of the kept few and come back must still be right.
-// cache_write's offsets and cca_qk's positions (the rotation in place and the table), each call
-// against the CPU's.
+// same bytes come back (CudaBackend::upload_reused): the same bytes again at once and after
+// another (kept copies served), a host array changed in place (uploaded again), and contents
+// that went out of the kept four and come back. cache_write's offsets and cca_qk's positions
+// (the rotation in place and the table), each call against the CPU's.
 TEST_F(GpuCca, ReusedPositionUploadsFollowTheHostBytes) {
   const int64_t B = 3, T = 2, S = 16, W = 8;
-  const std::vector<std::vector<int64_t>> offsets = {{0, 3, 7}, {5, 3, 7}, {1, 1, 1}, {2, 9, 4},
-                                                     {6, 0, 11}, {3, 12, 2}, {0, 3, 7}, {5, 3, 7}};
+  const std::vector<std::vector<int64_t>> offsets = {{0, 3, 7}, {0, 3, 7}, {5, 3, 7}, {0, 3, 7}, {1, 1, 1},
+                                                     {2, 9, 4}, {6, 0, 11}, {3, 12, 2}, {0, 3, 7}, {5, 3, 7}};
   std::vector<int64_t> pos0(3);  // one host array, rewritten in place
   for (size_t round = 0; round < offsets.size(); ++round) {
     pos0 = offsets[round];
@@ -211,8 +211,9 @@ TEST_F(GpuCca, ReusedPositionUploadsFollowTheHostBytes) {
   const int64_t Hq = 4, Hkv = 2, dh = 16, C = (Hq + Hkv) * dh;
   for (int64_t N : {int64_t(3), int64_t(20)}) {  // the rotation in place, and from the table
     std::vector<int64_t> positions(static_cast<size_t>(N));
-    for (int round = 0; round < 7; ++round) {
-      for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = (round % 5) * 100 + n;  // round 5 repeats round 0
+    const int starts[] = {0, 0, 1, 0, 2, 3, 4, 5, 1};  // kept copies served (rounds 1, 3), and past the four
+    for (int round = 0; round < 9; ++round) {
+      for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = starts[round] * 100 + n;
       auto z = rnd(size_t(N * C)), u = rnd(size_t(N * C)), temp = rnd_positive(size_t(Hkv), 0.5, 2.0);
       std::vector<float> q(size_t(N * Hq * dh)), k(size_t(N * Hkv * dh));
       CcaQkArgs a;

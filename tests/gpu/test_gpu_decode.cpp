@@ -137,7 +137,8 @@ TEST(GpuDecodeRoundTrips, OneWaitPerDecodeStep) {
     // launches to the step shows here.
     EXPECT_LE(after.launches - before.launches, 71) << what << ": launches";
     // Uploads: 9 a step when each layer uploaded the positions and cache offsets it was given; the
-    // backend now reuses a device copy while the bytes recur (CudaBackend::upload_reused).
+    // backend now reuses a device copy while the bytes recur (CudaBackend::upload_reused). A
+    // one-token step's positions and cache offsets are the same bytes, so they share one copy.
     EXPECT_LE(after.copies_to_device - before.copies_to_device, 4) << what << ": copies to the device";
   }
   gpu->set_weights_frozen(false);

@@ -7,7 +7,8 @@
 
 #include "gpu_test_support.h"
 #if defined(ZAYA_SIMT)
-#include "simt_host_api.h"  // the emulated runtime's counts
+#include "backend/cuda/ops_moe_common.h"  // gpu_plan_moe, whose plan the host emulation reads directly
+#include "simt_host_api.h"                // the emulated runtime's counts
 #endif
 
 namespace zaya {
@@ -324,6 +325,37 @@ TEST_P(GpuMoe, FewTokensAsDecodeRunsThem) {
   }
 #endif
 }
+
+#if defined(ZAYA_SIMT)
+// The routing plan is a stable counting sort of the tokens by class: offsets[c] counts the
+// tokens of the classes before c, and class c's grouped rows list its tokens in token order (so
+// each expert's sums run in a fixed order). One tile's worth of tokens (the one-launch plan, up
+// to 256) and several tiles (three kernels), at the tile's edges; the offsets on the device and
+// as copied to the host.
+TEST(GpuMoePlan, IsAStableCountingSort) {
+  auto gpu = make_gpu(gemm_modes()[0]);
+  auto* be = dynamic_cast<CudaBackend*>(gpu.get());
+  ASSERT_NE(be, nullptr);
+  for (int64_t N : {int64_t(1), int64_t(37), int64_t(255), int64_t(256), int64_t(257), int64_t(700)}) {
+    const int64_t E = 9;
+    const std::vector<int32_t> expert = rnd_ints(size_t(N), int32_t(E + 1));  // 9 experts and the skip class
+    std::vector<int32_t> want_offsets(size_t(E + 2), 0), want_perm;
+    for (int32_t e : expert) ++want_offsets[size_t(e) + 1];
+    for (size_t c = 1; c < want_offsets.size(); ++c) want_offsets[c] += want_offsets[c - 1];
+    for (int32_t c = 0; c <= int32_t(E); ++c)
+      for (int64_t n = 0; n < N; ++n)
+        if (expert[size_t(n)] == c) want_perm.push_back(int32_t(n));
+    DevBuf ge(*gpu, expert);
+    const GpuMoePlan plan = gpu_plan_moe(*be, ge.i(), N, E, /*to_host=*/true);
+    std::vector<int32_t> perm(static_cast<size_t>(N)), offsets(static_cast<size_t>(E + 2));
+    gpu->to_host(perm.data(), plan.perm.i(), N * 4);
+    gpu->to_host(offsets.data(), plan.offsets_dev.i(), (E + 2) * 4);
+    EXPECT_EQ(offsets, want_offsets) << "N=" << N << ": offsets on the device";
+    EXPECT_EQ(plan.offsets, want_offsets) << "N=" << N << ": offsets on the host";
+    EXPECT_EQ(perm, want_perm) << "N=" << N << ": permutation";
+  }
+}
+#endif
 
 // The same inputs twice give bitwise the same outputs and gradients: the routing plan is
 // integer-only and every reduction has a fixed order.

@@ -117,8 +117,7 @@ __device__ inline float dot8(const bf16_t* a, uint4 w) {
   const uint4 v = *reinterpret_cast<const uint4*>(a);
   const uint32_t av[4] = {v.x, v.y, v.z, v.w}, wv[4] = {w.x, w.y, w.z, w.w};
   float sum = 0.0f;
-#pragma unroll
-  for (int p = 0; p < 4; ++p)
+  for (int p = 0; p < 4; ++p)  // four pairs: unrolled by the compiler
     sum += bf16_to_f32(bf16_t(av[p] & 0xffffu)) * bf16_to_f32(bf16_t(wv[p] & 0xffffu)) +
            bf16_to_f32(bf16_t(av[p] >> 16)) * bf16_to_f32(bf16_t(wv[p] >> 16));
   return sum;

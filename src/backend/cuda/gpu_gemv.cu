@@ -9,13 +9,10 @@
 namespace zaya {
 namespace {
 
-// grid: column tiles of the block's warps. vec8: K and ldw multiples of 8 and x, w 16-byte
-// aligned, so each lane reads 8 weights and 8 activations a row at once.
-__global__ void k_linear_gemv(int64_t M, int64_t N, int64_t K, const float* x, const bf16_t* w, int64_t ldw,
-                              const float* bias, int accumulate, float* y, int64_t ldy, int vec8) {
-  const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warps = int(blockDim.x) / GPU_WARP_SIZE;
-  const int64_t n = int64_t(blockIdx.x) * warps + int(threadIdx.x) / GPU_WARP_SIZE;
-  if (n >= N) return;
+// y's column n: the warp's sums over K of x's rows times w[n, :].
+__device__ inline void linear_gemv_column(int64_t n, int lane, int64_t M, int64_t K, const float* x, const bf16_t* w,
+                                          int64_t ldw, const float* bias, int accumulate, float* y, int64_t ldy,
+                                          int vec8) {
   const bf16_t* wn = w + n * ldw;
   float acc[kLinearGemvMaxRows] = {};
   if (vec8) {
@@ -44,6 +41,17 @@ __global__ void k_linear_gemv(int64_t M, int64_t N, int64_t K, const float* x, c
       }
     }
   }
+}
+
+// grid: column tiles of the block's warps, striding on past the grid's last (gpu_blocks caps
+// it). vec8: K and ldw multiples of 8 and x, w 16-byte aligned, so each lane reads 8 weights and
+// 8 activations a row at once.
+__global__ void k_linear_gemv(int64_t M, int64_t N, int64_t K, const float* x, const bf16_t* w, int64_t ldw,
+                              const float* bias, int accumulate, float* y, int64_t ldy, int vec8) {
+  const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warps = int(blockDim.x) / GPU_WARP_SIZE;
+  for (int64_t n = int64_t(blockIdx.x) * warps + int(threadIdx.x) / GPU_WARP_SIZE; n < N;
+       n += int64_t(gridDim.x) * warps)
+    linear_gemv_column(n, lane, M, K, x, w, ldw, bias, accumulate, y, ldy, vec8);
 }
 
 }  // namespace

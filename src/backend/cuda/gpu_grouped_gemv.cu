@@ -26,9 +26,9 @@ __device__ inline int64_t expert_of_row(const int32_t* offsets, int64_t E, int64
   return lo;
 }
 
-// grid (column tiles of the block's warps, rows; gpu_blocks' cap on the tiles is far past any
-// model width); vec8: K, lda, ldb and stride_b multiples of 8
-// and A, B 16-byte aligned, so each lane reads 8 elements at once. A: bf16, or fp32 as stored.
+// grid (column tiles of the block's warps, striding on past the grid's last, rows); vec8: K,
+// lda, ldb and stride_b multiples of 8 and A, B 16-byte aligned, so each lane reads 8 elements
+// at once. A: bf16, or fp32 as stored.
 template <typename TA>
 __global__ void k_gemv_rows_bt(const int32_t* offsets, int64_t E, int64_t N, int64_t K, float alpha,
                                const TA* A, int64_t lda, const bf16_t* B, int64_t ldb, int64_t stride_b,
@@ -36,39 +36,42 @@ __global__ void k_gemv_rows_bt(const int32_t* offsets, int64_t E, int64_t N, int
   const int64_t r = blockIdx.y;
   if (r >= offsets[E]) return;  // a skip-class row, or past the routed ones
   const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warps = int(blockDim.x) / GPU_WARP_SIZE;
-  const int64_t n = int64_t(blockIdx.x) * warps + int(threadIdx.x) / GPU_WARP_SIZE;
-  if (n >= N) return;
   const TA* a = A + r * lda;
-  const bf16_t* b = B + expert_of_row(offsets, E, r) * stride_b + n * ldb;
-  float acc = 0.0f;
-  if (vec8) {
-    for (int64_t k = int64_t(lane) * 8; k < K; k += int64_t(GPU_WARP_SIZE) * 8)
-      acc += dot8(a + k, *reinterpret_cast<const uint4*>(b + k));
-  } else {
-    for (int64_t k = lane; k < K; k += GPU_WARP_SIZE) acc += as_f32(a[k]) * bf16_to_f32(b[k]);
-  }
-  acc = warp_sum(acc);
-  if (lane == 0) {
-    float* c = C + r * ldc + n;
-    *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+  const bf16_t* expert_b = B + expert_of_row(offsets, E, r) * stride_b;
+  for (int64_t n = int64_t(blockIdx.x) * warps + int(threadIdx.x) / GPU_WARP_SIZE; n < N;
+       n += int64_t(gridDim.x) * warps) {
+    const bf16_t* b = expert_b + n * ldb;
+    float acc = 0.0f;
+    if (vec8) {
+      for (int64_t k = int64_t(lane) * 8; k < K; k += int64_t(GPU_WARP_SIZE) * 8)
+        acc += dot8(a + k, *reinterpret_cast<const uint4*>(b + k));
+    } else {
+      for (int64_t k = lane; k < K; k += GPU_WARP_SIZE) acc += as_f32(a[k]) * bf16_to_f32(b[k]);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      float* c = C + r * ldc + n;
+      *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+    }
   }
 }
 
-// grid (column tiles of blockDim.x, rows).
+// grid (column tiles of blockDim.x, striding on past the grid's last, rows).
 template <typename TA>
 __global__ void k_gemv_rows_bn(const int32_t* offsets, int64_t E, int64_t N, int64_t K, float alpha,
                                const TA* A, int64_t lda, const bf16_t* B, int64_t ldb, int64_t stride_b,
                                float beta, float* C, int64_t ldc) {
   const int64_t r = blockIdx.y;
   if (r >= offsets[E]) return;
-  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (n >= N) return;
   const TA* a = A + r * lda;
-  const bf16_t* b = B + expert_of_row(offsets, E, r) * stride_b + n;
-  float acc = 0.0f;
-  for (int64_t k = 0; k < K; ++k) acc += as_f32(a[k]) * bf16_to_f32(b[k * ldb]);
-  float* c = C + r * ldc + n;
-  *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+  const bf16_t* expert_b = B + expert_of_row(offsets, E, r) * stride_b;
+  for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < N; n += int64_t(gridDim.x) * blockDim.x) {
+    const bf16_t* b = expert_b + n;
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; ++k) acc += as_f32(a[k]) * bf16_to_f32(b[k * ldb]);
+    float* c = C + r * ldc + n;
+    *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+  }
 }
 
 template <typename TA>

@@ -111,7 +111,10 @@ __global__ void k_mma_check(const bf16_t* in, const float* c, const float* pack_
   store_c(products + 512, acc[1], lane);
 
   // cp_async: two groups from the same rows; the first copies the even rows and zero-fills the
-  // odd ones, the second the other way round. wait<1> must have completed the first.
+  // odd ones, the second the other way round. wait<1> must have completed the first. The
+  // destinations hold NaN first, so a copy not yet landed cannot pass for one that did.
+  for (int i = lane; i < 256; i += GPU_WARP_SIZE) s[kCopyDst + i] = bf16_t(0x7fc0u);
+  __syncthreads();
   if (lane < 16) mma::cp_async16_or_zero(s + kCopyDst + 8 * lane, in + kCopySrc + 8 * lane, lane % 2 == 0);
   mma::cp_async_commit();
   if (lane < 16) mma::cp_async16_or_zero(s + kCopyDst2 + 8 * lane, in + kCopySrc + 8 * lane, lane % 2 == 1);

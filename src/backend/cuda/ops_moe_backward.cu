@@ -82,8 +82,10 @@ void CudaBackend::moe_backward(const MoeArgs& a, const float* dout, float* dx, f
     const GemmOperand dyuo = operand(dyus.f(), rows, D, D, false, bf16, hdyu);
     const GemmOperand guo = operand(a.gate_up, E * 2 * I, D, D, true, bf16, hgu);
     const GemmOperand dno = operand(a.down, E * D, I, I, true, bf16, hdn);
-    // Recompute: hid = xs GU^T, act = SwiGLU(hid).
-    gpu_moe_gate_up(*this, experts, I, D, xo, guo, hid.f(), act.f());
+    // Recompute: hid = xs GU^T, act = SwiGLU(hid), from the operand the forward used (the
+    // few-rows GEMVs read fp32 rows; xo's bf16 copy still feeds the weight gradient).
+    const GemmOperand x_forward = experts.few_rows() ? f32_operand(xs.f(), D, false) : xo;
+    gpu_moe_gate_up(*this, experts, I, D, x_forward, guo, hid.f(), act.f());
     const GemmOperand ao = operand(act.f(), rows, I, I, false, bf16, hact);
     if (ddown) {  // ddown[e] [D, I] += (weight * dout)^T act
       dys = DeviceBuffer(this, R * D * 4);
