@@ -116,6 +116,30 @@ TEST_F(GpuCca, Conv) {
   }
 }
 
+// One cca_qk call on fresh random inputs at the given positions, run on the CPU (arguments `a`,
+// host outputs q and k) and on the GPU (arguments `g`, over the device buffers held here), with
+// both results compared.
+struct CcaQkCall {
+  CcaQkCall(Backend& cpu, Backend& gpu, const std::vector<int64_t>& positions, int64_t Hq_, int64_t Hkv_,
+            int64_t dh_, int64_t rotary, const std::string& what)
+      : N(int64_t(positions.size())), Hq(Hq_), Hkv(Hkv_), dh(dh_), C((Hq + Hkv) * dh), z(rnd(size_t(N * C))),
+        u(rnd(size_t(N * C))), temp(rnd_positive(size_t(Hkv), 0.5, 2.0)), q(size_t(N * Hq * dh)),
+        k(size_t(N * Hkv * dh)), gz(gpu, z), gu(gpu, u), gt(gpu, temp), gq(gpu, N * Hq * dh), gk(gpu, N * Hkv * dh) {
+    a.z = z.data(); a.u = u.data(); a.temp = temp.data(); a.positions = positions.data(); a.q = q.data();
+    a.k = k.data(); a.N = N; a.Hq = Hq; a.Hkv = Hkv; a.dh = dh; a.rotary_dim = rotary; a.theta = 1e4;
+    cpu.cca_qk(a);
+    g = a;
+    g.z = gz.f(); g.u = gu.f(); g.temp = gt.f(); g.q = gq.f(); g.k = gk.f();
+    gpu.cca_qk(g);
+    expect_close(gq.get(), q, kTolF32, what + " q");
+    expect_close(gk.get(), k, kTolF32, what + " k");
+  }
+  const int64_t N, Hq, Hkv, dh, C;
+  std::vector<float> z, u, temp, q, k;
+  DevBuf gz, gu, gt, gq, gk;
+  CcaQkArgs a, g;
+};
+
 // N = 5: the forward computes the rotation in place (a decode-sized call); N = 23: from the
 // RoPE table.
 TEST_F(GpuCca, QkNormRopeAndBackward) {
@@ -124,22 +148,12 @@ TEST_F(GpuCca, QkNormRopeAndBackward) {
     for (int64_t Hq : {4, 8}) {
       const int64_t Hkv = 2, C = (Hq + Hkv) * dh;
       for (int64_t rotary : {dh, dh / 2}) {
-        auto z = rnd(size_t(N * C)), u = rnd(size_t(N * C)), temp = rnd_positive(size_t(Hkv), 0.5, 2.0);
         std::vector<int64_t> positions(static_cast<size_t>(N));
         for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = (n % 11) * 37 + 5;
-        std::vector<float> q(size_t(N * Hq * dh)), k(size_t(N * Hkv * dh));
-        CcaQkArgs a;
-        a.z = z.data(); a.u = u.data(); a.temp = temp.data(); a.positions = positions.data(); a.q = q.data();
-        a.k = k.data(); a.N = N; a.Hq = Hq; a.Hkv = Hkv; a.dh = dh; a.rotary_dim = rotary; a.theta = 1e4;
-        cpu.cca_qk(a);
-        DevBuf gz(*gpu, z), gu(*gpu, u), gt(*gpu, temp), gq(*gpu, N * Hq * dh), gk(*gpu, N * Hkv * dh);
-        CcaQkArgs g = a;
-        g.z = gz.f(); g.u = gu.f(); g.temp = gt.f(); g.q = gq.f(); g.k = gk.f();
-        gpu->cca_qk(g);
         const std::string what = "cca_qk N " + std::to_string(N) + " dh " + std::to_string(dh) + " Hq " +
                                  std::to_string(Hq) + " rotary " + std::to_string(rotary);
-        expect_close(gq.get(), q, kTolF32, what + " q");
-        expect_close(gk.get(), k, kTolF32, what + " k");
+        const CcaQkCall call(cpu, *gpu, positions, Hq, Hkv, dh, rotary, what);
+        const CcaQkArgs &a = call.a, &g = call.g;
 
         auto dq = rnd(size_t(N * Hq * dh)), dk = rnd(size_t(N * Hkv * dh)), du0 = rnd(size_t(N * C)),
              dt0 = rnd(static_cast<size_t>(Hkv));
@@ -208,25 +222,14 @@ TEST_F(GpuCca, ReusedPositionUploadsFollowTheHostBytes) {
     gpu->cache_write(gsrc.f(), gcache.f(), pos0.data(), B, T, S, W);
     expect_close(gcache.get(), cache, kTolF32, "cache_write round " + std::to_string(round));
   }
-  const int64_t Hq = 4, Hkv = 2, dh = 16, C = (Hq + Hkv) * dh;
+  const int64_t Hq = 4, Hkv = 2, dh = 16;
   for (int64_t N : {int64_t(3), int64_t(20)}) {  // the rotation in place, and from the table
     std::vector<int64_t> positions(static_cast<size_t>(N));
     const int starts[] = {0, 0, 1, 0, 2, 3, 4, 5, 1};  // kept copies served (rounds 1, 3), and past the four
     for (int round = 0; round < 9; ++round) {
       for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = starts[round] * 100 + n;
-      auto z = rnd(size_t(N * C)), u = rnd(size_t(N * C)), temp = rnd_positive(size_t(Hkv), 0.5, 2.0);
-      std::vector<float> q(size_t(N * Hq * dh)), k(size_t(N * Hkv * dh));
-      CcaQkArgs a;
-      a.z = z.data(); a.u = u.data(); a.temp = temp.data(); a.positions = positions.data(); a.q = q.data();
-      a.k = k.data(); a.N = N; a.Hq = Hq; a.Hkv = Hkv; a.dh = dh; a.rotary_dim = dh; a.theta = 1e4;
-      cpu.cca_qk(a);
-      DevBuf gz(*gpu, z), gu(*gpu, u), gt(*gpu, temp), gq(*gpu, N * Hq * dh), gk(*gpu, N * Hkv * dh);
-      CcaQkArgs g = a;
-      g.z = gz.f(); g.u = gu.f(); g.temp = gt.f(); g.q = gq.f(); g.k = gk.f();
-      gpu->cca_qk(g);
-      const std::string what = "cca_qk N " + std::to_string(N) + " round " + std::to_string(round);
-      expect_close(gq.get(), q, kTolF32, what + " q");
-      expect_close(gk.get(), k, kTolF32, what + " k");
+      const CcaQkCall call(cpu, *gpu, positions, Hq, Hkv, dh, dh,
+                           "cca_qk N " + std::to_string(N) + " round " + std::to_string(round));
     }
   }
 }
