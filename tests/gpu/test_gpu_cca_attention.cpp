@@ -44,20 +44,21 @@ std::vector<int32_t> segments(int64_t B, int64_t T, const std::vector<std::vecto
   return seg;
 }
 
-// T = 1 and 13: the forward's one-kernel grouped stage (decode-sized chunks, below
-// kConvGemmMinTokens = 64 of src/backend/cuda/ops_cca_common.h; T = 1 is shorter than the
-// carried state, and its 2 rows read the weights as stored, 26 rows the transposed copy);
-// T = 150: its GEMM path. The backward always runs the GEMMs, twice, which must
+// T = 1 and 8: the whole forward in one kernel (its 2 and 16 rows are at most
+// kConvFewRowsMaxRows of src/backend/cuda/ops_cca.cu; T = 1 is shorter than the carried state);
+// T = 13: the one-kernel grouped stage from the transposed weights (26 rows, below
+// kConvGemmMinTokens = 64 of src/backend/cuda/ops_cca_common.h); T = 150: its GEMM path. The backward always runs the GEMMs, twice, which must
 // agree bitwise. The conv stays fp32 under every GEMM mode (bf16 policy, fp32, the tiled engine
 // that HIP without hipBLASLt uses), so every mode is held to the fp32 tolerance.
 TEST_F(GpuCca, Conv) {
   const int64_t B = 2, G = 16, C = 6 * G;
   for (const GemmMode& mode : gemm_modes()) {
   auto gpu = make_gpu(mode);
-  for (int64_t T : {int64_t(1), int64_t(13), int64_t(150)})
+  for (int64_t T : {int64_t(1), int64_t(8), int64_t(13), int64_t(150)})
   for (int64_t taps : {2, 3})
     for (bool segmented : {false, true}) {
       const auto seg = T == 1    ? segments(B, T, {{0}, {0}})
+                       : T == 8  ? segments(B, T, {{0, 3}, {0, 1, 6}})
                        : T == 13 ? segments(B, T, {{0, 5, 9}, {0, 7}})
                                  : segments(B, T, {{0, 5, 9, 100}, {0, 70}});
       const int64_t P = 2 * (taps - 1);

@@ -133,9 +133,10 @@ TEST(GpuDecodeRoundTrips, OneWaitPerDecodeStep) {
     EXPECT_EQ(after.synchronizations - before.synchronizations, 1) << what << ": synchronisations";
     // Launches bound decode at these sizes (docs/gpu.md): 95 before the few-rows linears, the
     // MoE GEMVs on fp32 rows, the conv weights read as stored, the RoPE computed in place, the
-    // one-launch routing plan and the state updates folded into their ops; a change that adds
-    // launches to the step shows here.
-    EXPECT_LE(after.launches - before.launches, 71) << what << ": launches";
+    // one-launch routing plan, the state updates folded into their ops, the whole conv of a few
+    // rows as one kernel and the MoE's experts as two (gather, SwiGLU and scatter folded in); a
+    // change that adds launches to the step shows here.
+    EXPECT_LE(after.launches - before.launches, 61) << what << ": launches";
     // Uploads: 9 a step when each layer uploaded the positions and cache offsets it was given; the
     // backend now reuses a device copy while the bytes recur (CudaBackend::upload_reused). A
     // one-token step's positions and cache offsets are the same bytes, so they share one copy.

@@ -7,7 +7,10 @@
 //                                    warp sum;
 //   weights stored [K, N]:           one thread per output column, down K (adjacent threads
 //                                    read adjacent columns).
-// bf16 operands, fp32 accumulation, fp32 output; any warp size (CUDA and HIP alike).
+// The MoE forward of a few tokens runs on two fused forms of the first (moe_gate_up_swiglu_rows:
+// the row gather and SwiGLU folded in; moe_down_scatter_rows: the router weight and the scatter
+// folded in). bf16 weights, bf16 or fp32 activations, fp32 accumulation, fp32 output; any warp
+// size (CUDA and HIP alike).
 #include "backend/cuda/gpu_grouped_gemm.h"
 
 #include <string>
@@ -74,14 +77,81 @@ __global__ void k_gemv_rows_bn(const int32_t* offsets, int64_t E, int64_t N, int
   }
 }
 
+// The two dot products of row r's gate and up columns n and I + n, one pass over x's row (see
+// k_gemv_rows_bt: the same lanes' terms, then warp sums), and their SwiGLU (as k_swiglu).
+__global__ void k_moe_gate_up_swiglu(const int32_t* offsets, int64_t E, int64_t I, int64_t D, const float* x,
+                                     const int32_t* perm, const bf16_t* gate_up, int64_t ldw, int64_t stride_w,
+                                     float* act, int vec8) {
+  const int64_t r = blockIdx.y;
+  if (r >= offsets[E]) return;  // a skip-class row, or past the tokens
+  const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warps = int(blockDim.x) / GPU_WARP_SIZE;
+  const float* a = x + int64_t(perm[r]) * D;
+  const bf16_t* w = gate_up + expert_of_row(offsets, E, r) * stride_w;
+  for (int64_t n = int64_t(blockIdx.x) * warps + int(threadIdx.x) / GPU_WARP_SIZE; n < I;
+       n += int64_t(gridDim.x) * warps) {
+    const bf16_t *wg = w + n * ldw, *wu = w + (I + n) * ldw;
+    float g = 0.0f, u = 0.0f;
+    if (vec8) {
+      for (int64_t k = int64_t(lane) * 8; k < D; k += int64_t(GPU_WARP_SIZE) * 8) {
+        g += dot8(a + k, *reinterpret_cast<const uint4*>(wg + k));
+        u += dot8(a + k, *reinterpret_cast<const uint4*>(wu + k));
+      }
+    } else {
+      for (int64_t k = lane; k < D; k += GPU_WARP_SIZE) {
+        g += a[k] * bf16_to_f32(wg[k]);
+        u += a[k] * bf16_to_f32(wu[k]);
+      }
+    }
+    g = warp_sum(g);
+    u = warp_sum(u);
+    if (lane == 0) act[r * I + n] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
+// Row r's output columns d: a warp's dot product of act[r] with the expert's down row d, times
+// the token's router weight, stored in the token's row; a skip-class row's threads write weight
+// * x or 0 straight (as k_moe_scatter).
+__global__ void k_moe_down_scatter(const int32_t* offsets, int64_t E, int64_t D, int64_t I, const float* act,
+                                   const bf16_t* down, int64_t ldw, int64_t stride_w, const int32_t* perm,
+                                   const float* weight, const float* x, int skip_identity, float* out, int vec8) {
+  const int64_t r = blockIdx.y, token = perm[r];
+  const float wt = weight[token];
+  float* o = out + token * D;
+  if (r >= offsets[E]) {
+    for (int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; d < D; d += int64_t(gridDim.x) * blockDim.x)
+      o[d] = skip_identity ? wt * x[token * D + d] : 0.0f;
+    return;
+  }
+  const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warps = int(blockDim.x) / GPU_WARP_SIZE;
+  const float* a = act + r * I;
+  const bf16_t* w = down + expert_of_row(offsets, E, r) * stride_w;
+  for (int64_t d = int64_t(blockIdx.x) * warps + int(threadIdx.x) / GPU_WARP_SIZE; d < D;
+       d += int64_t(gridDim.x) * warps) {
+    const bf16_t* wd = w + d * ldw;
+    float acc = 0.0f;
+    if (vec8) {
+      for (int64_t k = int64_t(lane) * 8; k < I; k += int64_t(GPU_WARP_SIZE) * 8)
+        acc += dot8(a + k, *reinterpret_cast<const uint4*>(wd + k));
+    } else {
+      for (int64_t k = lane; k < I; k += GPU_WARP_SIZE) acc += a[k] * bf16_to_f32(wd[k]);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) o[d] = wt * acc;
+  }
+}
+
+void check_few_rows(int64_t N, const char* what) {
+  if (N > kGroupedGemvMaxRows)
+    fail("cuda", std::string(what) + ": " + std::to_string(N) + " rows, more than the few-rows kind's " +
+                     std::to_string(kGroupedGemvMaxRows));
+}
+
 template <typename TA>
 void launch_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t max_rows, int64_t N,
                       int64_t K, float alpha, const TA* A, int64_t lda, const bf16_t* B, int64_t ldb, bool b_trans,
                       int64_t stride_b, float beta, float* C, int64_t ldc) {
   if (E <= 0 || max_rows <= 0 || N <= 0) return;
-  if (max_rows > kGroupedGemvMaxRows)
-    fail("cuda", "grouped_gemv_rows: " + std::to_string(max_rows) + " rows, more than the few-rows kind's " +
-                     std::to_string(kGroupedGemvMaxRows));
+  check_few_rows(max_rows, "grouped_gemv_rows");
   if (b_trans) {
     const int warps = kGpuThreads / warp_size;
     const bool vec8 = K % 8 == 0 && lda % 8 == 0 && ldb % 8 == 0 && stride_b % 8 == 0 && gpu_aligned(A) &&
@@ -107,6 +177,31 @@ void grouped_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int
                        int64_t K, float alpha, const float* A, int64_t lda, const bf16_t* B, int64_t ldb,
                        bool b_trans, int64_t stride_b, float beta, float* C, int64_t ldc) {
   launch_gemv_rows(s, warp_size, offsets, E, max_rows, N, K, alpha, A, lda, B, ldb, b_trans, stride_b, beta, C, ldc);
+}
+
+void moe_gate_up_swiglu_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t N, int64_t I,
+                             int64_t D, const float* x, const int32_t* perm, const bf16_t* gate_up, int64_t ld_gate_up,
+                             int64_t stride_gate_up, float* act) {
+  if (E <= 0 || N <= 0 || I <= 0) return;
+  check_few_rows(N, "moe_gate_up_swiglu_rows");
+  const int warps = kGpuThreads / warp_size;
+  const bool vec8 = D % 8 == 0 && ld_gate_up % 8 == 0 && stride_gate_up % 8 == 0 && gpu_aligned(x) &&
+                    gpu_aligned(gate_up);
+  gpu_launch(k_moe_gate_up_swiglu, dim3(gpu_blocks(I, warps), unsigned(N)), kGpuThreads, 0, s, offsets, E, I, D, x,
+             perm, gate_up, ld_gate_up, stride_gate_up, act, vec8 ? 1 : 0);
+  GPU_LAUNCH_CHECK();
+}
+
+void moe_down_scatter_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t N, int64_t D,
+                           int64_t I, const float* act, const bf16_t* down, int64_t ld_down, int64_t stride_down,
+                           const int32_t* perm, const float* weight, const float* x, bool skip_identity, float* out) {
+  if (N <= 0 || D <= 0) return;
+  check_few_rows(N, "moe_down_scatter_rows");
+  const int warps = kGpuThreads / warp_size;
+  const bool vec8 = I % 8 == 0 && ld_down % 8 == 0 && stride_down % 8 == 0 && gpu_aligned(act) && gpu_aligned(down);
+  gpu_launch(k_moe_down_scatter, dim3(gpu_blocks(D, warps), unsigned(N)), kGpuThreads, 0, s, offsets, E, D, I, act,
+             down, ld_down, stride_down, perm, weight, x, skip_identity ? 1 : 0, out, vec8 ? 1 : 0);
+  GPU_LAUNCH_CHECK();
 }
 
 }  // namespace zaya

@@ -1,6 +1,6 @@
 // GPU ops for Compressed Convolutional Attention (spec A.5-A.6): the two-stage causal conv
 // with carried state (the grouped stage as GEMMs from kConvGemmMinTokens tokens, else one
-// kernel; and the packed-document variant, re-laid exactly as the CPU backend does), the mean
+// kernel; the whole conv of a few rows, as decode runs it, in one kernel; and the packed-document variant, re-laid exactly as the CPU backend does), the mean
 // paths + QK-norm + key temperature + partial NeoX RoPE, the current/delayed value heads, and
 // KV-cache writes. All fp32 (spec A.11). Passed against the CPU backend on an H100.
 #include <cfloat>
@@ -27,44 +27,76 @@ __global__ void k_grouped_w_transpose(const float* w_grp, float* w_t, int64_t C,
   }
 }
 
-// z[b, t, c] = b_grp[c] + sum_{ci, j} w[c, ci, j] y[b, t + j, group(c) + ci], with w[c, ci, j]
-// at w[c * w_c + ci * w_ci + j * w_j]: k_grouped_w_transpose's layout (w_c = 1) or the stored
-// [C, G, t1] one (w_j = 1). The same terms in the same order either way.
-__global__ void k_conv_grouped(const float* y, const float* w, int64_t w_c, int64_t w_ci, int64_t w_j,
-                               const float* b_grp, float* z, int64_t B, int64_t T, int64_t C, int64_t G, int64_t t1) {
+// z[b, t, c] = b_grp[c] + sum_{ci, j} w_grp[c, ci, j] y[b, t + j, group(c) + ci], the weights in
+// k_grouped_w_transpose's layout w_t[(ci * t1 + j) * C + c].
+__global__ void k_conv_grouped(const float* y, const float* w_t, const float* b_grp, float* z, int64_t B, int64_t T,
+                               int64_t C, int64_t G, int64_t t1) {
   const int64_t Ly = T + t1 - 1;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * T * C; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t c = i % C, t = (i / C) % T, b = i / (C * T);
     const float* yg = y + (b * Ly + t) * C + (c / G) * G;
-    const float* wc = w + c * w_c;
     float acc = b_grp[c];
     for (int64_t ci = 0; ci < G; ++ci)
-      for (int64_t j = 0; j < t1; ++j) acc += wc[ci * w_ci + j * w_j] * yg[j * C + ci];
+      for (int64_t j = 0; j < t1; ++j) acc += w_t[(ci * t1 + j) * C + c] * yg[j * C + ci];
     z[i] = acc;
   }
 }
 
-// Token rows up to which the grouped stage reads the weights as stored: each row's threads then
-// read them strided, as the transpose itself would, so for a few rows (decode) the transpose's
-// launch and pass buy nothing.
-constexpr int64_t kConvStoredWeightsMaxRows = 16;
-
-// The grouped stage in one kernel (short chunks: decode), into a.z.
+// The grouped stage in one kernel (chunks shorter than kConvGemmMinTokens), into a.z, from the
+// transposed weights.
 void conv_grouped_direct(CudaBackend& be, const float* y, const CcaConvArgs& a) {
   const int64_t B = a.B, T = a.T, C = a.C, G = a.group, t1 = a.t1;
-  if (B * T <= kConvStoredWeightsMaxRows) {
-    gpu_launch(k_conv_grouped, gpu_blocks(B * T * C), kGpuThreads, 0, be.stream(), y, a.w_grp, G * t1, t1,
-               int64_t(1), a.b_grp, a.z, B, T, C, G, t1);
-    GPU_LAUNCH_CHECK();
-    return;
-  }
   DeviceBuffer w_t(&be, C * G * t1 * 4);
   gpu_launch(k_grouped_w_transpose, gpu_blocks(C * G * t1), kGpuThreads, 0, be.stream(), a.w_grp, w_t.f(), C, G,
              t1);
   GPU_LAUNCH_CHECK();
-  gpu_launch(k_conv_grouped, gpu_blocks(B * T * C), kGpuThreads, 0, be.stream(), y, w_t.f(), int64_t(1), t1 * C, C,
-             a.b_grp, a.z, B, T, C, G, t1);
+  gpu_launch(k_conv_grouped, gpu_blocks(B * T * C), kGpuThreads, 0, be.stream(), y, w_t.f(), a.b_grp, a.z, B, T, C,
+             G, t1);
   GPU_LAUNCH_CHECK();
+}
+
+// Token rows up to which the whole conv runs as k_conv_few_rows (decode): its threads read the
+// grouped weights as stored, strided, as the transpose itself would, so for a few rows the
+// transpose's launch and pass, the depthwise stage's launch and its buffer, and the state's own
+// launch buy nothing.
+constexpr int64_t kConvFewRowsMaxRows = 16;
+// Its shared memory must stay within what every target grants a block without asking (48 KiB on
+// NVIDIA; AMD's 64 KiB LDS holds it too): (rows + t1 - 1) * G fp32 values, 8.5 KiB for 16 rows at G = 128, t1 = 2.
+constexpr int64_t kConvFewRowsMaxShared = 48 << 10;
+
+// The whole conv of a few token rows, one block per (b, channel group of G): the depthwise stage
+// of the group's channels over the T + t1 - 1 rows the grouped stage reads, into shared memory
+// (y: [Ly][G]); after the barrier, the grouped stage from it with the weights as stored
+// ([C, G, t1]); then the carried state of the group's channels moved on in place, as
+// k_conv_new_state does (every read of the old state is in the depthwise stage, before the
+// barrier, and no other block reads these channels). The same terms in the same order as the
+// depthwise, grouped and state kernels, so the same bits.
+__global__ void k_conv_few_rows(const float* u, float* state, const float* w_dw, const float* b_dw,
+                                const float* w_grp, const float* b_grp, float* z, int64_t T, int64_t C, int64_t G,
+                                int64_t P, int64_t t0, int64_t t1) {
+  ZAYA_DYNAMIC_SHARED(smem);
+  float* y = reinterpret_cast<float*>(smem);
+  const int64_t groups = C / G, b = int64_t(blockIdx.x) / groups, g0 = (int64_t(blockIdx.x) % groups) * G;
+  const int64_t Ly = T + t1 - 1;
+  for (int64_t i = threadIdx.x; i < Ly * G; i += blockDim.x) {
+    const int64_t ci = i % G, s = i / G, c = g0 + ci;
+    float acc = b_dw[c];
+    for (int64_t k = 0; k < t0; ++k) acc += w_dw[c * t0 + k] * conv_ext(u, state, b, s + k, c, T, C, P);
+    y[i] = acc;
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < T * G; i += blockDim.x) {
+    const int64_t co = i % G, t = i / G, c = g0 + co;
+    const float* wc = w_grp + c * G * t1;
+    float acc = b_grp[c];
+    for (int64_t ci = 0; ci < G; ++ci)
+      for (int64_t j = 0; j < t1; ++j) acc += wc[ci * t1 + j] * y[(t + j) * G + ci];
+    z[(b * T + t) * C + c] = acc;
+  }
+  if (state == nullptr) return;
+  for (int64_t ci = threadIdx.x; ci < G; ci += blockDim.x)
+    for (int64_t p = 0; p < P; ++p)
+      state[(b * P + p) * C + g0 + ci] = conv_ext(u, state, b, T + p, g0 + ci, T, C, P);
 }
 
 // state[b, p] = ext(b, T + p) for p < P, in place: one thread per (b, c) takes p upwards, so
@@ -111,6 +143,13 @@ __global__ void k_cache_write(const float* src, float* cache, const int64_t* pos
 void CudaBackend::cca_conv_rows(const CcaConvArgs& a) {
   const int64_t B = a.B, T = a.T, C = a.C, P = (a.t0 - 1) + (a.t1 - 1), Ly = T + a.t1 - 1;
   if (B * T == 0) return;
+  const int64_t G = a.group, few_rows_shared = Ly * G * 4;
+  if (B * T <= kConvFewRowsMaxRows && C % G == 0 && few_rows_shared <= kConvFewRowsMaxShared) {
+    gpu_launch(k_conv_few_rows, unsigned(B * (C / G)), kGpuThreads, size_t(few_rows_shared), stream_, a.u, a.state,
+               a.w_dw, a.b_dw, a.w_grp, a.b_grp, a.z, T, C, G, P, a.t0, a.t1);
+    GPU_LAUNCH_CHECK();
+    return;
+  }
   DeviceBuffer y(this, B * Ly * C * 4);
   launch_conv_depthwise(stream_, a.u, a.state, a.w_dw, a.b_dw, y.f(), B, T, C, P, a.t0, a.t1);
   if (T >= kConvGemmMinTokens) {
