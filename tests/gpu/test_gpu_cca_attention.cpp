@@ -235,6 +235,59 @@ TEST_F(GpuCca, ReusedPositionUploadsFollowTheHostBytes) {
   }
 }
 
+// Small uploads are staged in a pinned ring (CudaBackendOptions::upload_staging_*,
+// src/backend/cuda/staging_ring.h). With two chunks of 64 bytes it wraps every few uploads, so
+// each chunk is written again while, on a GPU, earlier copies from it may not have run: six
+// cache writes' offsets between waits, and document starts (cca_values), against the CPU. The host
+// emulation checks, at each wait, that no pinned source was rewritten before its copy was known
+// to have run, so a ring that rewrote a chunk without waiting for it fails here. A ring it
+// cannot serve is refused with the sizes it takes.
+TEST_F(GpuCca, StagedUploadsSurviveTheRingWrappingRound) {
+  CudaBackendOptions o;
+  o.upload_staging_chunk_bytes = 64;
+  o.upload_staging_chunks = 2;
+  auto staged = make_cuda_backend(o);
+  const int64_t B = 3, T = 2, S = 40, W = 8, half = 4;
+  std::vector<int64_t> pos0(static_cast<size_t>(B));
+  for (int round = 0; round < 8; ++round) {
+    auto cache0 = rnd(size_t(B * S * W));
+    std::vector<float> cache = cache0;
+    DevBuf gcache(*staged, cache0);
+    for (int write = 0; write < 6; ++write) {  // six uploads of 24 bytes before the next wait: the ring wraps
+      for (int64_t b = 0; b < B; ++b) pos0[size_t(b)] = (round * 13 + write * 7 + b * 5) % (S - T + 1);
+      auto src = rnd(size_t(B * T * W));
+      cpu.cache_write(src.data(), cache.data(), pos0.data(), B, T, S, W);
+      DevBuf gsrc(*staged, src);
+      staged->cache_write(gsrc.f(), gcache.f(), pos0.data(), B, T, S, W);
+    }
+    expect_close(gcache.get(), cache, kTolF32, "staged cache_write round " + std::to_string(round));
+    if (round % 2 == 0) {  // document starts: B * T int32 per call
+      const auto seg = segments(B, T, {{0}, {0, round % 2}, {0, 1}});
+      auto vc = rnd(size_t(B * T * half)), vd = rnd(size_t(B * T * half)), st0 = rnd(size_t(B * half));
+      std::vector<float> v(size_t(B * T * 2 * half)), st = st0;
+      CcaValueArgs a;
+      a.v_cur = vc.data(); a.v_del = vd.data(); a.v_state = st.data(); a.v = v.data(); a.B = B; a.T = T;
+      a.half = half; a.seg_start = seg.data();
+      cpu.cca_values(a);
+      DevBuf gvc(*staged, vc), gvd(*staged, vd), gst(*staged, st0), gv(*staged, B * T * 2 * half);
+      CcaValueArgs g = a;
+      g.v_cur = gvc.f(); g.v_del = gvd.f(); g.v_state = gst.f(); g.v = gv.f();
+      staged->cca_values(g);
+      expect_close(gv.get(), v, kTolF32, "staged cca_values round " + std::to_string(round));
+    }
+  }
+  EXPECT_NE(staged->diagnostics().find(" uploads staged in 128 pinned bytes"), std::string::npos)
+      << staged->diagnostics();
+  for (const auto& [bytes, chunks] : std::vector<std::pair<int64_t, int>>{{24, 2}, {64, 1}, {0, 4}}) {
+    CudaBackendOptions bad;
+    bad.upload_staging_chunk_bytes = bytes;
+    bad.upload_staging_chunks = chunks;
+    test::expect_error([&] { make_cuda_backend(bad); },
+                       {"upload staging of " + std::to_string(chunks) + " chunks of " + std::to_string(bytes) + " bytes",
+                        "at least 2 chunks of a positive multiple of 16 bytes"});
+  }
+}
+
 struct AttnCase {
   int64_t B, T, S, Hq, Hkv, dh, window;
   std::vector<int64_t> pos0;

@@ -60,53 +60,62 @@ TEST_P(GpuDense, Linear) {
   expect_close(dy.get(), y, tol(), "linear M=1");
 }
 
-// Decode's linears: 1 to 5 token rows (up to 4 take the few-rows GEMV under the bf16 policy,
-// gpu_gemv.h), K a multiple of 8 or not and past a 64-lane warp's pass, with bias and
+// Decode's linears: 1 to 5 token rows (up to 4 take the few-rows GEMV, gpu_gemv.h: under the
+// bf16 policy on the weight's bf16 copy, and for the fp32 linears, the router's and the logits',
+// on the fp32 weights), K a multiple of 8 or not and past a 64-lane warp's pass, with bias and
 // accumulation and a padded output stride, on weights as trained (converted per call) and
-// frozen (their bf16 shadow, as the server runs).
+// frozen (their bf16 shadow, as the server runs); `linear` at the mode's tolerance and
+// `linear_fp32` at fp32's.
 TEST_P(GpuDense, LinearFewRows) {
   const GemmMode& mode = GetParam();
   for (int frozen = 0; frozen < 2; ++frozen) {
     gpu->set_weights_frozen(frozen == 1);
     for (int64_t M = 1; M <= 5; ++M)
-      for (int64_t K : {int64_t(70), int64_t(528)}) {
-        const int64_t N = 37;
-        for (int variant = 0; variant < 4; ++variant) {
-          const bool with_bias = variant & 1, accumulate = variant & 2;
-          const int64_t ldy = accumulate ? N + 3 : N;
-          auto x = rnd(size_t(M * K)), w = rnd(size_t(N * K), 0.2), bias = rnd(size_t(N)),
-               y0 = rnd(size_t(M * ldy));
-          std::vector<float> y = y0;
-          cpu.linear(x.data(), w.data(), with_bias ? bias.data() : nullptr, y.data(), M, K, N, accumulate, ldy);
-          DevBuf dx(*gpu, x), dw(*gpu, w), db(*gpu, bias), dy(*gpu, M * ldy);
-          if (accumulate) dy.upload(y0);
-          gpu->linear(dx.f(), dw.f(), with_bias ? db.f() : nullptr, dy.f(), M, K, N, accumulate, ldy);
-          const std::string what = std::string(mode.name) + (frozen ? " frozen" : "") + " M=" + std::to_string(M) +
-                                   " K=" + std::to_string(K) + " variant " + std::to_string(variant);
-          expect_close(block(dy.get(), M, N, ldy), block(y, M, N, ldy), tol(), "linear " + what);
-          if (accumulate) {  // the padding between rows is left as it was
-            const std::vector<float> got = dy.get();
-            for (int64_t r = 0; r + 1 < M; ++r)
-              for (int64_t c = N; c < ldy; ++c)
-                EXPECT_EQ(got[size_t(r * ldy + c)], y0[size_t(r * ldy + c)]) << what << " padding";
-          }
-#if defined(ZAYA_SIMT)
-          // The form taken, from the emulated runtime's launches: with a frozen weight's shadow
-          // built (the call above), the few-rows GEMV is one launch; the GEMM path converts x
-          // first, so two or more.
-          if (frozen) {
-            const int64_t before = simt::api_counts().launches;
-            gpu->linear(dx.f(), dw.f(), with_bias ? db.f() : nullptr, dy.f(), M, K, N, accumulate, ldy);
-            const int64_t launches = simt::api_counts().launches - before;
-            if (mode.bf16 && M <= 4) {
-              EXPECT_EQ(launches, 1) << what << ": launches";
-            } else if (mode.bf16) {
-              EXPECT_GE(launches, 2) << what << ": launches";
+      for (int64_t K : {int64_t(70), int64_t(528)})
+        for (bool fp32_linear : {false, true}) {
+          const int64_t N = 37;
+          const auto linear = [&](Backend& be, const float* x, const float* w, const float* b, float* y, bool acc,
+                                  int64_t ldy) {
+            if (fp32_linear) be.linear_fp32(x, w, b, y, M, K, N, acc, ldy);
+            else be.linear(x, w, b, y, M, K, N, acc, ldy);
+          };
+          for (int variant = 0; variant < 4; ++variant) {
+            const bool with_bias = variant & 1, accumulate = variant & 2;
+            const int64_t ldy = accumulate ? N + 3 : N;
+            auto x = rnd(size_t(M * K)), w = rnd(size_t(N * K), 0.2), bias = rnd(size_t(N)),
+                 y0 = rnd(size_t(M * ldy));
+            std::vector<float> y = y0;
+            linear(cpu, x.data(), w.data(), with_bias ? bias.data() : nullptr, y.data(), accumulate, ldy);
+            DevBuf dx(*gpu, x), dw(*gpu, w), db(*gpu, bias), dy(*gpu, M * ldy);
+            if (accumulate) dy.upload(y0);
+            linear(*gpu, dx.f(), dw.f(), with_bias ? db.f() : nullptr, dy.f(), accumulate, ldy);
+            const std::string what = std::string(fp32_linear ? "linear_fp32 " : "linear ") + mode.name +
+                                     (frozen ? " frozen" : "") + " M=" + std::to_string(M) +
+                                     " K=" + std::to_string(K) + " variant " + std::to_string(variant);
+            expect_close(block(dy.get(), M, N, ldy), block(y, M, N, ldy), fp32_linear ? kTolF32 : tol(), what);
+            if (accumulate) {  // the padding between rows is left as it was
+              const std::vector<float> got = dy.get();
+              for (int64_t r = 0; r + 1 < M; ++r)
+                for (int64_t c = N; c < ldy; ++c)
+                  EXPECT_EQ(got[size_t(r * ldy + c)], y0[size_t(r * ldy + c)]) << what << " padding";
             }
-          }
+#if defined(ZAYA_SIMT)
+            // The form taken, from the emulated runtime's launches: with a frozen weight's shadow
+            // built (the call above), the few-rows GEMV is one launch in every mode; the bf16
+            // GEMM path converts x first, so two or more.
+            if (frozen) {
+              const int64_t before = simt::api_counts().launches;
+              linear(*gpu, dx.f(), dw.f(), with_bias ? db.f() : nullptr, dy.f(), accumulate, ldy);
+              const int64_t launches = simt::api_counts().launches - before;
+              if (M <= 4) {
+                EXPECT_EQ(launches, 1) << what << ": launches";
+              } else if (mode.bf16 && !fp32_linear) {
+                EXPECT_GE(launches, 2) << what << ": launches";
+              }
+            }
 #endif
+          }
         }
-      }
   }
   gpu->set_weights_frozen(false);
 }

@@ -3,6 +3,7 @@
 // build; the clear error of a device out of memory; the options the environment sets; and the
 // check of the tensor-core primitives against plain products.
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 #include "core/error.h"
@@ -81,16 +82,27 @@ TEST(GpuFactory, AttentionKeySplitsFromTheEnvironment) {
   else unsetenv("ZAYA_ATTN_KEY_SPLITS");
 }
 
-// `var`=1 in the environment turns `option` off, which is on otherwise; var is restored after.
-void expect_switch_turns_off(const char* var, bool CudaBackendOptions::*option) {
+// `var`=1 in the environment turns off what `on` tells of the options, which is on otherwise;
+// var is restored after.
+void expect_switch_turns_off(const char* var, const std::function<bool(const CudaBackendOptions&)>& on) {
   const char* before = std::getenv(var);
   const std::string saved = before ? before : "";
   unsetenv(var);
-  EXPECT_TRUE(cuda_backend_options_for("cuda", 0, 1).*option) << var << " unset";
+  EXPECT_TRUE(on(cuda_backend_options_for("cuda", 0, 1))) << var << " unset";
   setenv(var, "1", 1);
-  EXPECT_FALSE(cuda_backend_options_for("cuda", 0, 1).*option) << var << "=1";
+  EXPECT_FALSE(on(cuda_backend_options_for("cuda", 0, 1))) << var << "=1";
   if (before) setenv(var, saved.c_str(), 1);
   else unsetenv(var);
+}
+void expect_switch_turns_off(const char* var, bool CudaBackendOptions::*option) {
+  expect_switch_turns_off(var, [option](const CudaBackendOptions& o) { return o.*option; });
+}
+
+// ZAYA_UPLOAD_PAGEABLE=1 turns the pinned staging of small uploads off (no chunks); it is on
+// otherwise.
+TEST(GpuFactory, UploadPageableFromTheEnvironment) {
+  expect_switch_turns_off("ZAYA_UPLOAD_PAGEABLE",
+                          [](const CudaBackendOptions& o) { return o.upload_staging_chunks > 0; });
 }
 
 // ZAYA_MOE_PER_EXPERT=1 turns the few-rows GEMVs of decode's MoE off; they are on otherwise.
@@ -98,7 +110,7 @@ TEST(GpuFactory, MoePerExpertFromTheEnvironment) {
   expect_switch_turns_off("ZAYA_MOE_PER_EXPERT", &CudaBackendOptions::moe_few_rows_gemv);
 }
 
-// ZAYA_LINEAR_GEMM=1 turns the few-rows GEMV of decode's dense linears off; it is on otherwise.
+// ZAYA_LINEAR_GEMM=1 turns the few-rows GEMVs of decode's linears off; they are on otherwise.
 TEST(GpuFactory, LinearGemmFromTheEnvironment) {
   expect_switch_turns_off("ZAYA_LINEAR_GEMM", &CudaBackendOptions::linear_few_rows_gemv);
 }

@@ -1,6 +1,7 @@
 // The emulated GPU runtime API (simt_host_api.h): device memory from the heap, recorded in an
 // ordered map so that copies and frees are checked against live allocations; streams and events
-// are tokens, since every call completes before it returns.
+// are tokens, since every call completes before it returns; copies from pinned memory keep
+// their source bytes until an event or synchronisation says they have run, and are checked then.
 #include "simt_runtime.h"
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -50,7 +52,48 @@ bool inside_allocation(const void* p, size_t bytes) {
 
 struct Event {
   std::chrono::steady_clock::time_point at;
+  uint64_t pinned_copies = 0;  // copies from pinned memory enqueued before the event was recorded
 };
+
+// Copies to the device from pinned memory that a GPU could still be running: the source range,
+// its bytes when the copy was enqueued, and the copy's number (g_pinned_copies at the time).
+struct PinnedCopy {
+  const unsigned char* src;
+  std::vector<unsigned char> bytes;
+  uint64_t number;
+};
+std::map<uintptr_t, size_t> g_pinned;  // pinned allocations: start -> bytes
+std::vector<PinnedCopy> g_pinned_in_flight;
+uint64_t g_pinned_copies = 0;
+
+bool inside_pinned(const void* p, size_t bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = g_pinned.upper_bound(a);
+  if (it == g_pinned.begin()) return false;
+  --it;
+  return a + bytes <= it->first + it->second;
+}
+
+// The pinned copies numbered up to `last` have run: each source must still hold the bytes the
+// copy was given (else the host rewrote them while the copy could be reading them).
+gpuError_t retire_pinned_copies(uint64_t last) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  gpuError_t result = gpuSuccess;
+  std::vector<PinnedCopy> still;
+  for (PinnedCopy& c : g_pinned_in_flight) {
+    if (c.number > last) {
+      still.push_back(std::move(c));
+      continue;
+    }
+    if (std::memcmp(c.src, c.bytes.data(), c.bytes.size()) != 0) {
+      std::fprintf(stderr, "simt: the pinned source of a copy to the device (%zu bytes at %p) was rewritten before "
+                   "the copy was known to have run\n", c.bytes.size(), static_cast<const void*>(c.src));
+      result = gpuErrorInvalidValue;
+    }
+  }
+  g_pinned_in_flight = std::move(still);
+  return record(result);
+}
 
 // zaya::simt::api_counts(): atomics, as the NCCL communicator's watchdog thread calls in too.
 struct Counts {
@@ -125,6 +168,32 @@ gpuError_t gpuMalloc(void** p, size_t bytes) {
   return gpuSuccess;
 }
 
+gpuError_t gpuMallocHost(void** p, size_t bytes) {
+  *p = nullptr;
+  if (bytes == 0) return gpuSuccess;
+  void* q = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (!q) return record(gpuErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_pinned[reinterpret_cast<uintptr_t>(q)] = bytes;
+  *p = q;
+  return gpuSuccess;
+}
+
+gpuError_t gpuFreeHost(void* p) {
+  if (!p) return gpuSuccess;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_pinned.find(reinterpret_cast<uintptr_t>(p));
+  if (it == g_pinned.end()) return record(gpuErrorInvalidValue);
+  for (const PinnedCopy& c : g_pinned_in_flight)
+    if (reinterpret_cast<uintptr_t>(c.src) >= it->first && reinterpret_cast<uintptr_t>(c.src) < it->first + it->second) {
+      std::fprintf(stderr, "simt: pinned memory freed while a copy from it could still be running\n");
+      return record(gpuErrorInvalidValue);
+    }
+  g_pinned.erase(it);
+  std::free(p);
+  return gpuSuccess;
+}
+
 gpuError_t gpuFree(void* p) {
   if (!p) return gpuSuccess;
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -152,6 +221,13 @@ gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKin
   const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
   if (d < s + bytes && s < d + bytes) return record(gpuErrorInvalidValue);
   std::memcpy(dst, src, bytes);
+  if (kind == gpuMemcpyHostToDevice) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (inside_pinned(src, bytes)) {
+      const auto* from = static_cast<const unsigned char*>(src);
+      g_pinned_in_flight.push_back({from, std::vector<unsigned char>(from, from + bytes), ++g_pinned_copies});
+    }
+  }
   return gpuSuccess;
 }
 
@@ -171,7 +247,7 @@ gpuError_t gpuStreamCreateWithFlags(gpuStream_t* stream, unsigned) {
 gpuError_t gpuStreamDestroy(gpuStream_t) { return gpuSuccess; }
 gpuError_t gpuStreamSynchronize(gpuStream_t) {
   g_counts.synchronizations += 1;
-  return gpuSuccess;
+  return retire_pinned_copies(UINT64_MAX);
 }
 gpuError_t gpuStreamWaitEvent(gpuStream_t, gpuEvent_t, unsigned) { return gpuSuccess; }
 
@@ -185,14 +261,18 @@ gpuError_t gpuEventDestroy(gpuEvent_t event) {
   return gpuSuccess;
 }
 gpuError_t gpuEventRecord(gpuEvent_t event, gpuStream_t) {
-  static_cast<Event*>(event)->at = std::chrono::steady_clock::now();
+  auto* e = static_cast<Event*>(event);
+  e->at = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  e->pinned_copies = g_pinned_copies;
   return gpuSuccess;
 }
-gpuError_t gpuEventSynchronize(gpuEvent_t) {
+gpuError_t gpuEventSynchronize(gpuEvent_t event) {
   g_counts.synchronizations += 1;
-  return gpuSuccess;
+  return retire_pinned_copies(static_cast<Event*>(event)->pinned_copies);
 }
-gpuError_t gpuEventQuery(gpuEvent_t) { return gpuSuccess; }
+// Every event is complete at once (the emulated stream runs each call to the end).
+gpuError_t gpuEventQuery(gpuEvent_t event) { return retire_pinned_copies(static_cast<Event*>(event)->pinned_copies); }
 gpuError_t gpuEventElapsedTime(float* ms, gpuEvent_t start, gpuEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(static_cast<Event*>(end)->at - static_cast<Event*>(start)->at).count();
   return gpuSuccess;

@@ -39,6 +39,13 @@ gpuError_t gpuDeviceGetPCIBusId(char* bus_id, int length, int device);
 
 gpuError_t gpuMalloc(void** p, size_t bytes);
 gpuError_t gpuFree(void* p);
+// Pinned host memory. A copy to the device from it is asynchronous on a GPU: it may read its
+// source at any time until an event recorded after it has been waited for (or queried as done)
+// or the stream synchronised. The emulation copies at once but keeps the source bytes, and those
+// points compare them with the buffer: a source rewritten while its copy could still be reading
+// it is an error (the call returns gpuErrorInvalidValue and names it on stderr).
+gpuError_t gpuMallocHost(void** p, size_t bytes);
+gpuError_t gpuFreeHost(void* p);
 gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind kind, gpuStream_t stream);
 gpuError_t gpuMemsetAsync(void* dst, int value, size_t bytes, gpuStream_t stream);
 

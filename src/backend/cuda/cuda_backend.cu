@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -42,7 +43,12 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 
-CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) {
+CudaBackend::CudaBackend(const CudaBackendOptions& options)
+    : options_(options), staging_(options.upload_staging_chunk_bytes, options.upload_staging_chunks) {
+  if (options_.upload_staging_chunks != 0 && !staging_.valid())  // before anything is allocated
+    fail("cuda", "upload staging of " + std::to_string(options_.upload_staging_chunks) + " chunks of " +
+                     std::to_string(options_.upload_staging_chunk_bytes) + " bytes",
+         "expected at least 2 chunks of a positive multiple of 16 bytes, or 0 chunks (off)");
   int count = 0;
   if (gpuGetDeviceCount(&count) != gpuSuccess || count == 0)
     fail("cuda", "no GPU device is available", "run on a machine with a GPU, or use the cpu backend");
@@ -74,6 +80,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
   max_shared_per_block_ = gpu_device_max_shared_per_block(options_.device);
 #endif
   multiprocessors_ = gpu_device_multiprocessors(options_.device);
+  start_upload_staging();
   gemm_ = std::make_unique<GpuGemm>(stream_, options_.portable_gemm);
   if (wmma_ && options_.bf16_matmul && (options_.attention_flash_tc || options_.moe_device_grouped))
     check_mma_sync_at_start();
@@ -112,6 +119,8 @@ CudaBackend::~CudaBackend() {
   }
   upload_cache_.clear();
   if (stream_) (void)gpuStreamSynchronize(stream_);
+  for (gpuEvent_t e : staging_events_) (void)gpuEventDestroy(e);
+  if (staging_buffer_) (void)gpuFreeHost(staging_buffer_);
   gemm_.reset();
   for (auto& kv : live_) (void)gpuFree(kv.first);
   for (auto& kv : free_) (void)gpuFree(kv.second);
@@ -197,8 +206,8 @@ std::string CudaBackend::diagnostics() const {
           : options_.bf16_matmul && options_.moe_few_rows_gemv ? "per expert from host offsets (calls of up to " +
                                        std::to_string(kGroupedGemvMaxRows) + " tokens as device GEMVs)"
                                  : std::string("per expert from host offsets")) +
-         (options_.bf16_matmul && options_.linear_few_rows_gemv
-              ? ", dense linears of up to " + std::to_string(kLinearGemvMaxRows) + " rows as device GEMVs"
+         (options_.linear_few_rows_gemv
+              ? ", linears of up to " + std::to_string(kLinearGemvMaxRows) + " rows as device GEMVs"
               : std::string()) +
          (lm_head_tf32x3() ? ", LM head 3xTF32" : ", LM head exact fp32") + ", Newton-Schulz " +
          (newton_schulz_bf16_iterates() ? "bf16 with bf16 iterates (" + std::to_string(bf16_out_fallbacks_) +
@@ -215,17 +224,61 @@ std::string CudaBackend::diagnostics() const {
          std::to_string(shadows_built_) + " bf16 weight shadows built (" + std::to_string(shadows_.size()) +
          " held, " + std::to_string(shadow_bytes_) + " bytes; " + std::to_string(shadows_declined_) +
          " declined over the budget), " + std::to_string(uploads_reused_) + " position uploads reused (" +
-         std::to_string(uploads_cached_) + " made)";
+         std::to_string(uploads_cached_) + " made), " +
+         (staging_buffer_ != nullptr ? std::to_string(uploads_staged_) + " uploads staged in " +
+                                           std::to_string(staging_.bytes()) + " pinned bytes (" +
+                                           std::to_string(staging_waits_) + " waits for the ring)"
+                                     : std::string("uploads from pageable memory"));
 }
 
 void CudaBackend::synchronize() { GPU_CHECK(gpuStreamSynchronize(stream_)); }
 
-DeviceBuffer CudaBackend::upload(const void* host, int64_t bytes) {
-  DeviceBuffer b(this, bytes);
-  if (bytes > 0) GPU_CHECK(gpuMemcpyAsync(b.f(), host, size_t(bytes), gpuMemcpyHostToDevice, stream_));
+void CudaBackend::start_upload_staging() {
+  if (!staging_.valid()) return;  // off (the constructor refused any other invalid ring)
+  void* p = nullptr;
+  if (gpuMallocHost(&p, size_t(staging_.bytes())) != gpuSuccess) {
+    (void)gpuGetLastError();  // no pinned memory: uploads copy from the caller's memory
+    return;
+  }
+  staging_buffer_ = static_cast<unsigned char*>(p);
+  staging_events_.resize(size_t(staging_.chunks()), nullptr);
+  for (gpuEvent_t& e : staging_events_) GPU_CHECK(gpuEventCreateWithFlags(&e, gpuEventDisableTiming));
+}
+
+void* CudaBackend::stage_upload(const void* host, int64_t bytes) {
+  const StagingRing::Place place = staging_.reserve(bytes);
+  if (place.left >= 0) GPU_CHECK(gpuEventRecord(staging_events_[size_t(place.left)], stream_));
+  if (place.wait) {  // back at a chunk: its earlier copies must have run before it is rewritten
+    gpuEvent_t e = staging_events_[size_t(place.chunk)];
+    const gpuError_t done = gpuEventQuery(e);
+    if (done == gpuErrorNotReady) {
+      ++staging_waits_;
+      GPU_CHECK(gpuEventSynchronize(e));
+    } else {
+      GPU_CHECK(done);
+    }
+  }
+  unsigned char* staged = staging_buffer_ + place.offset;
+  std::memcpy(staged, host, size_t(bytes));
+  ++uploads_staged_;
+  return staged;
+}
+
+void CudaBackend::copy_to_device(void* dst, const void* host, int64_t bytes) {
+  if (bytes <= 0) return;
+  if (staging_buffer_ != nullptr && bytes <= staging_.chunk_bytes()) {
+    GPU_CHECK(gpuMemcpyAsync(dst, stage_upload(host, bytes), size_t(bytes), gpuMemcpyHostToDevice, stream_));
+    return;
+  }
+  GPU_CHECK(gpuMemcpyAsync(dst, host, size_t(bytes), gpuMemcpyHostToDevice, stream_));
 #if defined(ZAYA_GPU_HIP)
   synchronize();  // HIP's pageable async copies: do not rely on staging semantics
 #endif
+}
+
+DeviceBuffer CudaBackend::upload(const void* host, int64_t bytes) {
+  DeviceBuffer b(this, bytes);
+  copy_to_device(b.f(), host, bytes);
   return b;
 }
 
@@ -276,10 +329,7 @@ void CudaBackend::to_host(void* host, const void* src, int64_t bytes) {
 
 void CudaBackend::from_host(void* dst, const void* host, int64_t bytes) {
   drop_shadows_over(dst, bytes);
-  if (bytes > 0) GPU_CHECK(gpuMemcpyAsync(dst, host, size_t(bytes), gpuMemcpyHostToDevice, stream_));
-#if defined(ZAYA_GPU_HIP)
-  synchronize();
-#endif
+  copy_to_device(dst, host, bytes);
 }
 
 GemmOperand CudaBackend::operand(const float* p, int64_t rows, int64_t cols, int64_t ld, bool trans, bool bf16,

@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_factory.h"
 #include "backend/cuda/gpu_device.h"
 #include "backend/cuda/gpu_gemm.h"
+#include "backend/cuda/staging_ring.h"
 
 namespace zaya {
 
@@ -126,12 +127,14 @@ class CudaBackend final : public Backend {
   gpuStream_t stream() const { return stream_; }
   void* pool_get(int64_t bytes);
   void pool_put(void* p);
-  // Copies a small host array to a fresh device buffer (safe to reuse the host array at once).
+  // Copies a small host array to a fresh device buffer (safe to reuse the host array at once):
+  // through the pinned staging ring when it fits a chunk (an asynchronous copy in stream order,
+  // no wait), else from the caller's memory (on HIP followed by a wait for the GPU). from_host
+  // copies the same way.
   DeviceBuffer upload(const void* host, int64_t bytes);
   // The same for a small array that recurs from call to call (token positions, cache offsets):
   // a device copy of these exact bytes is kept and handed out again while the same bytes come
-  // back, so a decode step uploads its positions once rather than once a layer (and on HIP,
-  // where an upload waits for the GPU, waits once). The device copy is read-only for the kernels
+  // back, so a decode step uploads its positions once rather than once a layer. The device copy is read-only for the kernels
   // and stays valid until kUploadCacheSlots other contents have been asked for since; `holder`
   // receives a plain upload of arrays over kUploadCacheMaxBytes.
   const void* upload_reused(const void* host, int64_t bytes, DeviceBuffer& holder);
@@ -240,6 +243,18 @@ class CudaBackend final : public Backend {
   std::vector<ReusedUpload> upload_cache_;
   uint64_t upload_clock_ = 0;
   int64_t uploads_reused_ = 0, uploads_cached_ = 0;  // hits, misses (diagnostics)
+  // upload's pinned staging ring (staging_ring.h; CudaBackendOptions::upload_staging_*): the
+  // buffer (null: uploads copy from pageable memory), each chunk's event (recorded when the ring
+  // leaves the chunk), and counts for the diagnostics.
+  StagingRing staging_;
+  unsigned char* staging_buffer_ = nullptr;
+  std::vector<gpuEvent_t> staging_events_;
+  int64_t uploads_staged_ = 0, staging_waits_ = 0;
+  void start_upload_staging();
+  void* stage_upload(const void* host, int64_t bytes);  // the pinned copy of host's bytes
+  // upload's and from_host's copy: through the staging ring when it fits a chunk, else from the
+  // caller's memory (on HIP followed by a wait for the GPU).
+  void copy_to_device(void* dst, const void* host, int64_t bytes);
   int64_t reserved_bytes_ = 0, peak_reserved_bytes_ = 0;  // device memory held by the pool
   gpuStream_t stream_ = nullptr;
   std::unique_ptr<GpuGemm> gemm_;

@@ -29,11 +29,12 @@ struct CudaBackendOptions {
   // device offsets (gpu_grouped_gemv.cu), with no host round trip. false: the per-expert GEMMs
   // at every size; make_backend sets it when the environment has ZAYA_MOE_PER_EXPERT=1.
   bool moe_few_rows_gemv = true;
-  // true (with bf16_matmul): dense linears of at most kLinearGemvMaxRows (4) token rows, as
-  // decode makes them, run as one kernel on the fp32 activations and the weight's bf16 copy
-  // (gpu_gemv.h), with the bias added in it: no conversion of the activations and no bias pass.
-  // false: BLASLt GEMMs at every size; make_backend sets it when the environment has
-  // ZAYA_LINEAR_GEMM=1.
+  // true: linears of at most kLinearGemvMaxRows (4) token rows, as decode makes them, run as one
+  // kernel on the fp32 activations (gpu_gemv.h), with the bias added in it: under the bf16 policy
+  // the dense linears read the weight's bf16 copy (no conversion of the activations, no bias
+  // pass), and the fp32 linears (the router, generation's logits; every linear under the fp32
+  // policy) the fp32 weights as stored. false: GEMMs at every size; make_backend sets it when
+  // the environment has ZAYA_LINEAR_GEMM=1.
   bool linear_few_rows_gemv = true;
   // true (with bf16_matmul and a BLASLt engine): the training and evaluation LM head
   // (lm_head_loss) multiplies its fp32 operands as three TF32 tensor-core GEMMs each
@@ -62,6 +63,15 @@ struct CudaBackendOptions {
   // Frobenius norm, bench/ns_bf16_study); make_backend sets it when the environment has
   // ZAYA_NS_BF16_ITERATES=1.
   bool newton_schulz_bf16_iterates = false;
+  // Small host-to-device uploads (positions, cache offsets, document starts: CudaBackend::upload)
+  // are staged in a pinned ring of this many chunks of this many bytes (staging_ring.h), so
+  // their copies run in stream order without a wait (HIP waited for the GPU after each) or the
+  // driver's staging of pageable memory (CUDA). Larger uploads, and every upload when the ring
+  // is off (chunks 0; make_backend sets that when the environment has ZAYA_UPLOAD_PAGEABLE=1) or
+  // its pinned memory cannot be had, copy from the caller's memory as before. Tests set tiny
+  // chunks to make the ring wrap.
+  int64_t upload_staging_chunk_bytes = 256 << 10;
+  int upload_staging_chunks = 8;
   // Most bytes of bf16 weight shadows (Backend::set_weights_frozen) held at once; past it, a
   // weight matrix is converted per call as when not frozen. -1: half the device memory free
   // (including the pool's cached blocks) when the weights are frozen.

@@ -27,6 +27,7 @@ CudaBackendOptions cuda_backend_options_for(const std::string& name, int device,
   o.newton_schulz_bf16 = !switched_on("ZAYA_NS_TF32");                   // Newton-Schulz on TF32 operands
   o.newton_schulz_bf16_iterates = switched_on("ZAYA_NS_BF16_ITERATES");  // Newton-Schulz's iterates in bf16
   o.attention_flash_tc = switched_on("ZAYA_ATTN_FLASH");                 // the tensor-core flash attention
+  if (switched_on("ZAYA_UPLOAD_PAGEABLE")) o.upload_staging_chunks = 0;  // small uploads not staged in pinned memory
   if (const char* text = std::getenv("ZAYA_ATTN_KEY_SPLITS")) {          // the decode attention's key splits
     int splits = -1;
     const char* end = text + std::strlen(text);

@@ -73,21 +73,22 @@ void grouped_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int
                        int64_t K, float alpha, const float* A, int64_t lda, const bf16_t* B, int64_t ldb,
                        bool b_trans, int64_t stride_b, float beta, float* C, int64_t ldc);
 
-// The MoE forward of a few tokens (gpu_grouped_gemv.cu) in two launches instead of five (row
-// gather, gate_up GEMV, SwiGLU, down GEMV, scatter), for at most kGroupedGemvMaxRows tokens; the
-// same terms in the same order as those five, so the same bits. offsets and perm: the routing
-// plan (classes 0..E, E = skip) on the device; each expert's weights bf16, stored [2I, D]
-// (gate_up) and [D, I] (down), stride_* elements apart.
-// act[r, j] = silu(x[perm[r]] . GU_e[j]) * (x[perm[r]] . GU_e[I + j]) for the routed rows r < N
-// (x fp32 [tokens, D]; e: row r's expert). Rows past the routed ones are left as they are.
-void moe_gate_up_swiglu_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t N, int64_t I,
-                             int64_t D, const float* x, const int32_t* perm, const bf16_t* gate_up, int64_t ld_gate_up,
-                             int64_t stride_gate_up, float* act);
-// out[perm[r], d] = weight[perm[r]] * (act[r] . DN_e[d]) for the routed rows, and weight * x or 0
+// The MoE forward of a few tokens (gpu_grouped_gemv.cu) in two launches instead of six (routing
+// plan, row gather, gate_up GEMV, SwiGLU, down GEMV, scatter), for at most kGroupedGemvMaxRows
+// tokens: each token's products read its expert's weights straight from expert[n] (classes
+// 0..E, E = skip), so no plan is needed; the same terms in the same order as the six, so the
+// same bits. Each expert's weights bf16, stored [2I, D] (gate_up) and [D, I] (down), stride_*
+// elements apart. A class outside 0..E-1 is taken as the skip class (the router makes none).
+// act[n, j] = silu(x[n] . GU_e[j]) * (x[n] . GU_e[I + j]) for the routed tokens n < N (x fp32
+// [N, D]; e = expert[n]). Rows of skip-class tokens are left as they are.
+void moe_gate_up_swiglu_tokens(gpuStream_t s, int warp_size, const int32_t* expert, int64_t E, int64_t N, int64_t I,
+                               int64_t D, const float* x, const bf16_t* gate_up, int64_t ld_gate_up,
+                               int64_t stride_gate_up, float* act);
+// out[n, d] = weight[n] * (act[n] . DN_e[d]) for the routed tokens, and weight * x or 0
 // (skip_identity or not) for the skip-class ones: every token's row of out is written.
-void moe_down_scatter_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t N, int64_t D,
-                           int64_t I, const float* act, const bf16_t* down, int64_t ld_down, int64_t stride_down,
-                           const int32_t* perm, const float* weight, const float* x, bool skip_identity, float* out);
+void moe_down_weighted_tokens(gpuStream_t s, int warp_size, const int32_t* expert, int64_t E, int64_t N, int64_t D,
+                              int64_t I, const float* act, const bf16_t* down, int64_t ld_down, int64_t stride_down,
+                              const float* weight, const float* x, bool skip_identity, float* out);
 
 // The virtual architecture (e.g. 90 for compute_90) the grouped kernels were compiled for on
 // this device (CUDA), or 0 (HIP, or no usable device): the WMMA path needs 80 or more.

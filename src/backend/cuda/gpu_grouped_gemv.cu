@@ -7,9 +7,9 @@
 //                                    warp sum;
 //   weights stored [K, N]:           one thread per output column, down K (adjacent threads
 //                                    read adjacent columns).
-// The MoE forward of a few tokens runs on two fused forms of the first (moe_gate_up_swiglu_rows:
-// the row gather and SwiGLU folded in; moe_down_scatter_rows: the router weight and the scatter
-// folded in). bf16 weights, bf16 or fp32 activations, fp32 accumulation, fp32 output; any warp
+// The MoE forward of a few tokens runs on two fused forms of the first, token by token from the
+// router's classes, with no plan (moe_gate_up_swiglu_tokens: SwiGLU folded in;
+// moe_down_weighted_tokens: the router weight folded in, each token's row stored in place). bf16 weights, bf16 or fp32 activations, fp32 accumulation, fp32 output; any warp
 // size (CUDA and HIP alike).
 #include "backend/cuda/gpu_grouped_gemm.h"
 
@@ -29,6 +29,20 @@ __device__ inline int64_t expert_of_row(const int32_t* offsets, int64_t E, int64
   return lo;
 }
 
+// One lane's share of the dot product of a[0, K) with b[0, K) (bf16), the lanes of a warp
+// taking 8 elements at a time in 16-byte loads (vec8: a, b 16-byte aligned and K a multiple of
+// 8) or one at a time; the warp's sum of the shares is the product.
+template <typename TA>
+__device__ inline float lane_dot(const TA* a, const bf16_t* b, int64_t K, int lane, int vec8) {
+  float acc = 0.0f;
+  if (vec8) {
+    for (int64_t k = int64_t(lane) * 8; k < K; k += int64_t(GPU_WARP_SIZE) * 8) acc += dot8(a + k, load8(b + k));
+  } else {
+    for (int64_t k = lane; k < K; k += GPU_WARP_SIZE) acc += as_f32(a[k]) * bf16_to_f32(b[k]);
+  }
+  return acc;
+}
+
 // grid (column tiles of the block's warps, striding on past the grid's last, rows); vec8: K,
 // lda, ldb and stride_b multiples of 8 and A, B 16-byte aligned, so each lane reads 8 elements
 // at once. A: bf16, or fp32 as stored.
@@ -43,15 +57,7 @@ __global__ void k_gemv_rows_bt(const int32_t* offsets, int64_t E, int64_t N, int
   const bf16_t* expert_b = B + expert_of_row(offsets, E, r) * stride_b;
   for (int64_t n = int64_t(blockIdx.x) * warps + int(threadIdx.x) / GPU_WARP_SIZE; n < N;
        n += int64_t(gridDim.x) * warps) {
-    const bf16_t* b = expert_b + n * ldb;
-    float acc = 0.0f;
-    if (vec8) {
-      for (int64_t k = int64_t(lane) * 8; k < K; k += int64_t(GPU_WARP_SIZE) * 8)
-        acc += dot8(a + k, *reinterpret_cast<const uint4*>(b + k));
-    } else {
-      for (int64_t k = lane; k < K; k += GPU_WARP_SIZE) acc += as_f32(a[k]) * bf16_to_f32(b[k]);
-    }
-    acc = warp_sum(acc);
+    const float acc = warp_sum(lane_dot(a, expert_b + n * ldb, K, lane, vec8));
     if (lane == 0) {
       float* c = C + r * ldc + n;
       *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
@@ -77,65 +83,43 @@ __global__ void k_gemv_rows_bn(const int32_t* offsets, int64_t E, int64_t N, int
   }
 }
 
-// The two dot products of row r's gate and up columns n and I + n, one pass over x's row (see
-// k_gemv_rows_bt: the same lanes' terms, then warp sums), and their SwiGLU (as k_swiglu).
-__global__ void k_moe_gate_up_swiglu(const int32_t* offsets, int64_t E, int64_t I, int64_t D, const float* x,
-                                     const int32_t* perm, const bf16_t* gate_up, int64_t ldw, int64_t stride_w,
-                                     float* act, int vec8) {
-  const int64_t r = blockIdx.y;
-  if (r >= offsets[E]) return;  // a skip-class row, or past the tokens
+// The two dot products of token n's gate and up columns j and I + j with its expert's weights
+// (as k_gemv_rows_bt: the same lanes' terms, then warp sums), and their SwiGLU (as k_swiglu).
+__global__ void k_moe_gate_up_swiglu(const int32_t* expert, int64_t E, int64_t I, int64_t D, const float* x,
+                                     const bf16_t* gate_up, int64_t ldw, int64_t stride_w, float* act, int vec8) {
+  const int64_t n = blockIdx.y, e = expert[n];
+  if (e < 0 || e >= E) return;  // the skip class
   const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warps = int(blockDim.x) / GPU_WARP_SIZE;
-  const float* a = x + int64_t(perm[r]) * D;
-  const bf16_t* w = gate_up + expert_of_row(offsets, E, r) * stride_w;
-  for (int64_t n = int64_t(blockIdx.x) * warps + int(threadIdx.x) / GPU_WARP_SIZE; n < I;
-       n += int64_t(gridDim.x) * warps) {
-    const bf16_t *wg = w + n * ldw, *wu = w + (I + n) * ldw;
-    float g = 0.0f, u = 0.0f;
-    if (vec8) {
-      for (int64_t k = int64_t(lane) * 8; k < D; k += int64_t(GPU_WARP_SIZE) * 8) {
-        g += dot8(a + k, *reinterpret_cast<const uint4*>(wg + k));
-        u += dot8(a + k, *reinterpret_cast<const uint4*>(wu + k));
-      }
-    } else {
-      for (int64_t k = lane; k < D; k += GPU_WARP_SIZE) {
-        g += a[k] * bf16_to_f32(wg[k]);
-        u += a[k] * bf16_to_f32(wu[k]);
-      }
-    }
-    g = warp_sum(g);
-    u = warp_sum(u);
-    if (lane == 0) act[r * I + n] = g / (1.0f + expf(-g)) * u;
+  const float* a = x + n * D;
+  const bf16_t* w = gate_up + e * stride_w;
+  for (int64_t j = int64_t(blockIdx.x) * warps + int(threadIdx.x) / GPU_WARP_SIZE; j < I;
+       j += int64_t(gridDim.x) * warps) {
+    const float g = warp_sum(lane_dot(a, w + j * ldw, D, lane, vec8));
+    const float u = warp_sum(lane_dot(a, w + (I + j) * ldw, D, lane, vec8));
+    if (lane == 0) act[n * I + j] = g / (1.0f + expf(-g)) * u;
   }
 }
 
-// Row r's output columns d: a warp's dot product of act[r] with the expert's down row d, times
-// the token's router weight, stored in the token's row; a skip-class row's threads write weight
-// * x or 0 straight (as k_moe_scatter).
-__global__ void k_moe_down_scatter(const int32_t* offsets, int64_t E, int64_t D, int64_t I, const float* act,
-                                   const bf16_t* down, int64_t ldw, int64_t stride_w, const int32_t* perm,
-                                   const float* weight, const float* x, int skip_identity, float* out, int vec8) {
-  const int64_t r = blockIdx.y, token = perm[r];
-  const float wt = weight[token];
-  float* o = out + token * D;
-  if (r >= offsets[E]) {
+// Token n's output columns d: a warp's dot product of act[n] with its expert's down row d, times
+// the token's router weight; a skip-class token's threads write weight * x or 0 straight (as
+// k_moe_scatter).
+__global__ void k_moe_down_weighted(const int32_t* expert, int64_t E, int64_t D, int64_t I, const float* act,
+                                    const bf16_t* down, int64_t ldw, int64_t stride_w, const float* weight,
+                                    const float* x, int skip_identity, float* out, int vec8) {
+  const int64_t n = blockIdx.y, e = expert[n];
+  const float wt = weight[n];
+  float* o = out + n * D;
+  if (e < 0 || e >= E) {
     for (int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; d < D; d += int64_t(gridDim.x) * blockDim.x)
-      o[d] = skip_identity ? wt * x[token * D + d] : 0.0f;
+      o[d] = skip_identity ? wt * x[n * D + d] : 0.0f;
     return;
   }
   const int lane = int(threadIdx.x) % GPU_WARP_SIZE, warps = int(blockDim.x) / GPU_WARP_SIZE;
-  const float* a = act + r * I;
-  const bf16_t* w = down + expert_of_row(offsets, E, r) * stride_w;
+  const float* a = act + n * I;
+  const bf16_t* w = down + e * stride_w;
   for (int64_t d = int64_t(blockIdx.x) * warps + int(threadIdx.x) / GPU_WARP_SIZE; d < D;
        d += int64_t(gridDim.x) * warps) {
-    const bf16_t* wd = w + d * ldw;
-    float acc = 0.0f;
-    if (vec8) {
-      for (int64_t k = int64_t(lane) * 8; k < I; k += int64_t(GPU_WARP_SIZE) * 8)
-        acc += dot8(a + k, *reinterpret_cast<const uint4*>(wd + k));
-    } else {
-      for (int64_t k = lane; k < I; k += GPU_WARP_SIZE) acc += a[k] * bf16_to_f32(wd[k]);
-    }
-    acc = warp_sum(acc);
+    const float acc = warp_sum(lane_dot(a, w + d * ldw, I, lane, vec8));
     if (lane == 0) o[d] = wt * acc;
   }
 }
@@ -179,28 +163,28 @@ void grouped_gemv_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int
   launch_gemv_rows(s, warp_size, offsets, E, max_rows, N, K, alpha, A, lda, B, ldb, b_trans, stride_b, beta, C, ldc);
 }
 
-void moe_gate_up_swiglu_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t N, int64_t I,
-                             int64_t D, const float* x, const int32_t* perm, const bf16_t* gate_up, int64_t ld_gate_up,
-                             int64_t stride_gate_up, float* act) {
-  if (E <= 0 || N <= 0 || I <= 0) return;
-  check_few_rows(N, "moe_gate_up_swiglu_rows");
+void moe_gate_up_swiglu_tokens(gpuStream_t s, int warp_size, const int32_t* expert, int64_t E, int64_t N, int64_t I,
+                               int64_t D, const float* x, const bf16_t* gate_up, int64_t ld_gate_up,
+                               int64_t stride_gate_up, float* act) {
+  if (N <= 0 || I <= 0) return;
+  check_few_rows(N, "moe_gate_up_swiglu_tokens");
   const int warps = kGpuThreads / warp_size;
   const bool vec8 = D % 8 == 0 && ld_gate_up % 8 == 0 && stride_gate_up % 8 == 0 && gpu_aligned(x) &&
                     gpu_aligned(gate_up);
-  gpu_launch(k_moe_gate_up_swiglu, dim3(gpu_blocks(I, warps), unsigned(N)), kGpuThreads, 0, s, offsets, E, I, D, x,
-             perm, gate_up, ld_gate_up, stride_gate_up, act, vec8 ? 1 : 0);
+  gpu_launch(k_moe_gate_up_swiglu, dim3(gpu_blocks(I, warps), unsigned(N)), kGpuThreads, 0, s, expert, E, I, D, x,
+             gate_up, ld_gate_up, stride_gate_up, act, vec8 ? 1 : 0);
   GPU_LAUNCH_CHECK();
 }
 
-void moe_down_scatter_rows(gpuStream_t s, int warp_size, const int32_t* offsets, int64_t E, int64_t N, int64_t D,
-                           int64_t I, const float* act, const bf16_t* down, int64_t ld_down, int64_t stride_down,
-                           const int32_t* perm, const float* weight, const float* x, bool skip_identity, float* out) {
+void moe_down_weighted_tokens(gpuStream_t s, int warp_size, const int32_t* expert, int64_t E, int64_t N, int64_t D,
+                              int64_t I, const float* act, const bf16_t* down, int64_t ld_down, int64_t stride_down,
+                              const float* weight, const float* x, bool skip_identity, float* out) {
   if (N <= 0 || D <= 0) return;
-  check_few_rows(N, "moe_down_scatter_rows");
+  check_few_rows(N, "moe_down_weighted_tokens");
   const int warps = kGpuThreads / warp_size;
   const bool vec8 = I % 8 == 0 && ld_down % 8 == 0 && stride_down % 8 == 0 && gpu_aligned(act) && gpu_aligned(down);
-  gpu_launch(k_moe_down_scatter, dim3(gpu_blocks(D, warps), unsigned(N)), kGpuThreads, 0, s, offsets, E, D, I, act,
-             down, ld_down, stride_down, perm, weight, x, skip_identity ? 1 : 0, out, vec8 ? 1 : 0);
+  gpu_launch(k_moe_down_weighted, dim3(gpu_blocks(D, warps), unsigned(N)), kGpuThreads, 0, s, expert, E, D, I, act,
+             down, ld_down, stride_down, weight, x, skip_identity ? 1 : 0, out, vec8 ? 1 : 0);
   GPU_LAUNCH_CHECK();
 }
 

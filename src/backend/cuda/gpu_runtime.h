@@ -54,6 +54,8 @@ using gpuEvent_t = hipEvent_t;
 #define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define gpuMemGetInfo hipMemGetInfo
 #define gpuFree hipFree
+#define gpuMallocHost(p, bytes) hipHostMalloc((p), (bytes), hipHostMallocDefault)
+#define gpuFreeHost hipHostFree
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemsetAsync hipMemsetAsync
 #define gpuMemcpyHostToDevice hipMemcpyHostToDevice
@@ -140,6 +142,8 @@ using gpuEvent_t = cudaEvent_t;
 #define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define gpuMemGetInfo cudaMemGetInfo
 #define gpuFree cudaFree
+#define gpuMallocHost cudaMallocHost
+#define gpuFreeHost cudaFreeHost
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemsetAsync cudaMemsetAsync
 #define gpuMemcpyHostToDevice cudaMemcpyHostToDevice

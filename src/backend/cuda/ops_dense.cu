@@ -107,9 +107,14 @@ void CudaBackend::linear_impl(const float* x, const float* w, const float* bias,
   if (M == 0 || N == 0) return;
   if (ldy == 0) ldy = N;
   DeviceBuffer hx, hw;
-  if (bf16 && options_.linear_few_rows_gemv && M <= kLinearGemvMaxRows) {  // decode: gpu_gemv.h
-    const GemmOperand W = weight_operand(w, N, K, true, true, hw);
-    linear_gemv(stream_, warp_size_, M, N, K, x, static_cast<const bf16_t*>(W.ptr), W.ld, bias, accumulate, y, ldy);
+  if (options_.linear_few_rows_gemv && M <= kLinearGemvMaxRows) {  // decode: gpu_gemv.h
+    if (bf16) {
+      const GemmOperand W = weight_operand(w, N, K, true, true, hw);
+      linear_gemv(stream_, warp_size_, M, N, K, x, static_cast<const bf16_t*>(W.ptr), W.ld, bias, accumulate, y,
+                  ldy);
+    } else {
+      linear_gemv(stream_, warp_size_, M, N, K, x, w, K, bias, accumulate, y, ldy);
+    }
     return;
   }
   const GemmOperand A = operand(x, M, K, K, false, bf16, hx);

@@ -3,7 +3,8 @@
 // policy, fp32 accumulation), and a scatter applying the unbiased router weight. Skip-class
 // tokens output 0 or weight*x. The experts' GEMMs run per expert from host offsets or grouped
 // from device offsets (ExpertGemms): passed against the CPU backend on an H100 in both forms. A
-// few tokens (decode) run as two fused GEMV kernels (not yet run on a GPU).
+// few tokens (decode) run as two fused GEMV kernels from the router's classes, with no plan (not
+// yet run on a GPU).
 #include "backend/cuda/gpu_grouped_gemm.h"
 #include "backend/cuda/ops_moe_common.h"
 
@@ -30,21 +31,20 @@ void CudaBackend::moe(const MoeArgs& a) {
   const int64_t N = a.N, D = a.D, I = a.I, E = a.E;
   if (N == 0) return;
   const bool bf16 = options_.bf16_matmul;
-  const ExpertGemms experts(*this, a.expert, N, E);
-  const GpuMoePlan& plan = experts.plan();
-  if (experts.few_rows()) {  // decode: two launches after the plan (gpu_grouped_gemm.h)
+  if (ExpertGemms::few_rows_for(*this, N)) {  // decode: two launches, no plan (gpu_grouped_gemm.h)
     DeviceBuffer hgu, hdn, act(this, N * I * 4);
     const GemmOperand guo = weight_operand(a.gate_up, E * 2 * I, D, true, bf16, hgu);  // each expert [2I, D]
     const GemmOperand dno = weight_operand(a.down, E * D, I, true, bf16, hdn);         // each expert [D, I]
     ZAYA_CHECK(guo.type == GemmType::BF16 && dno.type == GemmType::BF16 && guo.trans && dno.trans,
                "moe: few-rows weights");
-    moe_gate_up_swiglu_rows(stream_, warp_size_, plan.offsets_dev.i(), E, N, I, D, a.x, plan.perm.i(),
-                            static_cast<const bf16_t*>(guo.ptr), guo.ld, 2 * I * D, act.f());
-    moe_down_scatter_rows(stream_, warp_size_, plan.offsets_dev.i(), E, N, D, I, act.f(),
-                          static_cast<const bf16_t*>(dno.ptr), dno.ld, D * I, plan.perm.i(), a.weight, a.x,
-                          a.skip_identity, a.out);
+    moe_gate_up_swiglu_tokens(stream_, warp_size_, a.expert, E, N, I, D, a.x, static_cast<const bf16_t*>(guo.ptr),
+                              guo.ld, 2 * I * D, act.f());
+    moe_down_weighted_tokens(stream_, warp_size_, a.expert, E, N, D, I, act.f(), static_cast<const bf16_t*>(dno.ptr),
+                             dno.ld, D * I, a.weight, a.x, a.skip_identity, a.out);
     return;
   }
+  const ExpertGemms experts(*this, a.expert, N, E);
+  const GpuMoePlan& plan = experts.plan();
   const int64_t rows = experts.rows(), R = rows > 0 ? rows : 1;  // R: rows of the buffers
   DeviceBuffer xs(this, R * D * 4), hid(this, R * 2 * I * 4), act(this, R * I * 4), ys(this, R * D * 4);
   DeviceBuffer hx, hgu, hdn, hact;

@@ -179,7 +179,7 @@ ExpertGemms::ExpertGemms(CudaBackend& be, const int32_t* expert, int64_t N, int6
     : be_(be),
       E_(E),
       grouped_(be.moe_device_grouped() && be.bf16_matmul()),
-      few_rows_(!grouped_ && be.bf16_matmul() && be.moe_few_rows_gemv() && N <= kGroupedGemvMaxRows),
+      few_rows_(few_rows_for(be, N)),
       plan_(gpu_plan_moe(be, expert, N, E, /*to_host=*/!device_offsets())),
       rows_(device_offsets() ? N : plan_.routed) {}
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gpu_grouped_gemm.h"
 
 namespace zaya {
 
@@ -55,6 +56,11 @@ class ExpertGemms {
  public:
   // Builds the routing plan of expert[N] (classes 0..E, E = skip).
   ExpertGemms(CudaBackend& be, const int32_t* expert, int64_t N, int64_t E);
+  // Whether a call of N tokens on this backend takes the few-rows form (the MoE forward then
+  // runs its two fused kernels without building a plan).
+  static bool few_rows_for(const CudaBackend& be, int64_t N) {
+    return !be.moe_device_grouped() && be.bf16_matmul() && be.moe_few_rows_gemv() && N <= kGroupedGemvMaxRows;
+  }
   const GpuMoePlan& plan() const { return plan_; }
   // Whether the offsets stay on the device (device-grouped or few rows).
   bool device_offsets() const { return grouped_ || few_rows_; }
