@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "backend/cuda/attention_key_splits.h"
 #include "gpu_test_support.h"
@@ -115,6 +116,39 @@ TEST_F(GpuCca, Conv) {
           << what << ": two identical backward runs differ";
     }
   }
+}
+
+// The whole conv of a few rows in one kernel (k_conv_few_rows) at ZAYA1's group width: G = 128,
+// so both stages' loops stride past the block's threads; unequal tap counts (t0 != t1, the
+// depthwise rows and the grouped window differ); with a carried state, and on the GPU without
+// one (null: zeros, as the backward's recompute passes it) against the CPU given zeros.
+TEST_F(GpuCca, ConvOfAFewRowsWithWideGroups) {
+  const int64_t B = 2, G = 128, C = 2 * G;
+  for (int64_t T : {int64_t(1), int64_t(8)})
+    for (const auto& [t0, t1] : std::vector<std::pair<int64_t, int64_t>>{{2, 3}, {3, 2}})
+      for (bool with_state : {true, false}) {
+        const int64_t P = (t0 - 1) + (t1 - 1);
+        auto u = rnd(size_t(B * T * C)),
+             state0 = with_state ? rnd(size_t(B * P * C)) : std::vector<float>(size_t(B * P * C), 0.0f);
+        auto w_dw = rnd(size_t(C * t0), 0.5), b_dw = rnd(size_t(C), 0.1), w_grp = rnd(size_t(C * G * t1), 0.1),
+             b_grp = rnd(size_t(C), 0.1);
+        std::vector<float> z(size_t(B * T * C)), state = state0;
+        CcaConvArgs a;
+        a.u = u.data(); a.state = state.data(); a.w_dw = w_dw.data(); a.b_dw = b_dw.data();
+        a.w_grp = w_grp.data(); a.b_grp = b_grp.data(); a.z = z.data(); a.B = B; a.T = T; a.C = C; a.t0 = t0;
+        a.t1 = t1; a.group = G;
+        cpu.cca_conv(a);
+        DevBuf gu(*gpu, u), gs(*gpu, state0), gwd(*gpu, w_dw), gbd(*gpu, b_dw), gwg(*gpu, w_grp), gbg(*gpu, b_grp),
+            gz(*gpu, B * T * C);
+        CcaConvArgs g = a;
+        g.u = gu.f(); g.state = with_state ? gs.f() : nullptr; g.w_dw = gwd.f(); g.b_dw = gbd.f(); g.w_grp = gwg.f();
+        g.b_grp = gbg.f(); g.z = gz.f();
+        gpu->cca_conv(g);
+        const std::string what = "wide cca_conv T " + std::to_string(T) + " t0 " + std::to_string(t0) + " t1 " +
+                                 std::to_string(t1) + (with_state ? "" : " no state");
+        expect_close(gz.get(), z, kTolF32, what + " z");
+        if (with_state) expect_close(gs.get(), state, kTolF32, what + " state");
+      }
 }
 
 // One cca_qk call on fresh random inputs at the given positions, run on the CPU (arguments `a`,
@@ -236,25 +270,37 @@ TEST_F(GpuCca, ReusedPositionUploadsFollowTheHostBytes) {
 }
 
 // Small uploads are staged in a pinned ring (CudaBackendOptions::upload_staging_*,
-// src/backend/cuda/staging_ring.h). With two chunks of 64 bytes it wraps every few uploads, so
-// each chunk is written again while, on a GPU, earlier copies from it may not have run: six
-// cache writes' offsets between waits, and document starts (cca_values), against the CPU. The host
-// emulation checks, at each wait, that no pinned source was rewritten before its copy was known
-// to have run, so a ring that rewrote a chunk without waiting for it fails here. A ring it
-// cannot serve is refused with the sizes it takes.
+// src/backend/cuda/staging_ring.h). With two chunks of 1 KiB it wraps within every round, so
+// each chunk is written again while earlier copies from it may not have run: every upload of a
+// round is staged (each round's cache, six cache writes' sources and offsets between waits, and
+// cca_values' inputs and document starts), against the CPU. On a GPU each round first enqueues
+// GEMMs that keep the device busy while the host stages them; the host emulation checks, at each
+// wait, that no pinned source was rewritten before its copy was known to have run, and answers a
+// chunk's first query "not ready", so a ring that rewrote a chunk without waiting for it, or that
+// left the query's "not ready" as the last error, fails here. A ring it cannot serve is refused
+// with the sizes it takes.
 TEST_F(GpuCca, StagedUploadsSurviveTheRingWrappingRound) {
   CudaBackendOptions o;
-  o.upload_staging_chunk_bytes = 64;
+  o.upload_staging_chunk_bytes = 1024;
   o.upload_staging_chunks = 2;
   auto staged = make_cuda_backend(o);
-  const int64_t B = 3, T = 2, S = 40, W = 8, half = 4;
+  const int64_t B = 3, T = 2, S = 8, W = 8, half = 4;  // a cache of 768 bytes: staged too
+#if !defined(ZAYA_SIMT)
+  const int64_t L = 4096;  // 137 GFLOP a GEMM: the device lags the host by far more than a round
+  DevBuf lx(*staged, L * L), lw(*staged, L * L), ly(*staged, L * L);
+#endif
   std::vector<int64_t> pos0(static_cast<size_t>(B));
   for (int round = 0; round < 8; ++round) {
+#if !defined(ZAYA_SIMT)
+    staged->fill(lx.f(), 0.5f, L * L);
+    staged->fill(lw.f(), 0.25f, L * L);
+    for (int busy = 0; busy < 2; ++busy) staged->linear(lx.f(), lw.f(), nullptr, ly.f(), L, L, L, false, 0);
+#endif
     auto cache0 = rnd(size_t(B * S * W));
     std::vector<float> cache = cache0;
     DevBuf gcache(*staged, cache0);
-    for (int write = 0; write < 6; ++write) {  // six uploads of 24 bytes before the next wait: the ring wraps
-      for (int64_t b = 0; b < B; ++b) pos0[size_t(b)] = (round * 13 + write * 7 + b * 5) % (S - T + 1);
+    for (int write = 0; write < 6; ++write) {  // 6 x (192 + 32) bytes before the next wait
+      for (int64_t b = 0; b < B; ++b) pos0[size_t(b)] = (round * 3 + write + b * 2) % (S - T + 1);
       auto src = rnd(size_t(B * T * W));
       cpu.cache_write(src.data(), cache.data(), pos0.data(), B, T, S, W);
       DevBuf gsrc(*staged, src);
@@ -276,7 +322,7 @@ TEST_F(GpuCca, StagedUploadsSurviveTheRingWrappingRound) {
       expect_close(gv.get(), v, kTolF32, "staged cca_values round " + std::to_string(round));
     }
   }
-  EXPECT_NE(staged->diagnostics().find(" uploads staged in 128 pinned bytes"), std::string::npos)
+  EXPECT_NE(staged->diagnostics().find(" uploads staged in 2048 pinned bytes"), std::string::npos)
       << staged->diagnostics();
   for (const auto& [bytes, chunks] : std::vector<std::pair<int64_t, int>>{{24, 2}, {64, 1}, {0, 4}}) {
     CudaBackendOptions bad;

@@ -53,7 +53,14 @@ bool inside_allocation(const void* p, size_t bytes) {
 struct Event {
   std::chrono::steady_clock::time_point at;
   uint64_t pinned_copies = 0;  // copies from pinned memory enqueued before the event was recorded
+  uint64_t stream_syncs = 0;   // g_stream_syncs when it was recorded
+  bool queried = false;        // queried since it was recorded
 };
+// Stream synchronisations so far: an event recorded since the last one reports "not ready" to
+// its first query, as a GPU still running the work before it would (HIP then keeps "not ready"
+// as the calling thread's last error: t_query_not_ready, reported by gpuGetLastError).
+std::atomic<uint64_t> g_stream_syncs{0};
+thread_local bool t_query_not_ready = false;
 
 // Copies to the device from pinned memory that a GPU could still be running: the source range,
 // its bytes when the copy was enqueued, and the copy's number (g_pinned_copies at the time).
@@ -116,7 +123,12 @@ const char* gpuGetErrorString(gpuError_t e) {
   }
 }
 
-gpuError_t gpuGetLastError() { return g_last_error.exchange(gpuSuccess); }
+gpuError_t gpuGetLastError() {
+  const gpuError_t e = g_last_error.exchange(gpuSuccess);
+  const bool not_ready = t_query_not_ready;
+  t_query_not_ready = false;
+  return e != gpuSuccess ? e : not_ready ? gpuErrorNotReady : gpuSuccess;
+}
 
 gpuError_t gpuGetDeviceCount(int* count) {
   *count = 1;
@@ -247,6 +259,7 @@ gpuError_t gpuStreamCreateWithFlags(gpuStream_t* stream, unsigned) {
 gpuError_t gpuStreamDestroy(gpuStream_t) { return gpuSuccess; }
 gpuError_t gpuStreamSynchronize(gpuStream_t) {
   g_counts.synchronizations += 1;
+  g_stream_syncs += 1;
   return retire_pinned_copies(UINT64_MAX);
 }
 gpuError_t gpuStreamWaitEvent(gpuStream_t, gpuEvent_t, unsigned) { return gpuSuccess; }
@@ -265,14 +278,29 @@ gpuError_t gpuEventRecord(gpuEvent_t event, gpuStream_t) {
   e->at = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(g_mutex);
   e->pinned_copies = g_pinned_copies;
+  e->stream_syncs = g_stream_syncs;
+  e->queried = false;
   return gpuSuccess;
 }
 gpuError_t gpuEventSynchronize(gpuEvent_t event) {
   g_counts.synchronizations += 1;
   return retire_pinned_copies(static_cast<Event*>(event)->pinned_copies);
 }
-// Every event is complete at once (the emulated stream runs each call to the end).
-gpuError_t gpuEventQuery(gpuEvent_t event) { return retire_pinned_copies(static_cast<Event*>(event)->pinned_copies); }
+// The emulated stream has run every call to the end, but an event recorded since the last
+// stream synchronisation answers its first query "not ready" (see g_stream_syncs), so the
+// backend's not-ready paths run too.
+gpuError_t gpuEventQuery(gpuEvent_t event) {
+  auto* e = static_cast<Event*>(event);
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (!e->queried && e->stream_syncs == g_stream_syncs) {
+      e->queried = true;
+      t_query_not_ready = true;
+      return gpuErrorNotReady;
+    }
+  }
+  return retire_pinned_copies(e->pinned_copies);
+}
 gpuError_t gpuEventElapsedTime(float* ms, gpuEvent_t start, gpuEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(static_cast<Event*>(end)->at - static_cast<Event*>(start)->at).count();
   return gpuSuccess;

@@ -39,6 +39,9 @@ gpuError_t gpuDeviceGetPCIBusId(char* bus_id, int length, int device);
 
 gpuError_t gpuMalloc(void** p, size_t bytes);
 gpuError_t gpuFree(void* p);
+// Events: an event recorded since the last stream synchronisation answers its first query
+// gpuErrorNotReady, which (as on HIP) the calling thread's next gpuGetLastError reports, so a
+// backend that polls must clear it.
 // Pinned host memory. A copy to the device from it is asynchronous on a GPU: it may read its
 // source at any time until an event recorded after it has been waited for (or queried as done)
 // or the stream synchronised. The emulation copies at once but keeps the source bytes, and those

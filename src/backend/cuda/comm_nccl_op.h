@@ -127,7 +127,10 @@ inline bool op_done(NcclOp& op) {
   if (s == kDone) return true;
   if (s != kLaunched) return false;
   const gpuError_t e = gpuEventQuery(op.event);
-  if (e == gpuErrorNotReady) return false;
+  if (e == gpuErrorNotReady) {
+    (void)gpuGetLastError();  // HIP keeps "not ready" as the last error, which a launch check would report
+    return false;
+  }
   if (e != gpuSuccess) {
     (void)gpuGetLastError();
     op.set_error(std::string("the GPU reported an error: ") + gpuGetErrorString(e));

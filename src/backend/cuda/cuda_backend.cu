@@ -252,6 +252,7 @@ void* CudaBackend::stage_upload(const void* host, int64_t bytes) {
     gpuEvent_t e = staging_events_[size_t(place.chunk)];
     const gpuError_t done = gpuEventQuery(e);
     if (done == gpuErrorNotReady) {
+      (void)gpuGetLastError();  // HIP keeps "not ready" as the last error, which the next launch check would report
       ++staging_waits_;
       GPU_CHECK(gpuEventSynchronize(e));
     } else {
