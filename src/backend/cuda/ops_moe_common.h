@@ -65,7 +65,8 @@ class ExpertGemms {
   // Whether the offsets stay on the device (device-grouped or few rows).
   bool device_offsets() const { return grouped_ || few_rows_; }
   // Whether by_rows runs as device GEMVs (few rows), which read an fp32 A as stored: the
-  // forward then passes its activations unconverted.
+  // backward's recompute of a few-rows call then reads the forward's fp32 rows, as the forward's
+  // fused kernels (moe_gate_up_swiglu_tokens) did.
   bool few_rows() const { return few_rows_; }
   // Rows of the grouped-row buffers: the routed count (host offsets), or N (device offsets:
   // rows past the routed ones are not computed and must not be read).
