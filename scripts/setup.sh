@@ -14,6 +14,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   zlib1g-dev libzstd-dev
   clang libclang-rt-14-dev
+  libtsan2  # ThreadSanitizer for the race checking of the GPU kernels (tests/simt/racecheck.cmake)
 )
 # Node.js and npm (for the npm-registry data and the tokenizers reference) come with the base image;
 # install Debian's only when absent.

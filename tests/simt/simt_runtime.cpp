@@ -10,7 +10,7 @@
 #include "simt_runtime.h"
 
 #include "simt_fiber_context.h"
-
+#include "simt_racecheck.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -43,7 +43,19 @@ constexpr int kWarp = GPU_WARP_SIZE;
 struct Barrier {
   int arrived = 0;
   uint64_t generation = 0;
+  // What the race checking orders a generation's arrivals before its departures by
+  // (simt_racecheck.h): one of two per barrier of a fiber set, by the generation's parity. The
+  // threads of one generation take theirs before any thread reaches the next one, which takes
+  // the other.
+  const unsigned char* order = nullptr;
 };
+
+// Barrier::order's objects: per fiber set, the block's barrier, then each warp's.
+constexpr int kMaxWarps = 1024 / GPU_WARP_SIZE;
+unsigned char g_barrier_order[racecheck::kFiberSets][1 + kMaxWarps][2];
+// The race checking's order of the host before each block and of every block before the host
+// after the launch.
+unsigned char g_block_start, g_launch_end;
 
 struct PendingCopy {
   void* dst = nullptr;
@@ -53,6 +65,7 @@ struct PendingCopy {
 struct Fiber {
   FiberContext ctx;
   unsigned char* stack = nullptr;  // one of g_stacks
+  void* race_fiber = nullptr;       // the race checking's fiber (simt_racecheck.h), or null
   dim3 tid;
   int linear = 0;
   bool done = false;
@@ -89,6 +102,7 @@ struct Pass {
 struct Block {
   dim3 grid, dim, idx;
   std::unique_ptr<unsigned char[], AlignedFree> smem;  // 128-byte aligned, as the hardware's
+  unsigned char* shared = nullptr;  // the dynamic shared memory: smem, or the race checking's
   size_t smem_bytes = 0;
   std::vector<Fiber> fibers;
   std::vector<WarpState> warps;
@@ -123,7 +137,9 @@ Schedule schedule_from_environment() {
 }
 
 Schedule g_schedule = schedule_from_environment();
-std::vector<std::unique_ptr<unsigned char[]>> g_stacks;  // fiber stacks, reused by every launch
+// Fiber stacks, reused by every launch; one set per fiber set of the race checking.
+std::vector<std::unique_ptr<unsigned char[]>> g_stacks[racecheck::kFiberSets];
+void* g_scheduler_race_fiber = nullptr;
 Block* g_block = nullptr;
 Fiber* g_current = nullptr;
 FiberContext g_scheduler;
@@ -149,7 +165,7 @@ Fiber& current() {
 // Whether [p, p + bytes) lies in the running block's shared memory.
 bool in_shared(const void* p, size_t bytes) {
   const auto* c = static_cast<const unsigned char*>(p);
-  return c >= g_block->smem.get() && c + bytes <= g_block->smem.get() + g_block->smem_bytes;
+  return c >= g_block->shared && c + bytes <= g_block->shared + g_block->smem_bytes;
 }
 
 bool runnable(const Fiber& f) {
@@ -202,8 +218,10 @@ void switch_away(bool ended) {
 #if defined(ZAYA_SIMT_ASAN)
     g_switching_from_scheduler = false;  // a thread that starts now learns no scheduler stack
 #endif
+    racecheck::switching_to(next->race_fiber);
     fiber_switch(from, next->ctx);
   } else {
+    racecheck::switching_to(g_scheduler_race_fiber);
     fiber_switch(from, g_scheduler);
   }
   // Resumed (never when ended): by the scheduler or by another fiber, which set g_current.
@@ -214,16 +232,20 @@ void switch_away(bool ended) {
 
 void wait_at(Barrier& b, int expected) {
   const uint64_t generation = b.generation;
+  const unsigned char* order = b.order + (generation & 1);
+  racecheck::release(order);
   if (++b.arrived >= expected) {
     b.arrived = 0;
     ++b.generation;
     ++g_block->releases;
+    racecheck::acquire(order);
     return;
   }
   Fiber& f = current();
   f.wait_generation = &b.generation;
   f.wait_value = generation;
   switch_away(false);
+  racecheck::acquire(order);
 }
 
 // Threads that exited count as arrived at the block barrier (as on the hardware).
@@ -246,7 +268,12 @@ void fiber_entry() {
     __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
   }
 #endif
+  racecheck::acquire(&g_block_start);
   (*g_block->kernel)();
+  // An exited thread counts as arrived at the block's later barriers.
+  racecheck::release(&g_launch_end);
+  racecheck::release(g_block->barrier.order);
+  racecheck::release(g_block->barrier.order + 1);
   Fiber& f = current();
   f.done = true;
   ++g_block->exited;
@@ -261,6 +288,7 @@ void run_pass_from(Fiber& f) {
   g_switching_from_scheduler = true;
   __sanitizer_start_switch_fiber(&g_scheduler_fake_stack, f.stack, kStackBytes);
 #endif
+  racecheck::switching_to(f.race_fiber);
   fiber_switch(g_scheduler, f.ctx);
 #if defined(ZAYA_SIMT_ASAN)
   g_switching_from_scheduler = false;
@@ -285,12 +313,15 @@ void make_fiber_context(Fiber& f) {
   fiber_context_init(f.ctx, f.stack, kStackBytes - color, fiber_entry);
 }
 
-void run_block(Block& blk) {
+// Runs the block on fiber set `set` (simt_racecheck.h).
+void run_block(Block& blk, int set) {
   const int threads = int(blk.dim.x * blk.dim.y * blk.dim.z);
   for (int t = 0; t < threads; ++t) {
     Fiber& f = blk.fibers[size_t(t)];
     f.tid = dim3(unsigned(t) % blk.dim.x, unsigned(t) / blk.dim.x % blk.dim.y, unsigned(t) / (blk.dim.x * blk.dim.y));
     f.linear = t;
+    f.stack = g_stacks[set][size_t(t)].get();
+    f.race_fiber = racecheck::fiber(set, t / kWarp);
     f.done = false;
     f.wait_generation = nullptr;
     f.open_group.clear();
@@ -299,7 +330,14 @@ void run_block(Block& blk) {
   }
   blk.exited = 0;
   blk.barrier = Barrier{};
-  for (WarpState& w : blk.warps) w.barrier = Barrier{};
+  blk.barrier.order = g_barrier_order[set][0];
+  for (size_t w = 0; w < blk.warps.size(); ++w) {
+    blk.warps[w].barrier = Barrier{};
+    blk.warps[w].barrier.order = g_barrier_order[set][1 + w];
+  }
+  racecheck::reset_shared();                      // the new block's shared memory
+  std::memset(blk.shared, 0xff, blk.smem_bytes);  // NaN in fp32 and bf16 until written
+  racecheck::release(&g_block_start);
   for (;;) {
     blk.pass = Pass{};
     blk.pass.seen_releases = blk.releases;
@@ -329,7 +367,7 @@ const dim3& block_idx() { return g_block->idx; }
 const dim3& block_dim() { return g_block->dim; }
 const dim3& grid_dim() { return g_block->grid; }
 int lane() { return current().linear % kWarp; }
-unsigned char* dynamic_shared() { return g_block->smem.get(); }
+unsigned char* dynamic_shared() { return g_block->shared; }
 
 void sync_block() {
   Block& blk = *g_block;
@@ -344,7 +382,10 @@ WarpDeposits warp_exchange(Collective kind, const void* mine, size_t bytes) {
     die("a warp-wide instruction in a block that is not a whole number of warps");
   WarpState& w = g_block->warps[size_t(warp)];
   const int slot = int(w.barrier.generation & 1);
-  std::memcpy(w.slots[slot][ln], mine, bytes);
+  {
+    const racecheck::Quiet quiet;  // the deposits are the emulation's, ordered by the exchange
+    std::memcpy(w.slots[slot][ln], mine, bytes);
+  }
   w.kind[slot][ln] = kind;
   // The last lane to arrive checks that every lane is at this instruction, before any lane
   // goes on to read the deposits.
@@ -392,6 +433,7 @@ void ldmatrix_trans(uint32_t (&r)[N], const uint16_t* row, Collective kind) {
   if (kWarp != 32) die("ldmatrix in a build whose warps are not 32 lanes");
   if (!in_shared(row, 16) || reinterpret_cast<uintptr_t>(row) % 16 != 0)
     die("ldmatrix: a row address outside shared memory or not 16-byte aligned");
+  racecheck::reads(row, 16);  // this lane's row: the one it names
   const WarpDeposits rows = warp_exchange(kind, &row, sizeof(row));
   // Matrix j's row i is at lane 8 j + i's address; transposed, lane (4 group + quad) receives
   // rows 2 quad and 2 quad + 1 of column group.
@@ -424,11 +466,14 @@ void cp_async16(void* shared_dst, const void* global_src, bool valid) {
   if (!in_shared(shared_dst, 16) || reinterpret_cast<uintptr_t>(shared_dst) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(global_src) % 16 != 0)
     die("cp.async: a destination outside shared memory, or an address not 16-byte aligned");
+  if (valid) racecheck::reads(global_src, 16);
   if (g_schedule.copies_at_issue) {
+    racecheck::writes(shared_dst, 16);
     if (valid) std::memcpy(shared_dst, global_src, 16);
     else std::memset(shared_dst, 0, 16);
     return;
   }
+  const racecheck::Quiet quiet;  // the copies in flight are the emulation's
   PendingCopy c;
   c.dst = shared_dst;
   if (valid) std::memcpy(c.bytes, global_src, 16);
@@ -436,6 +481,7 @@ void cp_async16(void* shared_dst, const void* global_src, bool valid) {
 }
 
 void cp_async_commit() {
+  const racecheck::Quiet quiet;
   Fiber& f = current();
   f.committed.push_back(std::move(f.open_group));
   f.open_group.clear();
@@ -444,6 +490,8 @@ void cp_async_commit() {
 void cp_async_wait(int pending) {
   Fiber& f = current();
   while (int(f.committed.size()) > pending) {
+    for (const PendingCopy& c : f.committed.front()) racecheck::writes(c.dst, 16);
+    const racecheck::Quiet quiet;
     for (const PendingCopy& c : f.committed.front()) std::memcpy(c.dst, c.bytes, 16);
     f.committed.erase(f.committed.begin());
   }
@@ -459,28 +507,39 @@ void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()
   blk.kernel = &kernel;
   blk.fibers.resize(threads);
   // Stacks are kept from launch to launch (a whole backend's tests launch thousands of kernels).
-  while (g_stacks.size() < threads) g_stacks.emplace_back(new unsigned char[kStackBytes]);
-  for (size_t t = 0; t < threads; ++t) blk.fibers[t].stack = g_stacks[t].get();
+  for (auto& stacks : g_stacks)
+    while (stacks.size() < threads) stacks.emplace_back(new unsigned char[kStackBytes]);
+  g_scheduler_race_fiber = racecheck::host_fiber();
   blk.warps.resize(threads / kWarp);
   blk.smem_bytes = smem_bytes;
   blk.smem.reset(static_cast<unsigned char*>(std::aligned_alloc(128, (smem_bytes + 127) / 128 * 128 + 128)));
+  blk.shared = blk.smem.get();
+#if defined(ZAYA_SIMT_RACECHECK)
+  if (smem_bytes > racecheck::kDynamicSharedBytes)
+    fail("simt", "launch: " + std::to_string(smem_bytes) + " bytes of dynamic shared memory, more than the race checking's " +
+                     std::to_string(racecheck::kDynamicSharedBytes));
+  blk.shared = racecheck::dynamic_shared_memory();
+#endif
   g_block = &blk;
   try {
+    size_t linear = 0;  // consecutive blocks run on different fiber sets
     for (unsigned z = 0; z < grid.z; ++z)
       for (unsigned y = 0; y < grid.y; ++y)
         for (unsigned x = 0; x < grid.x; ++x) {
           blk.idx = dim3(x, y, z);
-          std::memset(blk.smem.get(), 0xff, blk.smem_bytes);  // NaN in fp32 and bf16 until written
-          run_block(blk);
+          run_block(blk, int(linear++ % racecheck::kFiberSets));
         }
   } catch (...) {
+    racecheck::acquire(&g_launch_end);
     g_block = nullptr;
 #if defined(ZAYA_SIMT_ASAN)
     // Fibers abandoned at a barrier left their frames on these stacks: all addressable again.
-    for (size_t t = 0; t < threads; ++t) ASAN_UNPOISON_MEMORY_REGION(g_stacks[t].get(), kStackBytes);
+    for (auto& stacks : g_stacks)
+      for (size_t t = 0; t < threads; ++t) ASAN_UNPOISON_MEMORY_REGION(stacks[t].get(), kStackBytes);
 #endif
     throw;
   }
+  racecheck::acquire(&g_launch_end);
   g_block = nullptr;
 }
 

@@ -10,6 +10,7 @@
 // in headers, and tests/gpu's tests for the whole backend (tests/simt/CMakeLists.txt).
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -44,7 +45,13 @@ inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z,
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__ static  // one instance, shared by the block's fibers (blocks run one at a time)
+// One instance, shared by the block's fibers (blocks run one at a time). Race checking forgets
+// what each block did to them before the next starts, and finds them in their own section.
+#if defined(ZAYA_SIMT_RACECHECK)
+#define __shared__ static __attribute__((section("zaya_simt_shared")))
+#else
+#define __shared__ static
+#endif
 // Lanes per warp: 32 (NVIDIA) unless the build asks for 64 (CDNA's wavefronts); the tensor-core
 // instructions exist only for 32.
 #if !defined(ZAYA_SIMT_WARP_SIZE)
@@ -170,11 +177,10 @@ inline float __uint_as_float(uint32_t u) {
 }
 [[noreturn]] inline void __trap() { std::abort(); }
 // Blocks run one at a time on one CPU thread, and a thread is only ever switched out at a
-// barrier or a warp-wide instruction, so a read-modify-write is atomic as written.
+// barrier or a warp-wide instruction, so a plain read-modify-write would do; an atomic one tells
+// the race checking (simt_racecheck.h) that blocks adding into one place do not race.
 template <typename T>
 inline T atomicAdd(T* p, T v) {
-  const T old = *p;
-  *p = old + v;
-  return old;
+  return std::atomic_ref<T>(*p).fetch_add(v);
 }
 inline void __syncwarp(unsigned = 0xffffffffu) { ::zaya::simt::sync_warp(); }
