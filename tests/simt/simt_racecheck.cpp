@@ -1,7 +1,7 @@
-// The ThreadSanitizer side of the emulation's race checking (simt_racecheck.h). Compiled into
-// every emulation build; it has a body only with ZAYA_SIMT_RACECHECK, in a build whose kernels are
-// compiled with -fsanitize=thread. This file itself is not instrumented (the scheduler's own
-// bookkeeping is not what is checked).
+// The ThreadSanitizer side of the emulation's race checking (simt_racecheck.h), compiled only
+// into the race checking's runtime (tests/simt/racecheck.cmake), whose kernels are compiled with
+// -fsanitize=thread. This file itself is not instrumented (the scheduler's own bookkeeping is not
+// what is checked).
 #include "simt_racecheck.h"
 
 #if defined(ZAYA_SIMT_RACECHECK)

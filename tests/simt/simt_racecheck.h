@@ -34,7 +34,8 @@ constexpr int kFiberSets = 1;
 #if defined(ZAYA_SIMT_RACECHECK)
 // The sanitizer's fiber for the GPU threads of warp `warp` of set `set`, created at first use.
 // The lanes of a warp share one: races between the lanes of a warp are not looked for (a fiber
-// each made every barrier cost as much as the threads of a block, 50x the emulation's time).
+// each made every barrier cost as much as the threads of a block: GpuCca.Conv took 53 s against
+// the emulation's 0.9 s, and 13 s with a fiber per warp).
 void* fiber(int set, int warp);
 // The host thread's own context (the scheduler runs on it).
 void* host_fiber();

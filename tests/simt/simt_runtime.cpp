@@ -102,7 +102,7 @@ struct Pass {
 struct Block {
   dim3 grid, dim, idx;
   std::unique_ptr<unsigned char[], AlignedFree> smem;  // 128-byte aligned, as the hardware's
-  unsigned char* shared = nullptr;  // the dynamic shared memory: smem, or the race checking's
+  unsigned char* shared = nullptr;  // the dynamic shared memory: smem, or the race checking's buffer
   size_t smem_bytes = 0;
   std::vector<Fiber> fibers;
   std::vector<WarpState> warps;
@@ -512,13 +512,14 @@ void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()
   g_scheduler_race_fiber = racecheck::host_fiber();
   blk.warps.resize(threads / kWarp);
   blk.smem_bytes = smem_bytes;
-  blk.smem.reset(static_cast<unsigned char*>(std::aligned_alloc(128, (smem_bytes + 127) / 128 * 128 + 128)));
-  blk.shared = blk.smem.get();
 #if defined(ZAYA_SIMT_RACECHECK)
   if (smem_bytes > racecheck::kDynamicSharedBytes)
     fail("simt", "launch: " + std::to_string(smem_bytes) + " bytes of dynamic shared memory, more than the race checking's " +
                      std::to_string(racecheck::kDynamicSharedBytes));
   blk.shared = racecheck::dynamic_shared_memory();
+#else
+  blk.smem.reset(static_cast<unsigned char*>(std::aligned_alloc(128, (smem_bytes + 127) / 128 * 128 + 128)));
+  blk.shared = blk.smem.get();
 #endif
   g_block = &blk;
   try {
