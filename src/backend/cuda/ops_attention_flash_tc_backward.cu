@@ -3,7 +3,9 @@
 // queries, bf16 policy, head_dim 64 or 128. Nothing of size T x S reaches device memory, and
 // nothing is accumulated with atomics, so the result repeats bitwise:
 //   1. Q, dO, K, V packed to bf16 (K and V rows past each sequence's last position zeroed);
-//      D = rowsum(dO * O) per query row, in fp32 from the fp32 tensors;
+//      D = rowsum(dO * O) per query row, in fp32 from the fp32 O and dO rounded to bf16: the dO
+//      of the dP products, which D must match (dS = scale P (dP - D) cancels where the values
+//      share an offset; D from the fp32 dO gave dq and dk 2.7x the GEMM path's error there);
 //   2. the forward kernel in its lse_only form: each row's base-2 log-sum-exp;
 //   3. dQ, one block per 64 queries of a head, over tiles of 64 keys (double-buffered):
 //      S = Q K^T, dP = dO V^T, P = 2^(x - lse2) on visible keys, dS = scale P (dP - D),

@@ -12,15 +12,15 @@
 
 namespace zaya::flash_tc {
 
-// drow[(b * Hq + h) * T_pad + t] = sum_d dout[r, d] * o[r, d] for r = (b * T + t) * Hq + h: one
-// warp per row.
+// drow[(b * Hq + h) * T_pad + t] = sum_d bf16(dout[r, d]) * o[r, d] for r = (b * T + t) * Hq + h:
+// one warp per row. dout rounded as the dP = dO V^T products see it, so that D = sum_j P dP there.
 __global__ void k_flash_drow(const float* dout, const float* o, float* drow, int64_t B, int64_t T, int64_t Hq,
                              int64_t dh, int64_t T_pad) {
   const int64_t rows = B * T * Hq, warps = int64_t(gridDim.x) * blockDim.x / 32;
   const int lane = int(threadIdx.x) % 32;
   for (int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
     float s = 0.0f;
-    for (int64_t d = lane; d < dh; d += 32) s += dout[r * dh + d] * o[r * dh + d];
+    for (int64_t d = lane; d < dh; d += 32) s += bf16_to_f32(f32_to_bf16(dout[r * dh + d])) * o[r * dh + d];
     s = warp_sum(s);
     if (lane == 0) {
       const int64_t h = r % Hq, t = (r / Hq) % T, b = r / (Hq * T);
