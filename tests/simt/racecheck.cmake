@@ -75,11 +75,11 @@ foreach(clean shared_with_barrier dynamic_with_barrier blocks_add_atomically lau
 endforeach()
 
 # The backend's tests under the race checking, as racecheck.*: all but the communicator's (MPI),
-# the training runs, three model-level cases whose kernels the others run too (the
-# recomputation step, the decisive-routing gradients, the fp32 LM head beside the bf16 one) and
+# the training runs, four model-level cases whose kernels the others run too (the recomputation
+# step, the decisive-routing and long-chunk gradients, the fp32 LM head beside the bf16 one) and
 # the flash backward's precision check (GpuCca.Attention runs its kernels).
 # About 270 s of one core in a `make test` run (the same tests without the race checking: 30 s);
 # GpuCca.Attention, the flash kernels' test, takes 163 s of it.
 gtest_discover_tests(zaya_simt_racecheck_tests DISCOVERY_TIMEOUT 60 TEST_PREFIX "racecheck."
-  TEST_FILTER "-GpuTraining*:GpuTrainer*:GpuComm*:GpuModel.ActivationRecompute*:*LmHeadLoss/tiled_fp32:GpuModelGradsBf16.*:GpuCca.FlashBackward*"
+  TEST_FILTER "-GpuTraining*:GpuTrainer*:GpuComm*:GpuModel.ActivationRecompute*:*LmHeadLoss/tiled_fp32:GpuModelGradsBf16.*:GpuModelGradsLongChunks.*:GpuCca.FlashBackward*"
   PROPERTIES TIMEOUT 900 ENVIRONMENT "${ZAYA_RACECHECK_ENV}")
