@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/gpu_mma.h"
 #include "backend/cuda/gpu_runtime.h"
 
 namespace {
@@ -72,6 +73,36 @@ __global__ void k_warp_sums(float* out) {
   }
 }
 
+// A double-buffered pipeline of asynchronous copies, as the flash and grouped GEMM kernels run
+// one: each iteration prefetches the next tile into the other buffer, waits for the current
+// one, and reads a slot another warp copied. Without the barrier at the end of each iteration, a
+// warp's prefetch into a buffer can land while another warp is still reading that buffer's
+// previous tile: racy (the copy's write counts from its issue, not only from its wait).
+constexpr int kPrefetchTiles = 4;
+constexpr size_t kPrefetchBufferBytes = sizeof(float) * 2 * kThreads * 4;
+__global__ void k_prefetch(const float* src, float* out, bool trailing_barrier) {
+  ZAYA_DYNAMIC_SHARED(raw);  // two buffers of 4 floats a thread
+  float* tiles = reinterpret_cast<float*>(raw);
+  const int t = int(threadIdx.x);
+  const auto buffer = [&](int tile) { return tiles + (tile & 1) * kThreads * 4; };
+  const auto stage = [&](int tile) {
+    zaya::mma::cp_async16(buffer(tile) + t * 4, src + (size_t(tile) * kThreads + size_t(t)) * 4);
+  };
+  stage(0);
+  zaya::mma::cp_async_commit();
+  float sum = 0.0f;
+  for (int it = 0; it < kPrefetchTiles; ++it) {
+    if (it + 1 < kPrefetchTiles) stage(it + 1);
+    zaya::mma::cp_async_commit();
+    zaya::mma::cp_async_wait<1>();
+    __syncthreads();
+    sum += buffer(it)[((t + GPU_WARP_SIZE) % kThreads) * 4];
+    if (trailing_barrier) __syncthreads();
+  }
+  zaya::mma::cp_async_wait<0>();
+  out[blockIdx.x * kThreads + t] = sum;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,6 +113,10 @@ int main(int argc, char** argv) {
   gpuMalloc(reinterpret_cast<void**>(&a), sizeof(float) * kBlocks * kThreads);
   gpuMalloc(reinterpret_cast<void**>(&b), sizeof(float) * kBlocks * kThreads);
   gpuMemsetAsync(a, 0, sizeof(float) * kBlocks * kThreads, nullptr);
+  float* tiles = nullptr;  // the pipeline's source: kPrefetchTiles tiles of 4 floats a thread
+  const size_t tile_bytes = sizeof(float) * kPrefetchTiles * kThreads * 4;
+  gpuMalloc(reinterpret_cast<void**>(&tiles), tile_bytes);
+  gpuMemsetAsync(tiles, 0, tile_bytes, nullptr);
   const size_t dynamic_bytes = sizeof(float) * kThreads;
   if (which == "shared_without_barrier") zaya::gpu_launch(k_neighbour, kBlocks, kThreads, 0, nullptr, a, false);
   else if (which == "shared_with_barrier") zaya::gpu_launch(k_neighbour, kBlocks, kThreads, 0, nullptr, a, true);
@@ -96,6 +131,10 @@ int main(int argc, char** argv) {
     zaya::gpu_launch(k_read_next_block, 1, kThreads, 0, nullptr, a, b);  // one block: no race
     zaya::gpu_launch(k_read_previous_launch, kBlocks, kThreads, 0, nullptr, a, b);
   } else if (which == "warp_sums") zaya::gpu_launch(k_warp_sums, kBlocks, kThreads, 0, nullptr, a);
+  else if (which == "prefetch_over_unread_tile")
+    zaya::gpu_launch(k_prefetch, kBlocks, kThreads, kPrefetchBufferBytes, nullptr, tiles, a, false);
+  else if (which == "prefetch_after_barrier")
+    zaya::gpu_launch(k_prefetch, kBlocks, kThreads, kPrefetchBufferBytes, nullptr, tiles, a, true);
   else {
     std::fprintf(stderr, "usage: zaya_simt_racecheck_seeded CASE (got '%s')\n", which.c_str());
     return 2;
@@ -103,6 +142,7 @@ int main(int argc, char** argv) {
   gpuStreamSynchronize(nullptr);
   gpuFree(a);
   gpuFree(b);
+  gpuFree(tiles);
   std::printf("ran %s\n", which.c_str());
   return 0;
 }

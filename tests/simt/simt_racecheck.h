@@ -15,6 +15,8 @@
 //   - a thread's exit counts as its arrival at the block's later barriers (as on the hardware);
 //   - kernels on the one stream are ordered: the host's writes before a launch come before every
 //     block, and every block before anything the host does after it.
+// An asynchronous copy (cp.async) writes its shared destination at its issue and again at its
+// thread's wait (simt_runtime.cpp): the hardware may land it at any moment between.
 // Shared memory is new at each block (the hardware gives a block its own): the dynamic buffer and
 // the static __shared__ arrays (which simt_runtime.h places in one section for this) are
 // forgotten before the block starts. The lanes of a warp share a sanitizer fiber (fiber()).

@@ -467,8 +467,12 @@ void cp_async16(void* shared_dst, const void* global_src, bool valid) {
       reinterpret_cast<uintptr_t>(global_src) % 16 != 0)
     die("cp.async: a destination outside shared memory, or an address not 16-byte aligned");
   if (valid) racecheck::reads(global_src, 16);
+  // The copy writes its destination at some moment between its issue and its thread's wait, so
+  // the race checking records the write at both: at the issue, against reads not ordered before
+  // it (a prefetch into a tile another warp may still be reading); at the wait (below), against
+  // reads not ordered after it.
+  racecheck::writes(shared_dst, 16);
   if (g_schedule.copies_at_issue) {
-    racecheck::writes(shared_dst, 16);
     if (valid) std::memcpy(shared_dst, global_src, 16);
     else std::memset(shared_dst, 0, 16);
     return;
