@@ -146,6 +146,12 @@ class Backend {
   // expert[n] = argmax(p[n,:] + bias); weight[n] = p[n, expert[n]]
   virtual void route_select(const float* probs, const float* bias, int32_t* expert, float* weight, int64_t N,
                             int64_t classes) = 0;
+  // The router's last two steps as one op, which a backend may fuse: softmax over each row of
+  // `logits` in place (they become the probabilities), then route_select over them.
+  virtual void route(float* logits, const float* bias, int32_t* expert, float* weight, int64_t N, int64_t classes) {
+    softmax(logits, N, classes);
+    route_select(logits, bias, expert, weight, N, classes);
+  }
 
   virtual void cca_conv(const CcaConvArgs& a) = 0;
   virtual void cca_qk(const CcaQkArgs& a) = 0;

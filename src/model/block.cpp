@@ -159,8 +159,7 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   if (a.g2 != a.f2) be.copy(a.g2, a.f2, N * R);
   be.gelu(a.g2, N * R);
   be.linear_fp32(a.g2, rw.out_w, nullptr, a.probs, N, R, E + 1);
-  be.softmax(a.probs, N, E + 1);
-  be.route_select(a.probs, rw.balancing_biases, a.expert, a.weight, N, E + 1);
+  be.route(a.probs, rw.balancing_biases, a.expert, a.weight, N, E + 1);  // softmax, then the selection
   MoeArgs ma;
   ma.x = a.x2; ma.expert = a.expert; ma.weight = a.weight; ma.gate_up = w.experts.gate_up; ma.down = w.experts.down;
   ma.out = a.h_moe; ma.N = N; ma.D = D; ma.I = c.moe_intermediate_size; ma.E = E;

@@ -255,6 +255,37 @@ TEST_P(GpuDense, ElementwiseAndRowOps) {
     gpu->route_backward(gex.i(), gdw.f(), gdp.f(), R, classes);
     expect_close(gdp.get(), dprobs, kTolF32, "route_backward");
   }
+  // route (softmax and route_select fused, a warp per row) against the CPU's two steps: decode's
+  // few rows and a training chunk's many, fewer classes than a warp's lanes and several per lane
+  // (a ZAYA1-base router has 17). The selection is checked by class and by weight, with the
+  // outputs poisoned; a bias that ties two classes' scores exactly must pick the lower class, as
+  // the CPU's first maximum does.
+  for (const int64_t rows : {int64_t(1), int64_t(3), R})
+    for (const int64_t classes : {int64_t(17), int64_t(65), int64_t(300)}) {
+      const std::string what = "route rows " + std::to_string(rows) + " classes " + std::to_string(classes);
+      const auto logits = rnd(size_t(rows * classes), 3.0), bias = rnd(size_t(classes), 0.1);
+      std::vector<float> p = logits, wt(static_cast<size_t>(rows));
+      std::vector<int32_t> ex(static_cast<size_t>(rows));
+      cpu.softmax(p.data(), rows, classes);
+      cpu.route_select(p.data(), bias.data(), ex.data(), wt.data(), rows, classes);
+      DevBuf gl(*gpu, logits), gb(*gpu, bias), gex(*gpu, rows), gwt(*gpu, rows);
+      gpu->route(gl.f(), gb.f(), gex.i(), gwt.f(), rows, classes);
+      expect_close(gl.get(), p, kTolF32, what + " probabilities");
+      EXPECT_EQ(gex.get_i(), ex) << what << " experts";
+      expect_close(gwt.get(), wt, kTolF32, what + " weight");
+    }
+  {  // ties go to the lowest class: classes 3 and 64 tie above the rest in row 0 (the warp's lane 0
+     // holds class 64, another lane class 3); every class ties in row 1
+    const int64_t classes = 70;
+    std::vector<float> logits(size_t(2 * classes), 0.25f);
+    logits[3] = logits[64] = 2.0f;
+    const std::vector<float> bias(size_t(classes), 0.0f);
+    DevBuf gl(*gpu, logits), gb(*gpu, bias), gex(*gpu, 2), gwt(*gpu, 2);
+    gpu->route(gl.f(), gb.f(), gex.i(), gwt.f(), 2, classes);
+    EXPECT_EQ(gex.get_i(), (std::vector<int32_t>{3, 0})) << "route: ties go to the lowest class";
+    const float top = 1.0f / (2.0f + float(classes - 2) * std::exp(0.25f - 2.0f));
+    expect_close(gwt.get(), {top, 1.0f / float(classes)}, kTolF32, "route: the tied classes' weight");
+  }
 }
 
 // The fused LM head + loss of `gpu` against the CPU on fresh inputs (two rows without a

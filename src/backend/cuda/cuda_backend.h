@@ -65,6 +65,7 @@ class CudaBackend final : public Backend {
   void softmax(float* x, int64_t rows, int64_t cols) override;
   void route_select(const float* probs, const float* bias, int32_t* expert, float* weight, int64_t N,
                     int64_t classes) override;
+  void route(float* logits, const float* bias, int32_t* expert, float* weight, int64_t N, int64_t classes) override;
   void cca_conv(const CcaConvArgs& a) override;
   void cca_qk(const CcaQkArgs& a) override;
   void cca_values(const CcaValueArgs& a) override;

@@ -100,6 +100,48 @@ __global__ void k_route_select(const float* probs, const float* bias, int32_t* e
   weight[n] = p[best];
 }
 
+// softmax then route_select (Backend::route) in one pass, a warp per row: the row's classes (the
+// experts and the skip class) are read once, normalised in place, and the warp finds the largest
+// p + bias, the lowest class among equals as the CPU's first maximum does. The sum in double, as
+// k_softmax's.
+__global__ void k_route(float* logits, const float* bias, int32_t* expert, float* weight, int64_t N,
+                        int64_t classes) {
+  const int lane = int(threadIdx.x) % GPU_WARP_SIZE;
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / GPU_WARP_SIZE;
+  for (int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / GPU_WARP_SIZE; n < N; n += warps) {
+    float* p = logits + n * classes;
+    float mx = -INFINITY;
+    for (int64_t i = lane; i < classes; i += GPU_WARP_SIZE) mx = fmaxf(mx, p[i]);
+    for (int m = GPU_WARP_SIZE / 2; m > 0; m /= 2) mx = fmaxf(mx, gpu_shfl_xor(mx, m));
+    double sum = 0;
+    for (int64_t i = lane; i < classes; i += GPU_WARP_SIZE) {
+      const float e = expf(p[i] - mx);
+      p[i] = e;
+      sum += e;
+    }
+    const float inv = float(1.0 / warp_sum(sum));
+    int best = -1;  // this lane's first maximum of its classes, then the warp's
+    float best_score = 0.0f, best_p = 0.0f;
+    for (int64_t i = lane; i < classes; i += GPU_WARP_SIZE) {
+      const float v = p[i] * inv;
+      p[i] = v;
+      const float score = v + bias[i];
+      if (best < 0 || score > best_score) best = int(i), best_score = score, best_p = v;
+    }
+    for (int m = GPU_WARP_SIZE / 2; m > 0; m /= 2) {
+      const int other = gpu_shfl_xor(best, m);
+      const float other_score = gpu_shfl_xor(best_score, m), other_p = gpu_shfl_xor(best_p, m);
+      const bool take =
+          other >= 0 && (best < 0 || other_score > best_score || (other_score == best_score && other < best));
+      if (take) best = other, best_score = other_score, best_p = other_p;
+    }
+    if (lane == 0) {
+      expert[n] = int32_t(best);
+      weight[n] = best_p;
+    }
+  }
+}
+
 }  // namespace
 
 void CudaBackend::linear_impl(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K,
@@ -167,6 +209,14 @@ void CudaBackend::gelu(float* x, int64_t n) {
 void CudaBackend::softmax(float* x, int64_t rows, int64_t cols) {
   if (rows == 0) return;
   gpu_launch(k_softmax, unsigned(rows), kGpuThreads, 0, stream_, x, cols);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::route(float* logits, const float* bias, int32_t* expert, float* weight, int64_t N,
+                        int64_t classes) {
+  if (N == 0) return;
+  gpu_launch(k_route, gpu_warp_blocks(N, warp_size_), kGpuThreads, 0, stream_, logits, bias, expert, weight, N,
+             classes);
   GPU_LAUNCH_CHECK();
 }
 
