@@ -258,8 +258,8 @@ TEST_P(GpuDense, ElementwiseAndRowOps) {
   // route (softmax and route_select fused, a warp per row) against the CPU's two steps: decode's
   // few rows and a training chunk's many, fewer classes than a warp's lanes and several per lane
   // (a ZAYA1-base router has 17). The selection is checked by class and by weight, with the
-  // outputs poisoned; a bias that ties two classes' scores exactly must pick the lower class, as
-  // the CPU's first maximum does.
+  // outputs poisoned; classes whose scores tie exactly must give the lowest of them, as the CPU's
+  // first maximum does.
   for (const int64_t rows : {int64_t(1), int64_t(3), R})
     for (const int64_t classes : {int64_t(17), int64_t(65), int64_t(300)}) {
       const std::string what = "route rows " + std::to_string(rows) + " classes " + std::to_string(classes);

@@ -45,13 +45,15 @@ struct Step {
   std::vector<float> grads;
 };
 
-Step train_step(Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets, int64_t B, int64_t T) {
+// segment_start: the document starts (Model::forward), or null for one document a row.
+Step train_step(Model& m, const std::vector<int32_t>& ids, const std::vector<int32_t>& targets, int64_t B, int64_t T,
+                const int32_t* segment_start = nullptr) {
   Backend& be = m.backend();
   const int64_t total = m.layout().total;
   float* g = be.alloc(total);
   be.fill(g, 0.0f, total);
   Step s;
-  s.stats = m.forward_backward(ids.data(), targets.data(), B, T, g, 1.0f / float(B * (T - 1)));
+  s.stats = m.forward_backward(ids.data(), targets.data(), B, T, g, 1.0f / float(B * (T - 1)), segment_start);
   s.grads.resize(static_cast<size_t>(total));
   be.to_host(s.grads.data(), g, total * 4);
   be.free(g);
@@ -150,8 +152,8 @@ TEST(GpuModelGradsBf16, DecisiveRoutingGradientsMatchCpu) {
 // terms, so their relative error is the terms' rounding magnified (one by one, over 8 random
 // models: up to 0.19 under bf16, and 2.3e-4 under fp32 for the one-element temperature).
 // Measured on the host emulation over those 8 models: the large tensors at most 3.4e-6 (fp32)
-// and 1.2e-2 (bf16, both paths), the small ones together 5e-7 and 4.7e-3. The flash backward ignoring the
-// document starts moves the projections' gradients by more than 100%.
+// and 1.2e-2 (bf16, both paths), the small ones together 5e-7 and 4.7e-3. The flash backward
+// ignoring the document starts moves the projections' gradients by more than 100%.
 TEST(GpuModelGradsLongChunks, EveryParameterGradientMatchesCpu) {
   if (!gpu_present()) GTEST_SKIP() << "skipped: no GPU";
   ModelConfig c = preset_config("zaya-tiny");
@@ -173,19 +175,11 @@ TEST(GpuModelGradsLongChunks, EveryParameterGradientMatchesCpu) {
     Model model(c, be);
     model.init_random(4321);
     make_routing_decisive(model);
-    const int64_t total = model.layout().total;
-    float* g = be.alloc(total);
-    be.fill(g, 0.0f, total);
-    Step s;
-    s.stats = model.forward_backward(ids.data(), targets.data(), B, T, g, 1.0f / float(B * (T - 1)), seg.data());
-    s.grads.resize(static_cast<size_t>(total));
-    be.to_host(s.grads.data(), g, total * 4);
-    be.free(g);
-    return s;
+    return train_step(model, ids, targets, B, T, seg.data());
   };
   CpuBackend cpu;
   const Step ref = step(cpu);
-  Model layout_of(c, cpu);
+  const ParamLayout layout = build_param_layout(c);
   const int64_t kLargeTensor = 512;  // elements
   std::vector<GemmMode> modes = gemm_modes();
   if (cuda_tensor_core_kernels_built()) modes.push_back({"bf16_flash", true, false, kTolBf16, false, false, true});
@@ -204,7 +198,7 @@ TEST(GpuModelGradsLongChunks, EveryParameterGradientMatchesCpu) {
     double worst = 0;
     std::string worst_name;
     std::vector<float> got_small, ref_small;
-    for (const ParamSpec& p : layout_of.layout().params) {
+    for (const ParamSpec& p : layout.params) {
       if (p.kind == ParamKind::Buffer) continue;
       const float* a = got.grads.data() + p.offset;
       const float* b = ref.grads.data() + p.offset;
