@@ -108,6 +108,15 @@ struct MoeArgs {
   bool skip_identity = false;      // skip class outputs weight*x (else 0)
 };
 
+// One weight matrix of Backend::linear_many and where its output goes: y[M, N] = x W[N, K]^T
+// with row stride ldy (0 = N).
+struct LinearOutput {
+  const float* w = nullptr;
+  float* y = nullptr;
+  int64_t N = 0;
+  int64_t ldy = 0;
+};
+
 // Throws zaya::Error("backend", ...) for an optional op a backend does not implement.
 [[noreturn]] void backend_op_missing(const std::string& backend, const char* op);
 
@@ -129,6 +138,21 @@ class Backend {
   virtual void linear_fp32(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K,
                            int64_t N, bool accumulate = false, int64_t ldy = 0) {
     linear(x, w, bias, y, M, K, N, accumulate, ldy);
+  }
+  // Several linears of the same input x[M, K] (linear's precision, no bias, no accumulation):
+  // the attention's input projections. The default runs linear() for each; a backend may run
+  // them as one (the GPU's decode does).
+  virtual void linear_many(const float* x, int64_t M, int64_t K, const LinearOutput* outs, int count) {
+    for (int i = 0; i < count; ++i) linear(x, outs[i].w, nullptr, outs[i].y, M, K, outs[i].N, false, outs[i].ldy);
+  }
+  // linear_fp32, then the exact GELU: pre[M, N] = x W^T + bias, y = gelu(pre). pre may be y (the
+  // activation in place); otherwise pre keeps the sums (training's backward reads them). The
+  // router MLP's layers. The default runs the three ops; a backend may fuse them.
+  virtual void linear_fp32_gelu(const float* x, const float* w, const float* bias, float* pre, float* y, int64_t M,
+                                int64_t K, int64_t N) {
+    linear_fp32(x, w, bias, pre, M, K, N);
+    if (y != pre) copy(y, pre, M * N);
+    gelu(y, M * N);
   }
   // out[n,:] = table[ids[n],:]
   virtual void embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) = 0;
@@ -159,6 +183,13 @@ class Backend {
   // Writes rows src[B, T, W] into cache[B, S, W] at positions pos0[b] + t.
   virtual void cache_write(const float* src, float* cache, const int64_t* pos0, int64_t B, int64_t T, int64_t S,
                            int64_t W) = 0;
+  // cache_write of the keys k into k_cache and the values v into v_cache (same shapes), which a
+  // backend may do as one op. The default makes the two calls.
+  virtual void cache_write_kv(const float* k, const float* v, float* k_cache, float* v_cache, const int64_t* pos0,
+                              int64_t B, int64_t T, int64_t S, int64_t W) {
+    cache_write(k, k_cache, pos0, B, T, S, W);
+    cache_write(v, v_cache, pos0, B, T, S, W);
+  }
   virtual void attention(const AttentionArgs& a) = 0;
   virtual void moe(const MoeArgs& a) = 0;
 

@@ -93,10 +93,11 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
 
   // --- CCA attention ---
   if (!input_normed) be.rmsnorm(r, w.input_norm, eps, a.x1, N, D);
-  be.linear(a.x1, w.attn.q_proj, nullptr, a.u, N, D, Dq, false, C);
-  be.linear(a.x1, w.attn.k_proj, nullptr, a.u + Dq, N, D, Dk, false, C);
-  be.linear(a.x1, w.attn.v_current, nullptr, a.vcur, N, D, Dk / 2);
-  be.linear(a.x1, w.attn.v_delayed, nullptr, a.vdel, N, D, Dk / 2);
+  const LinearOutput projections[] = {{w.attn.q_proj, a.u, Dq, C},
+                                      {w.attn.k_proj, a.u + Dq, Dk, C},
+                                      {w.attn.v_current, a.vcur, Dk / 2, 0},
+                                      {w.attn.v_delayed, a.vdel, Dk / 2, 0}};
+  be.linear_many(a.x1, N, D, projections, 4);
   if (s.cp) receive_chunk_boundary(be, c, s, a);
   CcaConvArgs ca;
   ca.u = a.u; ca.state = s.conv_state; ca.w_dw = w.attn.conv_dw_w; ca.b_dw = w.attn.conv_dw_b;
@@ -120,8 +121,7 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
     s.cp->gather(a.k, s.k_cache, s.B / 2, s.T, Dk);
     s.cp->gather(a.v, s.v_cache, s.B / 2, s.T, Dk);
   } else {
-    be.cache_write(a.k, s.k_cache, s.pos0, s.B, s.T, s.S, Dk);
-    be.cache_write(a.v, s.v_cache, s.pos0, s.B, s.T, s.S, Dk);
+    be.cache_write_kv(a.k, a.v, s.k_cache, s.v_cache, s.pos0, s.B, s.T, s.S, Dk);
   }
   AttentionArgs aa;
   aa.q = a.q; aa.k_cache = s.k_cache; aa.v_cache = s.v_cache; aa.out = a.att; aa.pos0 = s.pos0;
@@ -152,12 +152,8 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   be.linear_fp32(a.x2, rw.down_w, rw.down_b, a.rh, N, D, R);
   if (l > 0) be.scaled_add(a.rh, rho_prev, rw.eda_scale, N, R);
   be.rmsnorm(a.rh, rw.norm, eps, a.rn, N, R);
-  be.linear_fp32(a.rn, rw.fc1_w, rw.fc1_b, a.f1, N, R, R);
-  if (a.g1 != a.f1) be.copy(a.g1, a.f1, N * R);
-  be.gelu(a.g1, N * R);
-  be.linear_fp32(a.g1, rw.fc2_w, rw.fc2_b, a.f2, N, R, R);
-  if (a.g2 != a.f2) be.copy(a.g2, a.f2, N * R);
-  be.gelu(a.g2, N * R);
+  be.linear_fp32_gelu(a.rn, rw.fc1_w, rw.fc1_b, a.f1, a.g1, N, R, R);
+  be.linear_fp32_gelu(a.g1, rw.fc2_w, rw.fc2_b, a.f2, a.g2, N, R, R);
   be.linear_fp32(a.g2, rw.out_w, nullptr, a.probs, N, R, E + 1);
   be.route(a.probs, rw.balancing_biases, a.expert, a.weight, N, E + 1);  // softmax, then the selection
   MoeArgs ma;

@@ -16,6 +16,9 @@
 
 #include "backend/cuda/attention_key_splits.h"
 #include "gpu_test_support.h"
+#if defined(ZAYA_SIMT)
+#include "simt_host_api.h"  // the emulated runtime's counts
+#endif
 
 namespace zaya {
 namespace {
@@ -237,6 +240,29 @@ TEST_F(GpuCca, ValuesAndCacheWrite) {
   DevBuf gsrc(*gpu, src), gcache(*gpu, cache0);
   gpu->cache_write(gsrc.f(), gcache.f(), pos0.data(), B, Tc, S, W);
   expect_close(gcache.get(), cache, kTolF32, "cache_write");
+  // Keys and values at once (Backend's default: two cache_writes), one launch on the GPU; and a
+  // key chunk that is its whole cache (training's), left alone while the values are written.
+  auto src_v = rnd(size_t(B * Tc * W)), cache0_v = rnd(size_t(B * S * W));
+  std::vector<float> k_cache = cache0, v_cache = cache0_v;
+  cpu.cache_write_kv(src.data(), src_v.data(), k_cache.data(), v_cache.data(), pos0.data(), B, Tc, S, W);
+  DevBuf gsrc_v(*gpu, src_v), gk(*gpu, cache0), gv(*gpu, cache0_v);
+#if defined(ZAYA_SIMT)
+  const int64_t launches_before = simt::api_counts().launches;
+#endif
+  gpu->cache_write_kv(gsrc.f(), gsrc_v.f(), gk.f(), gv.f(), pos0.data(), B, Tc, S, W);
+#if defined(ZAYA_SIMT)
+  EXPECT_EQ(simt::api_counts().launches - launches_before, 1) << "cache_write_kv: launches";
+#endif
+  expect_close(gk.get(), k_cache, kTolF32, "cache_write_kv keys");
+  expect_close(gv.get(), v_cache, kTolF32, "cache_write_kv values");
+  const std::vector<int64_t> zeros(size_t(B), 0);
+  auto whole = rnd(size_t(B * S * W)), src_v2 = rnd(size_t(B * S * W)), cache_v2 = rnd(size_t(B * S * W));
+  std::vector<float> whole_cpu = whole, v2_cpu = cache_v2;
+  cpu.cache_write_kv(whole_cpu.data(), src_v2.data(), whole_cpu.data(), v2_cpu.data(), zeros.data(), B, S, S, W);
+  DevBuf gwhole(*gpu, whole), gsrc_v2(*gpu, src_v2), gv2(*gpu, cache_v2);
+  gpu->cache_write_kv(gwhole.f(), gsrc_v2.f(), gwhole.f(), gv2.f(), zeros.data(), B, S, S, W);
+  expect_close(gwhole.get(), whole, kTolF32, "cache_write_kv keys that are their cache");
+  expect_close(gv2.get(), v2_cpu, kTolF32, "cache_write_kv values beside them");
 }
 
 // The backend keeps device copies of recent position arrays and hands them out again while the

@@ -1,5 +1,6 @@
 // Dense ops of the GPU backend against the CPU backend, forward and backward, in every GEMM
-// mode (bf16 operands, fp32, our tiled kernel): linear, embedding, RMSNorm, affine, the residual
+// mode (bf16 operands, fp32, our tiled kernel): linear (also of several matrices of one input,
+// and the fp32 linear with its GELU), embedding, RMSNorm, affine, the residual
 // merge fused with the RMSNorm after it, scaled-add, GELU, softmax, routing and the fused LM
 // head + loss (exact fp32, or as 3xTF32 GEMMs over vocabulary slices under the bf16 policy; added after the H100 run). Skipped
 // ("skipped: no GPU") without a device. Passed on an H100 (linear's misaligned-bias variants
@@ -118,6 +119,117 @@ TEST_P(GpuDense, LinearFewRows) {
         }
   }
   gpu->set_weights_frozen(false);
+}
+
+// linear_many, the attention's four input projections of one input (Backend's default: a linear
+// each): 1 to 5 token rows (up to 4 take one few-rows GEMV launch for every matrix, gpu_gemv.h),
+// 1 to 5 matrices (past 4, a linear each), two of them into one buffer with a padded row stride as
+// the block's q and k, of distinct widths so that a column given to the wrong matrix shows;
+// weights as trained and frozen. The padding between the outputs stays poisoned.
+TEST_P(GpuDense, LinearManyOfOneInput) {
+  const GemmMode& mode = GetParam();
+  const int64_t widths[] = {37, 21, 13, 14, 9};
+  for (int frozen = 0; frozen < 2; ++frozen) {
+    gpu->set_weights_frozen(frozen == 1);
+    for (int64_t M : {1, 3, 4, 5, 9})
+      for (int64_t K : {int64_t(70), int64_t(528)})
+        for (int count = 1; count <= 5; ++count) {
+          // outputs 0 and 1 share a buffer of row stride C (padding of 3), the others have their own
+          const int64_t C = widths[0] + widths[1] + 3;
+          auto x = rnd(size_t(M * K));
+          std::vector<std::vector<float>> w(static_cast<size_t>(count));
+          for (int i = 0; i < count; ++i) w[size_t(i)] = rnd(size_t(widths[i] * K), 0.2);
+          std::vector<std::vector<float>> y_cpu(5);
+          y_cpu[0].assign(size_t(M * C), NAN);
+          for (int i = 2; i < 5; ++i) y_cpu[size_t(i)].assign(size_t(M * widths[i]), NAN);
+          const auto outputs = [&](std::vector<float*> y, std::vector<const float*> wp) {
+            std::vector<LinearOutput> outs;
+            for (int i = 0; i < count; ++i) {
+              if (i == 0) outs.push_back({wp[0], y[0], widths[0], C});
+              else if (i == 1) outs.push_back({wp[1], y[0] + widths[0], widths[1], C});
+              else outs.push_back({wp[size_t(i)], y[size_t(i)], widths[i], 0});
+            }
+            return outs;
+          };
+          std::vector<const float*> w_host;
+          for (auto& m : w) w_host.push_back(m.data());
+          const auto cpu_outs = outputs({y_cpu[0].data(), nullptr, y_cpu[2].data(), y_cpu[3].data(), y_cpu[4].data()},
+                                        w_host);
+          cpu.linear_many(x.data(), M, K, cpu_outs.data(), count);
+          DevBuf dx(*gpu, x), dy0(*gpu, M * C), dy2(*gpu, M * widths[2]), dy3(*gpu, M * widths[3]),
+              dy4(*gpu, M * widths[4]);
+          std::vector<std::unique_ptr<DevBuf>> dw;
+          std::vector<const float*> w_dev;
+          for (auto& m : w) {
+            dw.push_back(std::make_unique<DevBuf>(*gpu, m));
+            w_dev.push_back(dw.back()->f());
+          }
+          const auto gpu_outs = outputs({dy0.f(), nullptr, dy2.f(), dy3.f(), dy4.f()}, w_dev);
+          gpu->linear_many(dx.f(), M, K, gpu_outs.data(), count);
+          const std::string what = std::string("linear_many ") + mode.name + (frozen ? " frozen" : "") +
+                                   " M=" + std::to_string(M) + " K=" + std::to_string(K) +
+                                   " matrices=" + std::to_string(count);
+          const std::vector<float> got0 = dy0.get();
+          for (int i = 0; i < std::min(count, 2); ++i) {
+            std::vector<float> g, want;
+            for (int64_t r = 0; r < M; ++r)
+              for (int64_t c = 0; c < widths[i]; ++c) {
+                const size_t at = size_t(r * C + (i == 1 ? widths[0] : 0) + c);
+                g.push_back(got0[at]);
+                want.push_back(y_cpu[0][at]);
+              }
+            expect_close(g, want, tol(), what + " output " + std::to_string(i));
+          }
+          for (int64_t r = 0; r < M; ++r)
+            for (int64_t c = widths[0] + (count > 1 ? widths[1] : 0); c < C; ++c)
+              EXPECT_TRUE(std::isnan(got0[size_t(r * C + c)])) << what << ": wrote past its outputs, column " << c;
+          const DevBuf* own[] = {nullptr, nullptr, &dy2, &dy3, &dy4};
+          for (int i = 2; i < count; ++i)
+            expect_close(own[i]->get(), y_cpu[size_t(i)], tol(), what + " output " + std::to_string(i));
+#if defined(ZAYA_SIMT)
+          // One launch for them all when the GEMV takes them (the shadows are built by now).
+          if (frozen && M <= 4 && count <= 4) {
+            const int64_t before = simt::api_counts().launches;
+            gpu->linear_many(dx.f(), M, K, gpu_outs.data(), count);
+            EXPECT_EQ(simt::api_counts().launches - before, 1) << what << ": launches";
+          }
+#endif
+        }
+  }
+  gpu->set_weights_frozen(false);
+}
+
+// linear_fp32_gelu, the router MLP's layers (Backend's default: linear_fp32, a copy, the GELU):
+// 1 to 6 rows (up to 4 as one GEMV launch with the GELU in its store), with bias or not, the sums
+// kept apart (training) or the activation in place (inference). Inputs of a few units, so the
+// GELU's curved part and both tails are reached.
+TEST_P(GpuDense, LinearFp32Gelu) {
+  const GemmMode& mode = GetParam();
+  const int64_t N = 37;
+  for (int64_t M : {1, 2, 4, 6})
+    for (int64_t K : {int64_t(70), int64_t(528)})
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool with_bias = variant & 1, in_place = variant & 2;
+        auto x = rnd(size_t(M * K)), w = rnd(size_t(N * K), 3.0 / std::sqrt(double(K))), bias = rnd(size_t(N));
+        std::vector<float> pre(size_t(M * N), NAN), y(size_t(M * N), NAN);
+        cpu.linear_fp32_gelu(x.data(), w.data(), with_bias ? bias.data() : nullptr, in_place ? y.data() : pre.data(),
+                             y.data(), M, K, N);
+        DevBuf dx(*gpu, x), dw(*gpu, w), db(*gpu, bias), dpre(*gpu, M * N), dy(*gpu, M * N);
+        gpu->linear_fp32_gelu(dx.f(), dw.f(), with_bias ? db.f() : nullptr, in_place ? dy.f() : dpre.f(), dy.f(), M,
+                              K, N);
+        const std::string what = std::string("linear_fp32_gelu ") + mode.name + " M=" + std::to_string(M) +
+                                 " K=" + std::to_string(K) + " variant " + std::to_string(variant);
+        expect_close(dy.get(), y, kTolF32, what + " y");
+        if (!in_place) expect_close(dpre.get(), pre, kTolF32, what + " pre");
+#if defined(ZAYA_SIMT)
+        if (M <= 4) {
+          const int64_t before = simt::api_counts().launches;
+          gpu->linear_fp32_gelu(dx.f(), dw.f(), with_bias ? db.f() : nullptr, in_place ? dy.f() : dpre.f(), dy.f(),
+                                M, K, N);
+          EXPECT_EQ(simt::api_counts().launches - before, 1) << what << ": launches";
+        }
+#endif
+      }
 }
 
 TEST_P(GpuDense, LinearBackward) {

@@ -23,6 +23,7 @@
 namespace zaya {
 
 class CudaBackend;
+struct GemvOutput;  // gpu_gemv.h
 
 // A device buffer from the backend's pool, returned to it when the object goes out of scope.
 class DeviceBuffer {
@@ -56,6 +57,9 @@ class CudaBackend final : public Backend {
 
   void linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N,
               bool accumulate, int64_t ldy) override;
+  void linear_many(const float* x, int64_t M, int64_t K, const LinearOutput* outs, int count) override;
+  void linear_fp32_gelu(const float* x, const float* w, const float* bias, float* pre, float* y, int64_t M,
+                        int64_t K, int64_t N) override;
   void embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) override;
   void rmsnorm(const float* x, const float* w, float eps, float* y, int64_t rows, int64_t dim) override;
   void affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) override;
@@ -71,6 +75,8 @@ class CudaBackend final : public Backend {
   void cca_values(const CcaValueArgs& a) override;
   void cache_write(const float* src, float* cache, const int64_t* pos0, int64_t B, int64_t T, int64_t S,
                    int64_t W) override;
+  void cache_write_kv(const float* k, const float* v, float* k_cache, float* v_cache, const int64_t* pos0, int64_t B,
+                      int64_t T, int64_t S, int64_t W) override;
   void attention(const AttentionArgs& a) override;
   void moe(const MoeArgs& a) override;
   void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int64_t M,
@@ -219,6 +225,12 @@ class CudaBackend final : public Backend {
   void attention_flash_tc(const AttentionArgs& a);
   void attention_backward_flash_tc(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv);
   void attention_backward_gemm(const AttentionArgs& a, const float* dout, float* dq, float* dk, float* dv);
+  // Whether a linear of M rows runs as the few-rows GEMV (gpu_gemv.h): asked for, and M at most
+  // kLinearGemvMaxRows.
+  bool linear_as_gemv(int64_t M) const;
+  // o.w and o.ldw for weight matrix w [N, K]: its bf16 copy (made in holder, or the frozen
+  // weights' shadow) when bf16, else w itself.
+  void gemv_weights(const float* w, int64_t N, int64_t K, bool bf16, DeviceBuffer& holder, GemvOutput& o);
   void cca_conv_rows(const CcaConvArgs& a);  // ops_cca.cu: no segments
   void cca_conv_backward_rows(const CcaConvArgs& a, const float* dz, float* du, float* dw_dw, float* db_dw,
                               float* dw_grp, float* db_grp);

@@ -98,6 +98,9 @@ __device__ inline double warp_sum(double v) {
   return v;
 }
 
+// The exact (erf) GELU, as the CPU's: 0.5 v (1 + erf(v / sqrt 2)).
+__device__ inline float gelu_erf(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f)); }
+
 // An activation element as fp32, whether stored as bf16 or as fp32 (the GEMV kernels take both).
 __device__ inline float as_f32(bf16_t v) { return bf16_to_f32(v); }
 __device__ inline float as_f32(float v) { return v; }

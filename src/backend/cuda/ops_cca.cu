@@ -130,11 +130,16 @@ __global__ void k_cca_values(const float* v_cur, const float* v_del, float* stat
   }
 }
 
-__global__ void k_cache_write(const float* src, float* cache, const int64_t* pos0, int64_t B, int64_t T, int64_t S,
-                              int64_t W) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < B * T * W; i += int64_t(gridDim.x) * blockDim.x) {
+// Rows of src[B, T, W] into cache[B, S, W] at pos0[b] + t, and (src2 not null) the same of src2
+// into cache2: the elements of both tensors in one grid.
+__global__ void k_cache_write(const float* src, float* cache, const float* src2, float* cache2, const int64_t* pos0,
+                              int64_t B, int64_t T, int64_t S, int64_t W) {
+  const int64_t n = B * T * W, total = src2 != nullptr ? 2 * n : n;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const bool second = e >= n;
+    const int64_t i = second ? e - n : e;
     const int64_t w = i % W, t = (i / W) % T, b = i / (W * T);
-    cache[(b * S + pos0[b] + t) * W + w] = src[i];
+    (second ? cache2 : cache)[(b * S + pos0[b] + t) * W + w] = (second ? src2 : src)[i];
   }
 }
 
@@ -231,7 +236,23 @@ void CudaBackend::cache_write(const float* src, float* cache, const int64_t* pos
   if (src == cache || B * T * W == 0) return;  // training: the chunk is the whole cache
   DeviceBuffer holder;
   const auto* p = static_cast<const int64_t*>(upload_reused(pos0, B * 8, holder));
-  gpu_launch(k_cache_write, gpu_blocks(B * T * W), kGpuThreads, 0, stream_, src, cache, p, B, T, S, W);
+  gpu_launch(k_cache_write, gpu_blocks(B * T * W), kGpuThreads, 0, stream_, src, cache, nullptr, nullptr, p, B, T,
+             S, W);
+  GPU_LAUNCH_CHECK();
+}
+
+// One launch for both (Backend's default: two).
+void CudaBackend::cache_write_kv(const float* k, const float* v, float* k_cache, float* v_cache, const int64_t* pos0,
+                                 int64_t B, int64_t T, int64_t S, int64_t W) {
+  if (k == k_cache || v == v_cache) {  // training: a chunk that is the whole cache (checked one by one)
+    Backend::cache_write_kv(k, v, k_cache, v_cache, pos0, B, T, S, W);
+    return;
+  }
+  if (B * T * W == 0) return;
+  DeviceBuffer holder;
+  const auto* p = static_cast<const int64_t*>(upload_reused(pos0, B * 8, holder));
+  gpu_launch(k_cache_write, gpu_blocks(2 * B * T * W), kGpuThreads, 0, stream_, k, k_cache, v, v_cache, p, B, T, S,
+             W);
   GPU_LAUNCH_CHECK();
 }
 

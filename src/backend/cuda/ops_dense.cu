@@ -9,8 +9,6 @@ namespace zaya {
 
 namespace {
 
-constexpr float kGeluSqrtHalf = 0.70710678118654752440f;
-
 __global__ void k_embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N * D; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = table[int64_t(ids[i / D]) * D + i % D];
@@ -62,7 +60,7 @@ __global__ void k_scaled_add(float* y, const float* x, const float* scale, int64
 
 __global__ void k_gelu(float* x, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * kGeluSqrtHalf));
+    x[i] = gelu_erf(x[i]);
 }
 
 __global__ void k_softmax(float* x, int64_t cols) {
@@ -144,19 +142,18 @@ __global__ void k_route(float* logits, const float* bias, int32_t* expert, float
 
 }  // namespace
 
+bool CudaBackend::linear_as_gemv(int64_t M) const { return options_.linear_few_rows_gemv && M <= kLinearGemvMaxRows; }
+
 void CudaBackend::linear_impl(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K,
                               int64_t N, bool accumulate, int64_t ldy, bool bf16) {
   if (M == 0 || N == 0) return;
   if (ldy == 0) ldy = N;
   DeviceBuffer hx, hw;
-  if (options_.linear_few_rows_gemv && M <= kLinearGemvMaxRows) {  // decode: gpu_gemv.h
-    if (bf16) {
-      const GemmOperand W = weight_operand(w, N, K, true, true, hw);
-      linear_gemv(stream_, warp_size_, M, N, K, x, static_cast<const bf16_t*>(W.ptr), W.ld, bias, accumulate, y,
-                  ldy);
-    } else {
-      linear_gemv(stream_, warp_size_, M, N, K, x, w, K, bias, accumulate, y, ldy);
-    }
+  if (linear_as_gemv(M)) {  // decode: gpu_gemv.h
+    GemvOutput o;
+    o.bias = bias, o.y = y, o.ldy = ldy, o.N = N;
+    gemv_weights(w, N, K, bf16, hw, o);
+    linear_gemv(stream_, warp_size_, M, K, x, bf16, &o, 1, accumulate, /*gelu=*/false);
     return;
   }
   const GemmOperand A = operand(x, M, K, K, false, bf16, hx);
@@ -167,6 +164,45 @@ void CudaBackend::linear_impl(const float* x, const float* w, const float* bias,
 void CudaBackend::linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K,
                          int64_t N, bool accumulate, int64_t ldy) {
   linear_impl(x, w, bias, y, M, K, N, accumulate, ldy, options_.bf16_matmul);
+}
+
+void CudaBackend::gemv_weights(const float* w, int64_t N, int64_t K, bool bf16, DeviceBuffer& holder, GemvOutput& o) {
+  if (bf16) {
+    const GemmOperand W = weight_operand(w, N, K, true, true, holder);
+    o.w = W.ptr, o.ldw = W.ld;
+  } else {
+    o.w = w, o.ldw = K;
+  }
+}
+
+// A few rows: one GEMV launch for every weight matrix (Backend::linear's default: one each).
+void CudaBackend::linear_many(const float* x, int64_t M, int64_t K, const LinearOutput* outs, int count) {
+  if (M == 0) return;
+  if (!linear_as_gemv(M) || count > kLinearGemvMaxOutputs) {
+    Backend::linear_many(x, M, K, outs, count);
+    return;
+  }
+  const bool bf16 = options_.bf16_matmul;
+  DeviceBuffer holders[kLinearGemvMaxOutputs];
+  GemvOutput g[kLinearGemvMaxOutputs];
+  for (int i = 0; i < count; ++i) {
+    g[i].y = outs[i].y, g[i].ldy = outs[i].ldy != 0 ? outs[i].ldy : outs[i].N, g[i].N = outs[i].N;
+    gemv_weights(outs[i].w, outs[i].N, K, bf16, holders[i], g[i]);
+  }
+  linear_gemv(stream_, warp_size_, M, K, x, bf16, g, count, /*accumulate=*/false, /*gelu=*/false);
+}
+
+// A few rows: the GELU in the GEMV's store (the default: the linear, a copy and the GELU).
+void CudaBackend::linear_fp32_gelu(const float* x, const float* w, const float* bias, float* pre, float* y,
+                                   int64_t M, int64_t K, int64_t N) {
+  if (M == 0 || N == 0) return;
+  if (!linear_as_gemv(M)) {
+    Backend::linear_fp32_gelu(x, w, bias, pre, y, M, K, N);
+    return;
+  }
+  GemvOutput o;
+  o.w = w, o.ldw = K, o.bias = bias, o.y = y, o.ldy = N, o.N = N, o.pre = pre != y ? pre : nullptr;
+  linear_gemv(stream_, warp_size_, M, K, x, /*bf16_weights=*/false, &o, 1, /*accumulate=*/false, /*gelu=*/true);
 }
 
 void CudaBackend::embedding(const float* table, const int32_t* ids, float* out, int64_t N, int64_t D) {
