@@ -114,8 +114,8 @@ gtest_discover_tests(zaya_simt_racecheck_tests DISCOVERY_TIMEOUT 60 TEST_PREFIX 
 # reductions and per-warp shared arrays take the HIP build's form. Left out: the model-level cases
 # (they run the same kernels again), the TF32 slices (HIP has no TF32), the device-grouped MoE on
 # the tensor cores (at 64 lanes it is the portable kernel, bf16_tiled_grouped) and the fp32 modes
-# of the MoE and LM head (their 32-lane race checking and 64-lane value tests stay). About 250 s of
-# one core (a first run of every op test found no race at 64 lanes).
+# of the MoE and LM head (their 32-lane race checking and 64-lane value tests stay). Their times
+# summed to 361 s in a `make test` run (ctest -j2; a first run of every op test found no race).
 gtest_discover_tests(zaya_simt_racecheck_wave64_tests DISCOVERY_TIMEOUT 60 TEST_PREFIX "racecheck_wave64."
   TEST_FILTER "-GpuTraining*:GpuTrainer*:GpuComm*:*GpuModel*:*GpuDecode*:GpuCca.FlashBackward*:GpuFactory.*:GpuLmHead.Tf32x3*:*/bf16_grouped:*GpuMoe*/tiled_fp32:*LmHeadLoss/tiled_fp32"
   PROPERTIES TIMEOUT 900 ENVIRONMENT "${ZAYA_RACECHECK_ENV}")
