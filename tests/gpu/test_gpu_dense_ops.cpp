@@ -122,8 +122,8 @@ TEST_P(GpuDense, LinearFewRows) {
 }
 
 // linear_many, the attention's four input projections of one input (Backend's default: a linear
-// each): 1 to 5 token rows (up to 4 take one few-rows GEMV launch for every matrix, gpu_gemv.h),
-// 1 to 5 matrices (past 4, a linear each), two of them into one buffer with a padded row stride as
+// each): 1 to 9 token rows (up to 4 take one few-rows GEMV launch for every matrix, gpu_gemv.h;
+// more, a GEMM each from one bf16 copy of x), 1 to 5 matrices (past 4, a second GEMV), two of them into one buffer with a padded row stride as
 // the block's q and k, of distinct widths so that a column given to the wrong matrix shows;
 // weights as trained and frozen. The padding between the outputs stays poisoned.
 TEST_P(GpuDense, LinearManyOfOneInput) {
@@ -187,11 +187,17 @@ TEST_P(GpuDense, LinearManyOfOneInput) {
           for (int i = 2; i < count; ++i)
             expect_close(own[i]->get(), y_cpu[size_t(i)], tol(), what + " output " + std::to_string(i));
 #if defined(ZAYA_SIMT)
-          // One launch for them all when the GEMV takes them (the shadows are built by now).
-          if (frozen && M <= 4 && count <= 4) {
-            const int64_t before = simt::api_counts().launches;
+          // A launch for every 4 when the GEMV takes them (the shadows are built by now); else a
+          // GEMM each after one conversion of x under the bf16 policy: the launches of one linear
+          // (its conversion and GEMM) and a GEMM for each other matrix.
+          if (frozen) {
+            int64_t before = simt::api_counts().launches;
+            gpu->linear(dx.f(), w_dev[0], nullptr, dy0.f(), M, K, widths[0], false, C);
+            const int64_t one_linear = simt::api_counts().launches - before;
+            before = simt::api_counts().launches;
             gpu->linear_many(dx.f(), M, K, gpu_outs.data(), count);
-            EXPECT_EQ(simt::api_counts().launches - before, 1) << what << ": launches";
+            const int64_t want = M <= 4 ? (count + 3) / 4 : one_linear + count - 1;
+            EXPECT_EQ(simt::api_counts().launches - before, want) << what << ": launches";
           }
 #endif
         }

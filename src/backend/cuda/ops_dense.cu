@@ -1,7 +1,10 @@
-// GPU dense ops: linear (internal GEMM, bf16 operands by policy), embedding, RMSNorm, affine,
+// GPU dense ops: linear (internal GEMM, bf16 operands by policy; a few rows as GEMVs, also for
+// several matrices of one input and with the GELU in the store), embedding, RMSNorm, affine,
 // the residual merge fused with the RMSNorm that reads the merged stream, EDA scaled-add, GELU,
 // softmax, router selection. Everything except the GEMM operands is fp32 (spec A.11). Passed
 // against the CPU backend on an H100.
+#include <algorithm>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gpu_gemv.h"
 
@@ -175,21 +178,33 @@ void CudaBackend::gemv_weights(const float* w, int64_t N, int64_t K, bool bf16, 
   }
 }
 
-// A few rows: one GEMV launch for every weight matrix (Backend::linear's default: one each).
+// A few rows: one GEMV launch for every kLinearGemvMaxOutputs weight matrices. More: a GEMM
+// each, all reading one bf16 copy of x (Backend's default, a linear each, would convert x for each).
 void CudaBackend::linear_many(const float* x, int64_t M, int64_t K, const LinearOutput* outs, int count) {
   if (M == 0) return;
-  if (!linear_as_gemv(M) || count > kLinearGemvMaxOutputs) {
-    Backend::linear_many(x, M, K, outs, count);
+  const bool bf16 = options_.bf16_matmul;
+  if (!linear_as_gemv(M)) {
+    DeviceBuffer hx;
+    const GemmOperand A = operand(x, M, K, K, false, bf16, hx);
+    for (int i = 0; i < count; ++i) {
+      if (outs[i].N == 0) continue;
+      DeviceBuffer hw;
+      const GemmOperand B = weight_operand(outs[i].w, outs[i].N, K, true, bf16, hw);
+      gemm_bias(M, outs[i].N, K, 1.0f, A, B, 0.0f, outs[i].y, outs[i].ldy != 0 ? outs[i].ldy : outs[i].N, nullptr);
+    }
     return;
   }
-  const bool bf16 = options_.bf16_matmul;
-  DeviceBuffer holders[kLinearGemvMaxOutputs];
-  GemvOutput g[kLinearGemvMaxOutputs];
-  for (int i = 0; i < count; ++i) {
-    g[i].y = outs[i].y, g[i].ldy = outs[i].ldy != 0 ? outs[i].ldy : outs[i].N, g[i].N = outs[i].N;
-    gemv_weights(outs[i].w, outs[i].N, K, bf16, holders[i], g[i]);
+  for (int first = 0; first < count; first += kLinearGemvMaxOutputs) {
+    const int n = std::min(count - first, kLinearGemvMaxOutputs);
+    DeviceBuffer holders[kLinearGemvMaxOutputs];
+    GemvOutput g[kLinearGemvMaxOutputs];
+    for (int i = 0; i < n; ++i) {
+      const LinearOutput& o = outs[first + i];
+      g[i].y = o.y, g[i].ldy = o.ldy != 0 ? o.ldy : o.N, g[i].N = o.N;
+      gemv_weights(o.w, o.N, K, bf16, holders[i], g[i]);
+    }
+    linear_gemv(stream_, warp_size_, M, K, x, bf16, g, n, /*accumulate=*/false, /*gelu=*/false);
   }
-  linear_gemv(stream_, warp_size_, M, K, x, bf16, g, count, /*accumulate=*/false, /*gelu=*/false);
 }
 
 // A few rows: the GELU in the GEMV's store (the default: the linear, a copy and the GELU).
