@@ -122,10 +122,11 @@ TEST_P(GpuDense, LinearFewRows) {
 }
 
 // linear_many, the attention's four input projections of one input (Backend's default: a linear
-// each): 1 to 9 token rows (up to 4 take one few-rows GEMV launch for every matrix, gpu_gemv.h;
-// more, a GEMM each from one bf16 copy of x), 1 to 5 matrices (past 4, a second GEMV), two of them into one buffer with a padded row stride as
-// the block's q and k, of distinct widths so that a column given to the wrong matrix shows;
-// weights as trained and frozen. The padding between the outputs stays poisoned.
+// each): 1 to 9 token rows (up to 4 take one few-rows GEMV launch for every 4 matrices,
+// gpu_gemv.h; more, a GEMM each from one bf16 copy of x), 1 to 5 matrices, two of them into one
+// buffer with a padded row stride as the block's q and k, of distinct widths so that a column
+// given to the wrong matrix shows; weights as trained and frozen. The padding between the
+// outputs stays poisoned.
 TEST_P(GpuDense, LinearManyOfOneInput) {
   const GemmMode& mode = GetParam();
   const int64_t widths[] = {37, 21, 13, 14, 9};
