@@ -165,6 +165,14 @@ class Backend {
   virtual void residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out, float* y) = 0;
   // y += scale (broadcast per column) * x
   virtual void scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) = 0;
+  // scaled_add, then rmsnorm of the sum: y += scale * x; out = w * y * rsqrt(mean(y^2) + eps) per
+  // row. The router's depth-averaged latent and its norm. The default runs the two ops; a
+  // backend may fuse them.
+  virtual void scaled_add_rmsnorm(float* y, const float* x, const float* scale, const float* w, float eps, float* out,
+                                  int64_t rows, int64_t dim) {
+    scaled_add(y, x, scale, rows, dim);
+    rmsnorm(y, w, eps, out, rows, dim);
+  }
   virtual void gelu(float* x, int64_t n) = 0;                        // exact erf GELU, in place
   virtual void softmax(float* x, int64_t rows, int64_t cols) = 0;    // in place
   // expert[n] = argmax(p[n,:] + bias); weight[n] = p[n, expert[n]]

@@ -150,8 +150,8 @@ void forward_block(Backend& be, const ModelConfig& c, int64_t l, const BlockWeig
   // --- Router + MoE ---
   const RouterWeights& rw = w.router;
   be.linear_fp32(a.x2, rw.down_w, rw.down_b, a.rh, N, D, R);
-  if (l > 0) be.scaled_add(a.rh, rho_prev, rw.eda_scale, N, R);
-  be.rmsnorm(a.rh, rw.norm, eps, a.rn, N, R);
+  if (l > 0) be.scaled_add_rmsnorm(a.rh, rho_prev, rw.eda_scale, rw.norm, eps, a.rn, N, R);
+  else be.rmsnorm(a.rh, rw.norm, eps, a.rn, N, R);
   be.linear_fp32_gelu(a.rn, rw.fc1_w, rw.fc1_b, a.f1, a.g1, N, R, R);
   be.linear_fp32_gelu(a.g1, rw.fc2_w, rw.fc2_b, a.f2, a.g2, N, R, R);
   be.linear_fp32(a.g2, rw.out_w, nullptr, a.probs, N, R, E + 1);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "core/error.h"
 #include "model/block.h"
@@ -65,7 +66,7 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
   int32_t* d_ids = s.i(N);
   be_.from_host(d_ids, ids, N * 4);
   float* r = s.f(N * D);  // residual stream
-  float* rho = s.f(N * R);  // previous block's router latent
+  float* rho = s.f(N * R);  // previous block's router latent (trades buffers with a.rh after each block)
   BlockActivations a;     // reused by every block
   a.x1 = s.f(N * D); a.u = s.f(N * C); a.z = s.f(N * C); a.q = s.f(N * Dq); a.k = s.f(N * Dk);
   a.vcur = s.f(N * Dk / 2); a.vdel = s.f(N * Dk / 2); a.v = s.f(N * Dk); a.att = s.f(N * Dq);
@@ -93,7 +94,7 @@ void Model::forward(const int32_t* ids, int64_t B, int64_t T, DecodeState* state
     // the final norm (of every position) that the head reads below.
     const NextNorm next{l == L - 1 ? w_.final_norm : w_.blocks[size_t(l + 1)].input_norm, a.x1};
     forward_block(be_, c, l, w_.blocks[size_t(l)], shape, r, rho, a, next, /*input_normed=*/l > 0);
-    be_.copy(rho, a.rh, N * R);
+    std::swap(rho, a.rh);  // this block's router latent is the next one's rho_prev; no copy
     if (out.experts) be_.to_host(out.experts + l * N, a.expert, N * 4);
     if (out.residuals) be_.to_host(out.residuals + l * N * D, r, N * D * 4);
     if (out.router_probs) be_.to_host(out.router_probs + l * N * (E + 1), a.probs, N * (E + 1) * 4);

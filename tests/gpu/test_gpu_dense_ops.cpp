@@ -1,10 +1,11 @@
 // Dense ops of the GPU backend against the CPU backend, forward and backward, in every GEMM
 // mode (bf16 operands, fp32, our tiled kernel): linear (also of several matrices of one input,
-// and the fp32 linear with its GELU), embedding, RMSNorm, affine, the residual
-// merge fused with the RMSNorm after it, scaled-add, GELU, softmax, routing and the fused LM
-// head + loss (exact fp32, or as 3xTF32 GEMMs over vocabulary slices under the bf16 policy; added after the H100 run). Skipped
-// ("skipped: no GPU") without a device. Passed on an H100 (linear's misaligned-bias variants
-// came later).
+// and the fp32 linear with its GELU), embedding, RMSNorm, affine, the residual merge fused with
+// the RMSNorm after it, scaled-add (also fused with the RMSNorm after it), GELU, softmax,
+// routing and the fused LM head + loss (exact fp32, or as 3xTF32 GEMMs over vocabulary slices
+// under the bf16 policy; added after the H100 run). Skipped ("skipped: no GPU") without a
+// device. Passed on an H100 (linear's misaligned-bias variants and the fused ops of few-rows
+// decode came later).
 #include "gpu_test_support.h"
 #if defined(ZAYA_SIMT)
 #include "simt_host_api.h"  // the emulated runtime's counts
@@ -237,6 +238,31 @@ TEST_P(GpuDense, LinearFp32Gelu) {
         }
 #endif
       }
+}
+
+// scaled_add_rmsnorm, the router's depth-averaged latent and its norm (Backend's default:
+// scaled_add, then rmsnorm): 1, 3 and 67 rows of 17, 256 (the router's width) and 300 columns
+// (past a block's threads); the sum kept in y and its norm, at fp32's tolerance; one launch on
+// the GPU.
+TEST_P(GpuDense, ScaledAddRmsnorm) {
+  for (int64_t rows : {1, 3, 67})
+    for (int64_t dim : {17, 256, 300}) {
+      auto y0 = rnd(size_t(rows * dim)), x = rnd(size_t(rows * dim)), scale = rnd(size_t(dim)),
+           w = rnd(size_t(dim));
+      std::vector<float> y = y0, out(size_t(rows * dim), NAN);
+      cpu.scaled_add_rmsnorm(y.data(), x.data(), scale.data(), w.data(), 1e-6f, out.data(), rows, dim);
+      DevBuf gy(*gpu, y0), gx(*gpu, x), gs(*gpu, scale), gw(*gpu, w), gout(*gpu, rows * dim);
+#if defined(ZAYA_SIMT)
+      const int64_t before = simt::api_counts().launches;
+#endif
+      gpu->scaled_add_rmsnorm(gy.f(), gx.f(), gs.f(), gw.f(), 1e-6f, gout.f(), rows, dim);
+      const std::string what = "scaled_add_rmsnorm rows=" + std::to_string(rows) + " dim=" + std::to_string(dim);
+#if defined(ZAYA_SIMT)
+      EXPECT_EQ(simt::api_counts().launches - before, 1) << what << ": launches";
+#endif
+      expect_close(gy.get(), y, kTolF32, what + " sum");
+      expect_close(gout.get(), out, kTolF32, what + " norm");
+    }
 }
 
 TEST_P(GpuDense, LinearBackward) {

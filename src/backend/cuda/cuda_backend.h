@@ -65,6 +65,8 @@ class CudaBackend final : public Backend {
   void affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) override;
   void residual_scale_rmsnorm(const ResidualNormArgs& a, float* r_out, float* y) override;
   void scaled_add(float* y, const float* x, const float* scale, int64_t rows, int64_t dim) override;
+  void scaled_add_rmsnorm(float* y, const float* x, const float* scale, const float* w, float eps, float* out,
+                          int64_t rows, int64_t dim) override;
   void gelu(float* x, int64_t n) override;
   void softmax(float* x, int64_t rows, int64_t cols) override;
   void route_select(const float* probs, const float* bias, int32_t* expert, float* weight, int64_t N,

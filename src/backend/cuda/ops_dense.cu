@@ -17,15 +17,33 @@ __global__ void k_embedding(const float* table, const int32_t* ids, float* out, 
     out[i] = table[int64_t(ids[i / D]) * D + i % D];
 }
 
-__global__ void k_rmsnorm(const float* x, const float* w, float eps, float* y, int64_t dim) {
+// One row (a block) of the RMSNorm, given the sum of squares of this thread's elements of xr.
+__device__ inline void rmsnorm_row(const float* xr, const float* w, float eps, float* yr, int64_t dim, double ss) {
   __shared__ double sh[kGpuThreads];
-  const float* xr = x + int64_t(blockIdx.x) * dim;
-  float* yr = y + int64_t(blockIdx.x) * dim;
-  double ss = 0;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += double(xr[i]) * xr[i];
   ss = block_sum(ss, sh);
   const float inv = float(1.0 / sqrt(ss / double(dim) + double(eps)));
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+}
+
+__global__ void k_rmsnorm(const float* x, const float* w, float eps, float* y, int64_t dim) {
+  const float* xr = x + int64_t(blockIdx.x) * dim;
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += double(xr[i]) * xr[i];
+  rmsnorm_row(xr, w, eps, y + int64_t(blockIdx.x) * dim, dim, ss);
+}
+
+// x += scale * add, then the RMSNorm of x into y: each thread reads back only the elements it
+// wrote, so the one barrier of the sum orders nothing more.
+__global__ void k_scaled_add_rmsnorm(float* x, const float* add, const float* scale, const float* w, float eps,
+                                     float* y, int64_t dim) {
+  float* xr = x + int64_t(blockIdx.x) * dim;
+  const float* ar = add + int64_t(blockIdx.x) * dim;
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    xr[i] += scale[i] * ar[i];
+    ss += double(xr[i]) * xr[i];
+  }
+  rmsnorm_row(xr, w, eps, y + int64_t(blockIdx.x) * dim, dim, ss);
 }
 
 __global__ void k_affine(float* x, const float* scale, const float* bias, int64_t rows, int64_t dim) {
@@ -229,6 +247,13 @@ void CudaBackend::embedding(const float* table, const int32_t* ids, float* out, 
 void CudaBackend::rmsnorm(const float* x, const float* w, float eps, float* y, int64_t rows, int64_t dim) {
   if (rows == 0) return;
   gpu_launch(k_rmsnorm, unsigned(rows), kGpuThreads, 0, stream_, x, w, eps, y, dim);
+  GPU_LAUNCH_CHECK();
+}
+
+void CudaBackend::scaled_add_rmsnorm(float* y, const float* x, const float* scale, const float* w, float eps,
+                                     float* out, int64_t rows, int64_t dim) {
+  if (rows == 0) return;
+  gpu_launch(k_scaled_add_rmsnorm, unsigned(rows), kGpuThreads, 0, stream_, y, x, scale, w, eps, out, dim);
   GPU_LAUNCH_CHECK();
 }
 
